@@ -1,0 +1,728 @@
+"""Streaming reader for NCCL debug logs (``NCCL_DEBUG=INFO``), all versions 2.4 - 2.30.
+
+The reader works on bytes, one line at a time, with constant memory in the file size:
+records go to :class:`~nccltrace.tables.TableSink` writers in bounded batches, and the
+only state kept across lines is small (last call per communicator for duplicate
+detection, a short window of recent calls per process for attaching TUNING lines, the
+current topology block, torn prefixes waiting for their tail).
+
+Robustness rules (see ``docs/nccl-log-parsing.md``):
+
+* A record is found by its level token (``NCCL INFO``/``NCCL WARN``); whatever precedes
+  ``host:pid:tid [dev]`` is launcher "prefix soup" (srun --label, mpirun tag-output,
+  torchrun, timestamps) and is skipped, except that timestamps are decoded.
+* Lines holding several records (concurrent writers) are split; a prefix without a
+  message waits for an orphan message line to rejoin it.
+* Nothing is silently dropped: every line that is not an NCCL record, or is one that
+  cannot be parsed, lands in ``unclassified`` with its file, line and reason.
+"""
+
+from __future__ import annotations
+
+import calendar
+import collections
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+from ..tables import TableSink, write_json_atomic
+from .enums import ALGORITHMS, DATATYPES, PROTOCOLS, bus_message_bytes, redop_name
+from .versions import NcclVersion
+
+# --- patterns -------------------------------------------------------------------------
+# host:pid:tid [dev] directly before the level token (hosts: letters, digits, '.', '_', '-').
+_PREFIX_TAIL = re.compile(rb"([A-Za-z0-9_.\-]+):(\d+):(\d+) \[(-?\d+)\] $")
+_DEV_ONLY_TAIL = re.compile(rb"\[(-?\d+)\] $")
+_RECORD_START = re.compile(rb"([A-Za-z0-9_.\-]+):(\d+):(\d+) \[(-?\d+)\] NCCL (?:INFO|WARN) ")
+_TS_BRACKET = re.compile(rb"\[(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?\] ")
+_TS_EPOCH = re.compile(rb"(?:^|\s)(\d{9,11})\.(\d{1,9}) ")
+_WARN_PREFIX = re.compile(rb"([A-Za-z0-9_.\-]+):(\d+):(\d+) \[(-?\d+)\] (.*?) ?$")
+
+_CALL = re.compile(
+    rb"(\w+): opCount ([0-9a-fA-F]+) sendbuff (\S+) recvbuff (\S+) count (-?\d+) datatype (-?\d+) "
+    rb"op (-?\d+) root (-?\d+) comm (\S+) \[nranks=(\d+)\] stream (\S+)\s*$"
+)
+_TUNE_NAMED = re.compile(
+    rb"(\w+): (\d+) Bytes -> Algo (\w+) proto (\w+) channel\{Lo\.\.Hi\}=\{(\d+)\.\.(\d+)\}\s*$"
+)
+_TUNE_NUMERIC = re.compile(rb"(?:(\w+): )?(\d+) Bytes -> Algo (\d+) proto (\d+) time (-?[\d.]+|nan|inf)\s*$")
+_TUNE_SYM = re.compile(
+    rb"(\w+) \[Symmetric\]: (\d+) Bytes -> Kernel (\S+) nchannels (\d+) nthreads (\d+)(?: nWorks (\d+))?\s*$"
+)
+_TUNE_CE = re.compile(rb"(\w+) \[Copy Engine\]: (\d+) Bytes -> cudaMemcpy(\S*)\s*$")
+_TUNE_HCE = re.compile(rb"(\w+) \[Hierarchical CE\]: (\d+) Bytes -> RMA proxy \+ CE\s*$")
+_INIT = re.compile(
+    rb"(?:\[Rank (\d+)\] )?(?:(\w+) )?comm (\S+) rank (\d+) nranks (\d+) cudaDev (\d+)(?: nvmlDev (\d+))? "
+    rb"busId ([0-9a-fA-F]+)(?: parent (\S+))?(?: (?:splitCount|childCount) (\d+))?"
+    rb"(?: color (-?\d+) key (-?\d+))?(?: commId 0x([0-9a-fA-F]+))? ?- Init (START|COMPLETE)\s*$"
+)
+_INIT_LEGACY = re.compile(rb"comm (\S+) rank (\d+) nranks (\d+) cudaDev (\d+) nvmlDev (\d+)\s*$")
+_DESTROY = re.compile(
+    rb"comm (\S+) rank (\d+) n[rR]anks (\d+) cudaDev (\d+) busId ([0-9a-fA-F]+) - (Destroy|Abort|Revoke) "
+    rb"(START|COMPLETE)"
+)
+_COMM_INFO = re.compile(
+    rb"comm (\S+) rank (\d+) nRanks (\d+) nNodes (\d+) localRanks (\d+) localRank (\d+) MNNVL (\d+)\s*$"
+)
+_SYSTEM = re.compile(rb"=== System : maxBw ([\d.]+) totalBw ([\d.]+) ===\s*$")
+_TOPO_NODE = re.compile(rb"(CPU|GPU|NIC|NET|NVS|PCI|GIN|RMA|DEV|CXB)/([0-9A-Fa-f\-]+)(?: \((.*)\))?\s*$")
+_TOPO_LINK = re.compile(
+    rb"( *)\+ (LOC|NVL|PCI|SYS|NET|C2C)\[([\d.]+)\] - ((?:CPU|GPU|NIC|NET|NVS|PCI|GIN|RMA|DEV|CXB)/[0-9A-Fa-f\-]+)"
+    rb"(?: \((.*)\))?\s*$"
+)
+_TOPO_RULE = re.compile(rb"=+\s*$")
+_RING = re.compile(rb"Channel (\d+)/(\d+) :((?: +\d+)*)( ?\.\.\.)?\s*$")
+_TREES = re.compile(rb"Trees((?: \[\d+\] -?\d+/-?\d+/-?\d+->-?\d+->-?\d+)+)\s*$")
+_TRANSPORT = re.compile(rb"(?:Channel|Ring) \d+(?:/\d+)? : .* via ")
+
+_VERSION = re.compile(rb"NCCL version (\d+)\.(\d+)\.(\d+)(\S*?)\+cuda(\d+)\.(\d+)")
+_INFO = b"NCCL INFO "
+_WARN = b"NCCL WARN "
+_MATRIX_HEAD = b"Enabled NCCL Func/Proto/Algo Matrix:"
+
+
+def _ptr(tok: bytes) -> int:
+    """Decode a ``%p`` token: ``0x...`` or ``(nil)``."""
+    if tok == b"(nil)":
+        return 0
+    return int(tok, 16)
+
+
+def _text(b: bytes, limit: int = 240) -> str:
+    return b[:limit].decode("utf-8", errors="backslashreplace")
+
+
+@dataclass
+class FileReport:
+    """What happened to one file."""
+
+    file: str
+    bytes: int = 0
+    lines: int = 0
+    counts: collections.Counter = field(default_factory=collections.Counter)
+    versions: set = field(default_factory=set)
+    issues: list = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {
+            "file": self.file,
+            "bytes": self.bytes,
+            "lines": self.lines,
+            "counts": dict(sorted(self.counts.items())),
+            "nccl_versions": sorted(self.versions),
+            "issues": self.issues,
+        }
+
+
+@dataclass
+class ParseReport:
+    """Parse report of a set of log files (written as ``parse_report.json``)."""
+
+    files: list[FileReport] = field(default_factory=list)
+    tables: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def counts(self) -> collections.Counter:
+        total: collections.Counter = collections.Counter()
+        for f in self.files:
+            total.update(f.counts)
+        return total
+
+    @property
+    def partial(self) -> bool:
+        """True when some input could not be read completely (a result built on it is partial)."""
+        return any(i.get("severity") == "error" for f in self.files for i in f.issues)
+
+    def as_dict(self) -> dict:
+        return {
+            "files": [f.as_dict() for f in self.files],
+            "totals": dict(sorted(self.counts.items())),
+            "tables": self.tables,
+            "partial": self.partial,
+        }
+
+
+class _RecentCall:
+    __slots__ = ("line", "op", "bytes", "nranks", "op_count", "comm", "tuned")
+
+    def __init__(self, line: int, op: str, nbytes: int, nranks: int, op_count: int, comm: int) -> None:
+        self.line = line
+        self.op = op
+        self.bytes = nbytes
+        self.nranks = nranks
+        self.op_count = op_count
+        self.comm = comm
+        self.tuned = False
+
+
+class _FileParser:
+    """Parses one file into the shared sinks."""
+
+    TUNE_WINDOW = 256
+
+    def __init__(self, path: Path, name: str, sinks: dict[str, TableSink], known_hosts: set[str]) -> None:
+        self.path = path
+        self.name = name
+        self.sinks = sinks
+        self.report = FileReport(name)
+        self.known_hosts = known_hosts
+        self.prefix_cache: dict[bytes, tuple] = {}
+        self.last_call: dict[tuple, tuple] = {}  # (pid, comm) -> (signature, line)
+        self.comm_advances: set[tuple] = set()  # (pid, comm) whose opCount was seen > 0
+        self.recent: dict[object, collections.deque] = {}  # pid -> recent calls (for TUNING attachment)
+        self.version_by_pid: dict[object, NcclVersion] = {}
+        self.file_version: NcclVersion | None = None
+        self.system_index = -1
+        self.topo_stack: list[tuple[int, str]] = []  # (indent of children, node id)
+        self.in_topology = False
+        self.in_matrix = False
+        self.pending_prefix: list[tuple] = []  # torn prefixes waiting for their message
+
+    # --- helpers ---------------------------------------------------------------------
+    def _unclassified(self, lineno: int, reason: str, raw: bytes) -> None:
+        self.report.counts["unclassified"] += 1
+        self.sinks["unclassified"].append((self.name, lineno, reason, _text(raw)))
+
+    def _parse_prefix(self, soup: bytes) -> tuple | None:
+        """(host, pid, tid, dev, wall_ns, wall_kind, recovery) from the text before the level token."""
+        cached = self.prefix_cache.get(soup)
+        if cached is not None:
+            return cached
+        wall_ns = None
+        wall_kind = None
+        m = _TS_BRACKET.search(soup)
+        if m:
+            y, mo, d, hh, mi, ss = (int(x) for x in m.groups()[:6])
+            frac = m.group(7) or b"0"
+            ns = int(frac.ljust(9, b"0")[:9])
+            wall_ns = calendar.timegm((y, mo, d, hh, mi, ss)) * 1_000_000_000 + ns
+            wall_kind = "local"
+        else:
+            m = _TS_EPOCH.search(soup)
+            if m:
+                wall_ns = int(m.group(1)) * 1_000_000_000 + int(m.group(2).ljust(9, b"0")[:9])
+                wall_kind = "epoch"
+        p = _PREFIX_TAIL.search(soup)
+        recovery = None
+        if p:
+            host = p.group(1).decode("ascii")
+            if host not in self.known_hosts:
+                # Foreign text glued to the host ("... -1h100node-1:...") : prefer a known host that
+                # is a suffix of the candidate.
+                for known in self.known_hosts:
+                    if host.endswith(known) and host != known:
+                        host = known
+                        recovery = "host_suffix"
+                        break
+                else:
+                    self.known_hosts.add(host)
+            result = (host, int(p.group(2)), int(p.group(3)), int(p.group(4)), wall_ns, wall_kind, recovery)
+        else:
+            d = _DEV_ONLY_TAIL.search(soup)
+            result = (None, None, None, int(d.group(1)) if d else None, wall_ns, wall_kind, None)
+        if wall_ns is None and len(self.prefix_cache) < 100_000:
+            self.prefix_cache[soup] = result
+        return result
+
+    # --- main loop -------------------------------------------------------------------
+    def run(self) -> FileReport:
+        rep = self.report
+        try:
+            size = self.path.stat().st_size
+        except OSError as exc:
+            rep.issues.append({"severity": "error", "line": None, "message": f"cannot read file: {exc}"})
+            return rep
+        rep.bytes = size
+        if size == 0:
+            rep.issues.append({"severity": "error", "line": None, "message": "file is empty: no NCCL output was "
+                               "written (check NCCL_DEBUG=INFO and NCCL_DEBUG_FILE for this process)"})
+            return rep
+        lineno = 0
+        last_raw = b""
+        with open(self.path, "rb") as fh:
+            head = fh.read(4096)
+            if b"\x00" in head:
+                rep.issues.append({"severity": "error", "line": None, "message": "binary data (NUL bytes) at the start: "
+                                   "this is not a text NCCL log"})
+                return rep
+            fh.seek(0)
+            for raw in fh:
+                lineno += 1
+                last_raw = raw
+                self._line(lineno, raw)
+        rep.lines = lineno
+        if last_raw and not last_raw.endswith(b"\n"):
+            rep.issues.append({"severity": "warning", "line": lineno, "message": "file does not end with a newline: "
+                               "the last line may be truncated (was the job killed while writing?)"})
+        for pending in self.pending_prefix:
+            rep.counts["torn_rejected"] += 1
+            self._unclassified(pending[0], "torn line: prefix whose message never appeared", pending[-1])
+        if len({str(v) for v in self.version_by_pid.values()}) > 1:
+            rep.issues.append({"severity": "warning", "line": None, "message": "several NCCL versions in one file: "
+                               + ", ".join(sorted({str(v) for v in self.version_by_pid.values()}))})
+        return rep
+
+    def _line(self, lineno: int, raw: bytes) -> None:
+        line = raw.rstrip(b"\r\n")
+        counts = self.report.counts
+        if not line.strip():
+            counts["blank"] += 1
+            self.in_matrix = False
+            return
+        if not line.isascii():
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                counts["non_utf8"] += 1
+                self.report.issues.append({"severity": "warning", "line": lineno,
+                                           "message": "line is not valid UTF-8 (bytes escaped in tables)"})
+        n_info = line.count(_INFO)
+        if n_info == 1 and _WARN not in line:
+            idx = line.find(_INFO)
+            self._record(lineno, line, line[:idx], line[idx + 10 :], "INFO", None)
+            return
+        if n_info == 0 and _WARN not in line:
+            self._non_record(lineno, line)
+            return
+        # Several records on one line: concurrent writers tore them together.
+        starts = [m.start() for m in _RECORD_START.finditer(line)]
+        if not starts or starts[0] != 0 and not line[: starts[0]].strip():
+            starts = starts or [0]
+        segments = []
+        bounds = starts + [len(line)]
+        if starts and starts[0] > 0:
+            head = line[: starts[0]]
+            if _INFO in head or _WARN in head:
+                segments.append(head)
+            else:
+                # Foreign text before the first record is prefix soup for it.
+                bounds[0] = 0
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            segments.append(line[a:b])
+        if len(segments) > 1:
+            counts["torn_lines"] += 1
+        for i, seg in enumerate(segments):
+            level = "INFO" if _INFO in seg else "WARN"
+            tok = _INFO if level == "INFO" else _WARN
+            idx = seg.find(tok)
+            if idx < 0:
+                self._unclassified(lineno, "torn line: fragment without level token", seg)
+                continue
+            recovery = "split" if len(segments) > 1 else None
+            self._record(lineno, seg, seg[:idx], seg[idx + 10 :], level, recovery, last=(i == len(segments) - 1))
+
+    def _non_record(self, lineno: int, line: bytes) -> None:
+        counts = self.report.counts
+        stripped = line.strip()
+        if self.in_matrix and b"|" in line:
+            counts["continuation"] += 1
+            return
+        self.in_matrix = False
+        vm = _VERSION.search(line)
+        if vm and stripped.endswith(vm.group(0)) or (vm and line.lstrip().startswith(b"NCCL version")):
+            self._version(lineno, line, None, vm)
+            return
+        # An orphan message: the tail of a record whose prefix was torn off.
+        for soup_end in (0,):
+            msg = stripped[soup_end:]
+            m = _CALL.match(msg)
+            if m:
+                pref = self.pending_prefix.pop() if len(self.pending_prefix) == 1 else None
+                if pref is not None:
+                    _, host, pid, tid, dev = pref[:5]
+                    self._call(lineno, (host, pid, tid, dev, None, None, None), m, "rejoined")
+                else:
+                    self._call(lineno, (None, None, None, None, None, None, None), m, "no_prefix")
+                counts["torn_recovered"] += 1
+                return
+        if stripped.startswith(b"#"):
+            self._unclassified(lineno, "comment/application output (starts with '#')", line)
+        elif b"NCCL" in line:
+            self._unclassified(lineno, "mentions NCCL but has no 'NCCL INFO'/'NCCL WARN' record token", line)
+        else:
+            self._unclassified(lineno, "not an NCCL log record (application or launcher output)", line)
+
+    def _version(self, lineno: int, line: bytes, prefix: tuple | None, m: re.Match) -> None:
+        v = NcclVersion(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+        host, pid = (prefix[0], prefix[1]) if prefix else (None, None)
+        tid, dev = (prefix[2], prefix[3]) if prefix else (None, None)
+        self.report.counts["version"] += 1
+        self.report.versions.add(str(v))
+        self.version_by_pid[pid] = v
+        self.file_version = v
+        self.sinks["versions"].append(
+            (self.name, lineno, host, pid, tid, dev, str(v), m.group(4).decode(errors="replace"),
+             f"{int(m.group(5))}.{int(m.group(6))}")
+        )
+
+    # --- records -----------------------------------------------------------------------
+    def _record(self, lineno: int, raw: bytes, soup: bytes, msg: bytes, level: str, recovery: str | None,
+                last: bool = True) -> None:
+        counts = self.report.counts
+        prefix = self._parse_prefix(soup)
+        if prefix[6] and not recovery:
+            recovery = prefix[6]
+        if level == "WARN":
+            self._warn(lineno, soup, msg, prefix)
+            return
+        if not msg.strip():
+            if last:
+                counts["torn_prefix_only"] += 1
+            # A prefix whose message was torn away: keep it to rejoin with an orphan tail.
+            self.pending_prefix.append((lineno, prefix[0], prefix[1], prefix[2], prefix[3], raw))
+            if len(self.pending_prefix) > 64:
+                old = self.pending_prefix.pop(0)
+                counts["torn_rejected"] += 1
+                self._unclassified(old[0], "torn line: prefix whose message never appeared", old[-1])
+            return
+        c0 = msg[:1]
+        # Fast path first: call lines dominate real logs.
+        if b": opCount " in msg[:40]:
+            m = _CALL.match(msg)
+            if m:
+                self._call(lineno, prefix, m, recovery)
+                return
+            counts["malformed_call"] += 1
+            self._unclassified(lineno, "call line does not match the COLL format (truncated or torn?)", raw)
+            return
+        if b" Bytes -> " in msg:
+            if self._tuning(lineno, prefix, msg):
+                return
+            self._unclassified(lineno, "TUNING line in an unknown format", raw)
+            return
+        if b"- Init " in msg or b"-Init " in msg:
+            m = _INIT.match(msg)
+            if m:
+                self._init(lineno, prefix, m)
+                return
+            self._unclassified(lineno, "Init line in an unknown format", raw)
+            return
+        if msg.startswith(b"comm "):
+            m = _COMM_INFO.match(msg)
+            if m:
+                counts["comm_info"] += 1
+                self.sinks["comm_info"].append(
+                    (self.name, lineno, *prefix[:4], _ptr(m.group(1)), int(m.group(2)), int(m.group(3)),
+                     int(m.group(4)), int(m.group(5)), int(m.group(6)))
+                )
+                return
+            m = _DESTROY.match(msg)
+            if m:
+                counts["destroy"] += 1
+                self.sinks["comms"].append(
+                    (self.name, lineno, *prefix[:4], prefix[4], prefix[5], m.group(6).decode().lower(),
+                     m.group(7).decode(), None, _ptr(m.group(1)), int(m.group(2)), int(m.group(3)),
+                     int(m.group(4)), None, int(m.group(5), 16), None, None, None, None, None)
+                )
+                return
+            m = _INIT_LEGACY.match(msg)
+            if m:
+                counts["init"] += 1
+                self.sinks["comms"].append(
+                    (self.name, lineno, *prefix[:4], prefix[4], prefix[5], "legacy_init", None, None,
+                     _ptr(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)),
+                     None, None, None, None, None, None)
+                )
+                return
+        vm = _VERSION.match(msg)
+        if vm:
+            self._version(lineno, raw, prefix, vm)
+            return
+        if self._topology(lineno, prefix, msg):
+            return
+        if c0 == b"C" or c0 == b"R":
+            m = _RING.match(msg)
+            if m:
+                counts["ring"] += 1
+                ranks = m.group(3).split()
+                self.sinks["rings"].append(
+                    (self.name, lineno, *prefix[:4], "ring", int(m.group(1)), int(m.group(2)),
+                     b" ".join(ranks).decode(), bool(m.group(4)) or (len(ranks) == 20))
+                )
+                return
+            if _TRANSPORT.match(msg):
+                counts["transport"] += 1
+                return
+        if c0 == b"T":
+            m = _TREES.match(msg)
+            if m:
+                counts["tree"] += 1
+                self.sinks["rings"].append(
+                    (self.name, lineno, *prefix[:4], "tree", None, None, m.group(1).strip().decode(), False)
+                )
+                return
+        if msg.startswith(_MATRIX_HEAD):
+            self.in_matrix = True
+        counts["info_other"] += 1
+
+    def _call(self, lineno: int, prefix: tuple, m: re.Match, recovery: str | None) -> None:
+        counts = self.report.counts
+        op = m.group(1).decode()
+        op_count = int(m.group(2), 16)
+        sendbuff = _ptr(m.group(3))
+        recvbuff = _ptr(m.group(4))
+        count = int(m.group(5))
+        dtype = int(m.group(6))
+        redop = int(m.group(7))
+        root = int(m.group(8))
+        comm = _ptr(m.group(9))
+        nranks = int(m.group(10))
+        stream = _ptr(m.group(11))
+        host, pid, tid, dev, wall_ns, wall_kind = prefix[:6]
+        entry = DATATYPES.get(dtype)
+        version = self.version_by_pid.get(pid, self.file_version)
+        if entry is None or (version is not None and version.tuple < entry[2]):
+            dtype_name, dsize = f"unknown({dtype})", 0
+            counts["unknown_datatype"] += 1
+        else:
+            dtype_name, dsize = entry[0], entry[1]
+        nbytes = count * dsize
+        key = (host, pid, comm)
+        signature = (op, op_count, sendbuff, recvbuff, count, dtype, redop, root, nranks, stream, tid, wall_ns)
+        if op_count > 0:
+            self.comm_advances.add(key)
+        duplicate_of = None
+        prev = self.last_call.get(key)
+        # Identical consecutive call lines on a comm are duplicates only when opCount is
+        # informative there (it advances and the comm has peers); on nranks=1 comms, or while
+        # opCount has never advanced, identical calls are legitimate repeats.
+        if prev is not None and prev[0] == signature and nranks > 1 and key in self.comm_advances:
+            duplicate_of = prev[1]
+            counts["call_duplicate"] += 1
+        else:
+            self.last_call[key] = (signature, lineno)
+            if prev is not None and prev[0] == signature:
+                counts["call_identical_repeat_kept"] += 1
+        counts["call"] += 1
+        self.sinks["calls"].append(
+            (self.name, lineno, host, pid, tid, dev, wall_ns, wall_kind, op, op_count, sendbuff, recvbuff, count,
+             dtype, dtype_name, redop, redop_name(redop), root, comm, nranks, stream, nbytes,
+             bus_message_bytes(op, count, dsize, nranks), duplicate_of, recovery)
+        )
+        if duplicate_of is None:
+            dq = self.recent.get(pid)
+            if dq is None:
+                dq = self.recent[pid] = collections.deque(maxlen=self.TUNE_WINDOW)
+            dq.append(_RecentCall(lineno, op, nbytes, nranks, op_count, comm))
+
+    def _attach_tuning(self, pid: object, op: str | None, nbytes: int, full_buffer: bool) -> tuple[int | None, int]:
+        """Find the call a TUNING line describes: most recent untuned call with matching bytes."""
+        dq = self.recent.get(pid)
+        if not dq:
+            return None, 0
+        calls = list(dq)
+        for i in range(len(calls) - 1, -1, -1):
+            c = calls[i]
+            if c.tuned or (op is not None and c.op != op) or c.op in ("Send", "Recv"):
+                continue
+            expect = c.bytes * c.nranks if full_buffer and c.op in ("AllGather", "ReduceScatter") else c.bytes
+            if expect == nbytes:
+                c.tuned = True
+                return c.line, 1
+        if full_buffer:
+            # 2.20-2.23 may aggregate consecutive same-op calls of one group into one line.
+            for i in range(len(calls) - 1, -1, -1):
+                c = calls[i]
+                if c.tuned or (op is not None and c.op != op) or c.op in ("Send", "Recv"):
+                    continue
+                total = 0
+                j = i
+                group = []
+                while j >= 0 and calls[j].op == c.op and calls[j].op_count == c.op_count and not calls[j].tuned:
+                    cj = calls[j]
+                    total += cj.bytes * cj.nranks if c.op in ("AllGather", "ReduceScatter") else cj.bytes
+                    group.append(cj)
+                    if total == nbytes and len(group) > 1:
+                        for g in group:
+                            g.tuned = True
+                        return group[-1].line, len(group)
+                    j -= 1
+                break
+        return None, 0
+
+    def _tuning(self, lineno: int, prefix: tuple, msg: bytes) -> bool:
+        counts = self.report.counts
+        host, pid, tid, dev, wall_ns, wall_kind = prefix[:6]
+        op = algo = proto = sym = None
+        time_us = None
+        lo = hi = nch = nthr = None
+        m = _TUNE_NAMED.match(msg)
+        if m:
+            kind, fmt = "standard", "op_bytes_named"
+            op, nbytes, algo, proto = m.group(1).decode(), int(m.group(2)), m.group(3).decode(), m.group(4).decode()
+            lo, hi = int(m.group(5)), int(m.group(6))
+            full = False
+        else:
+            m = _TUNE_NUMERIC.match(msg)
+            if m:
+                kind = "standard"
+                fmt = "op_bytes_numeric" if m.group(1) else "bytes_numeric"
+                op = m.group(1).decode() if m.group(1) else None
+                nbytes = int(m.group(2))
+                a, p = int(m.group(3)), int(m.group(4))
+                algo = ALGORITHMS[a] if 0 <= a < len(ALGORITHMS) else f"unknown({a})"
+                proto = PROTOCOLS[p] if 0 <= p < len(PROTOCOLS) else f"unknown({p})"
+                time_us = float(m.group(5))
+                full = True
+            else:
+                m = _TUNE_SYM.match(msg)
+                if m:
+                    kind = fmt = "symmetric"
+                    op, nbytes, sym = m.group(1).decode(), int(m.group(2)), m.group(3).decode()
+                    nch, nthr = int(m.group(4)), int(m.group(5))
+                    algo = "SYMMETRIC"
+                    full = False
+                else:
+                    m = _TUNE_CE.match(msg) or _TUNE_HCE.match(msg)
+                    if not m:
+                        return False
+                    kind = fmt = "copy_engine" if b"[Copy Engine]" in msg else "hierarchical_ce"
+                    op, nbytes = m.group(1).decode(), int(m.group(2))
+                    algo = "CE"
+                    full = False
+        call_line, n_calls = self._attach_tuning(pid, op, nbytes, full)
+        counts["tuning"] += 1
+        if call_line is None:
+            counts["tuning_unattached"] += 1
+        self.sinks["tuning"].append(
+            (self.name, lineno, host, pid, tid, dev, wall_ns, wall_kind, kind, fmt, op, nbytes, algo, proto, time_us,
+             lo, hi, sym, nch, nthr, call_line, n_calls or None)
+        )
+        return True
+
+    def _init(self, lineno: int, prefix: tuple, m: re.Match) -> None:
+        api = m.group(2).decode() if m.group(2) else None
+        parent = _ptr(m.group(9)) if m.group(9) else None
+        is_split = parent is not None or api == "ncclCommSplit"
+        event = "split" if is_split else "init"
+        self.report.counts[event] += 1
+        self.sinks["comms"].append(
+            (self.name, lineno, *prefix[:4], prefix[4], prefix[5], event, m.group(14).decode(), api,
+             _ptr(m.group(3)), int(m.group(4)), int(m.group(5)), int(m.group(6)),
+             int(m.group(7)) if m.group(7) else None, int(m.group(8), 16),
+             int(m.group(13), 16) if m.group(13) else None, parent,
+             int(m.group(11)) if m.group(11) else None, int(m.group(12)) if m.group(12) else None,
+             int(m.group(10)) if m.group(10) else None)
+        )
+
+    def _warn(self, lineno: int, soup: bytes, msg: bytes, prefix: tuple) -> None:
+        self.report.counts["warn"] += 1
+        m = _WARN_PREFIX.search(soup.rstrip(b" ") + b" ")
+        source = m.group(5).decode(errors="replace").strip() if m else None
+        self.sinks["warnings"].append(
+            (self.name, lineno, *prefix[:4], prefix[4], prefix[5], source, msg.decode(errors="replace").strip())
+        )
+
+    def _topology(self, lineno: int, prefix: tuple, msg: bytes) -> bool:
+        counts = self.report.counts
+        m = _SYSTEM.match(msg)
+        if m:
+            self.system_index += 1
+            self.in_topology = True
+            self.topo_stack = []
+            counts["topology"] += 1
+            self.sinks["topology_systems"].append(
+                (self.name, lineno, *prefix[:4], self.system_index, float(m.group(1)), float(m.group(2)))
+            )
+            return True
+        if not self.in_topology:
+            # Dumps can start mid-block in excerpts: a link line alone still opens a system.
+            if not (msg.lstrip().startswith(b"+ ") and _TOPO_LINK.match(msg)):
+                return False
+            self.system_index += 1
+            self.in_topology = True
+            self.topo_stack = []
+        if _TOPO_RULE.match(msg):
+            counts["topology"] += 1
+            self.in_topology = False
+            return True
+        m = _TOPO_LINK.match(msg)
+        if m:
+            # Stack of (indent at which a node's children are printed, node id); a remote node's
+            # children are indented to the column where its id starts.
+            indent = len(m.group(1))
+            while self.topo_stack and self.topo_stack[-1][0] > indent:
+                self.topo_stack.pop()
+            if self.topo_stack and self.topo_stack[-1][0] == indent:
+                parent = self.topo_stack[-1][1]
+                depth = len(self.topo_stack) - 1
+            else:
+                parent, depth = None, -1  # excerpt starts inside a block: parent not shown
+            to_node = m.group(4).decode()
+            self.topo_stack.append((m.start(4), to_node))
+            counts["topology"] += 1
+            self.sinks["topology_links"].append(
+                (self.name, lineno, *prefix[:4], self.system_index, parent, m.group(2).decode(), float(m.group(3)),
+                 to_node, m.group(5).decode(errors="replace") if m.group(5) else None, depth)
+            )
+            return True
+        m = _TOPO_NODE.match(msg)
+        if m:
+            self.topo_stack = [(0, f"{m.group(1).decode()}/{m.group(2).decode()}")]
+            counts["topology"] += 1
+            return True
+        self.in_topology = False
+        return False
+
+
+TABLE_NAMES = ("calls", "comms", "comm_info", "tuning", "topology_links", "topology_systems", "rings", "versions",
+               "warnings", "unclassified")
+
+
+def find_log_files(paths: Iterable[Path]) -> list[Path]:
+    """Expand directories into their NCCL log files (``*.log``, ``*.txt``, ``*.out``), sorted."""
+    out: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        if p.is_dir():
+            out.extend(sorted(q for q in p.rglob("*") if q.is_file() and q.suffix in (".log", ".txt", ".out")))
+        else:
+            out.append(p)
+    return out
+
+
+def parse_logs(
+    paths: Iterable[Path | str],
+    out_dir: Path | str,
+    *,
+    batch_rows: int = 200_000,
+    progress: Callable[[int], None] | None = None,
+    base: Path | None = None,
+) -> ParseReport:
+    """Parse NCCL log files (or directories of them) into Parquet tables in ``out_dir``.
+
+    Writes one file per table in :data:`TABLE_NAMES` (always, possibly empty) and
+    ``parse_report.json``. Files are named relative to ``base`` (default: the common
+    parent) in the ``file`` column. ``progress`` is called with bytes consumed per file.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = find_log_files(Path(p) for p in paths)
+    if not files:
+        raise FileNotFoundError(f"no NCCL log files found in {', '.join(str(p) for p in paths)}")
+    if base is None:
+        base = Path(os.path.commonpath([str(f.parent.resolve()) for f in files]))
+    sinks = {name: TableSink(name, out_dir / f"{name}.parquet", batch_rows) for name in TABLE_NAMES}
+    report = ParseReport()
+    known_hosts: set[str] = set()
+    try:
+        for f in files:
+            try:
+                name = str(f.resolve().relative_to(base))
+            except ValueError:
+                name = f.name
+            parser = _FileParser(f, name, sinks, known_hosts)
+            report.files.append(parser.run())
+            if progress:
+                progress(report.files[-1].bytes)
+    except BaseException:
+        for s in sinks.values():
+            s.abort()
+        raise
+    for name, s in sinks.items():
+        s.close()
+        report.tables[name] = s.rows
+    write_json_atomic(out_dir / "parse_report.json", report.as_dict())
+    return report

@@ -1,0 +1,304 @@
+"""Documented Parquet tables passed between stages, and atomic streaming writers for them.
+
+Every table has a fixed Arrow schema; each column carries a unit and a one-line meaning
+(rendered into ``docs/tables.md`` by ``nccltrace tables-doc``). Writers stream row
+batches into a temporary file and rename it into place on success, so an interrupted
+stage never leaves a truncated table where a complete one is expected.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SCHEMA_VERSION = "1"
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: pa.DataType
+    unit: str
+    doc: str
+
+
+def _schema(columns: Iterable[Column], table: str, doc: str) -> pa.Schema:
+    cols = list(columns)
+    fields = [
+        pa.field(c.name, c.type, metadata={"unit": c.unit, "doc": c.doc}) for c in cols
+    ]
+    return pa.schema(fields, metadata={"table": table, "doc": doc, "nccltrace_schema_version": SCHEMA_VERSION})
+
+
+_SRC = [
+    Column("file", pa.string(), "", "log file the line came from (name relative to the parsed directory)"),
+    Column("line", pa.int64(), "", "1-based line number in that file"),
+    Column("host", pa.string(), "", "host name from the line prefix (null if the prefix was trimmed/torn off)"),
+    Column("pid", pa.int64(), "", "process id from the line prefix"),
+    Column("tid", pa.int64(), "", "thread id from the line prefix (= pid on the main thread)"),
+    Column("cuda_dev", pa.int32(), "", "[cudaDev] of the prefix: CUDA device of the logging thread, NOT the rank"),
+]
+_WALL = [
+    Column("wall_time_ns", pa.int64(), "ns", "wall-clock time of the line when it has a timestamp (null otherwise)"),
+    Column("wall_clock", pa.string(), "", "'epoch' (UTC epoch) or 'local' (host local time read as if UTC) or null"),
+]
+
+TABLES: dict[str, pa.Schema] = {
+    "calls": _schema(
+        _SRC
+        + _WALL
+        + [
+            Column("op", pa.string(), "", "NCCL function as logged: AllReduce, AllGather, ReduceScatter, Broadcast, "
+                   "Reduce, Send, Recv, AlltoAll, Gather, Scatter, ..."),
+            Column("op_count", pa.int64(), "", "opCount (hex in the log): kernel plans launched on the comm so far; "
+                   "shared by all ops of one group"),
+            Column("sendbuff", pa.uint64(), "address", "send buffer (0 = (nil)); Send logs its buffer in recvbuff from 2.12"),
+            Column("recvbuff", pa.uint64(), "address", "receive buffer (0 = (nil))"),
+            Column("count", pa.int64(), "elements", "element count as passed: AllGather = per-rank send count, "
+                   "ReduceScatter = per-rank recv count, AlltoAll = per-peer count"),
+            Column("datatype", pa.int8(), "", "ncclDataType_t value"),
+            Column("datatype_name", pa.string(), "", "decoded datatype; 'unknown(v)' when the value does not exist "
+                   "in the file's NCCL version"),
+            Column("redop", pa.int32(), "", "ncclRedOp_t value (0 for non-reductions and P2P)"),
+            Column("redop_name", pa.string(), "", "decoded reduction op"),
+            Column("root", pa.int32(), "", "root rank for Broadcast/Reduce/Gather/Scatter; PEER rank (in the comm) "
+                   "for Send/Recv; 0 otherwise"),
+            Column("comm", pa.uint64(), "address", "process-local communicator pointer; join with comms.comm on (host, pid)"),
+            Column("nranks", pa.int32(), "", "communicator size"),
+            Column("stream", pa.uint64(), "address", "CUDA stream (0 = legacy default stream)"),
+            Column("bytes", pa.int64(), "B", "per-rank payload of this call: count x datatype size (AllGather: bytes "
+                   "this rank sends; ReduceScatter: bytes it receives; Send/Recv: bytes to/from the peer)"),
+            Column("message_bytes", pa.int64(), "B", "nccl-tests message size S for algorithm bandwidth: bytes x nranks "
+                   "for AllGather/ReduceScatter/AlltoAll/Gather/Scatter, bytes otherwise"),
+            Column("duplicate_of", pa.int64(), "", "line of the identical earlier call this line duplicates (same comm, "
+                   "opCount and arguments); null for original lines. Collapsed view: duplicate_of IS NULL"),
+            Column("recovery", pa.string(), "", "null for clean lines; how a torn/interleaved line was recovered "
+                   "('split', 'rejoined', 'no_prefix', 'host_suffix')"),
+        ],
+        "calls",
+        "One row per NCCL collective/P2P call line (COLL subsystem).",
+    ),
+    "comms": _schema(
+        _SRC
+        + _WALL
+        + [
+            Column("event", pa.string(), "", "'init', 'split', 'destroy', 'abort', 'revoke' or 'legacy_init' (<=2.4)"),
+            Column("phase", pa.string(), "", "'START' or 'COMPLETE' (null for legacy lines)"),
+            Column("api", pa.string(), "", "API name printed from 2.21.5 (ncclCommInitRank, ncclCommInitRankConfig, "
+                   "ncclCommSplit, ...); null when not printed"),
+            Column("comm", pa.uint64(), "address", "process-local communicator pointer"),
+            Column("rank", pa.int32(), "", "this process's rank in the communicator"),
+            Column("nranks", pa.int32(), "", "communicator size"),
+            Column("comm_cuda_dev", pa.int32(), "", "cudaDev field of the init line"),
+            Column("nvml_dev", pa.int32(), "", "nvmlDev: physical GPU index (null before 2.18.3)"),
+            Column("bus_id", pa.int64(), "", "PCI bus id of the GPU (hex in the log)"),
+            Column("comm_id", pa.uint64(), "", "commId printed by the init line (shared by all members; equals the NVTX "
+                   "communicator id only from 2.26.2; null for split comms from 2.23)"),
+            Column("parent", pa.uint64(), "address", "parent communicator pointer of a split comm"),
+            Column("color", pa.int64(), "", "split color (members = parent's ranks with the same color)"),
+            Column("key", pa.int64(), "", "split key (orders ranks in the child)"),
+            Column("split_count", pa.int32(), "", "splitCount (2.24-2.28) / childCount (>=2.29)"),
+        ],
+        "comms",
+        "Communicator lifecycle lines: Init START/COMPLETE (plain and split), Destroy/Abort.",
+    ),
+    "comm_info": _schema(
+        _SRC
+        + [
+            Column("comm", pa.uint64(), "address", "communicator pointer"),
+            Column("rank", pa.int32(), "", "rank in the communicator"),
+            Column("nranks", pa.int32(), "", "communicator size"),
+            Column("nnodes", pa.int32(), "", "number of nodes spanned"),
+            Column("local_ranks", pa.int32(), "", "ranks of this comm on this node"),
+            Column("local_rank", pa.int32(), "", "this rank's index among them"),
+        ],
+        "comm_info",
+        "`comm %p rank %d nRanks %d nNodes %d localRanks %d localRank %d MNNVL %d` lines (>= 2.20).",
+    ),
+    "tuning": _schema(
+        _SRC
+        + _WALL
+        + [
+            Column("kind", pa.string(), "", "'standard', 'symmetric', 'copy_engine' or 'hierarchical_ce'"),
+            Column("format", pa.string(), "", "line format: 'bytes_numeric' (2.20-2.22), 'op_bytes_numeric' (2.23), "
+                   "'op_bytes_named' (>=2.24), or the kind for special paths"),
+            Column("op", pa.string(), "", "collective (null for the 2.20-2.22 format which does not print it)"),
+            Column("tuning_bytes", pa.int64(), "B", "bytes as printed: 2.20-2.23 full buffer (x nranks for AllGather/"
+                   "ReduceScatter, possibly an aggregate of a group); >=2.24 per-rank task bytes"),
+            Column("algo", pa.string(), "", "algorithm name (numeric codes decoded)"),
+            Column("proto", pa.string(), "", "protocol name (numeric codes decoded)"),
+            Column("time_us", pa.float64(), "us", "model-predicted time printed by 2.20-2.23 (null otherwise)"),
+            Column("channel_lo", pa.int32(), "", "first channel (>=2.24)"),
+            Column("channel_hi", pa.int32(), "", "last channel (>=2.24)"),
+            Column("sym_kernel", pa.string(), "", "symmetric kernel variant ([Symmetric] lines)"),
+            Column("nchannels", pa.int32(), "", "channels ([Symmetric] lines)"),
+            Column("nthreads", pa.int32(), "", "threads ([Symmetric] lines)"),
+            Column("call_line", pa.int64(), "", "line (same file) of the call this line was attached to; null if no "
+                   "call matched unambiguously"),
+            Column("n_calls", pa.int32(), "", "number of consecutive calls the line covers (aggregates in 2.20-2.23)"),
+        ],
+        "tuning",
+        "Algorithm/protocol (TUNING) lines, attached to their call where the bytes identify it.",
+    ),
+    "topology_links": _schema(
+        _SRC
+        + [
+            Column("system", pa.int32(), "", "index of the topology dump within the file (0-based)"),
+            Column("from_node", pa.string(), "", "node id as printed, e.g. 'CPU/0', 'GPU/0-1a000'"),
+            Column("link_type", pa.string(), "", "LOC, NVL, PCI, SYS, NET or C2C"),
+            Column("bw_gbps", pa.float64(), "GB/s", "link bandwidth printed in brackets"),
+            Column("to_node", pa.string(), "", "remote node id as printed"),
+            Column("to_detail", pa.string(), "", "text in parentheses after the remote node (GPU rank, NET guid/port/bw, ...)"),
+            Column("depth", pa.int32(), "", "nesting depth below the CPU node"),
+        ],
+        "topology_links",
+        "Every link of every topology dump (`=== System : ...` blocks).",
+    ),
+    "topology_systems": _schema(
+        _SRC
+        + [
+            Column("system", pa.int32(), "", "index of the dump within the file"),
+            Column("max_bw_gbps", pa.float64(), "GB/s", "maxBw of the system header"),
+            Column("total_bw_gbps", pa.float64(), "GB/s", "totalBw of the system header"),
+        ],
+        "topology_systems",
+        "Topology dump headers.",
+    ),
+    "rings": _schema(
+        _SRC
+        + [
+            Column("kind", pa.string(), "", "'ring' (Channel NN/MM : r r r) or 'tree' (Trees [c] d0/d1/d2->r->up)"),
+            Column("channel", pa.int32(), "", "channel index (ring lines)"),
+            Column("nchannels", pa.int32(), "", "number of channels (ring lines)"),
+            Column("ranks", pa.string(), "", "ring order as space-separated ranks, or the tree entries as printed"),
+            Column("truncated", pa.bool_(), "", "True when NCCL truncated the line (<=2.22 20-rank cap, >=2.23 127 chars)"),
+        ],
+        "rings",
+        "Ring order and tree lines printed at communicator init.",
+    ),
+    "versions": _schema(
+        _SRC
+        + [
+            Column("version", pa.string(), "", "NCCL version major.minor.patch"),
+            Column("suffix", pa.string(), "", "build suffix (e.g. '.MSCCL.0.7.3')"),
+            Column("cuda", pa.string(), "", "CUDA version NCCL was built with"),
+        ],
+        "versions",
+        "`NCCL version X+cudaY` lines (bare or INFO).",
+    ),
+    "warnings": _schema(
+        _SRC
+        + _WALL
+        + [
+            Column("source", pa.string(), "", "source location printed before 'NCCL WARN' (file:line, function)"),
+            Column("message", pa.string(), "", "warning text"),
+        ],
+        "warnings",
+        "NCCL WARN lines.",
+    ),
+    "unclassified": _schema(
+        [
+            Column("file", pa.string(), "", "log file"),
+            Column("line", pa.int64(), "", "1-based line number"),
+            Column("reason", pa.string(), "", "why the line was not classified as an NCCL record"),
+            Column("text", pa.string(), "", "the line (first 240 characters, undecodable bytes escaped)"),
+        ],
+        "unclassified",
+        "Every line that is not an NCCL record or could not be parsed, with the reason.",
+    ),
+}
+
+
+def empty_table(name: str) -> pa.Table:
+    """An empty table with the documented schema."""
+    return TABLES[name].empty_table()
+
+
+def atomic_path(path: Path) -> Path:
+    """A temporary sibling of ``path`` for write-then-rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    return Path(tmp)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON via a temporary file and rename."""
+    tmp = atomic_path(path)
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def write_table_atomic(table: pa.Table, path: Path) -> None:
+    """Write a whole table to Parquet atomically."""
+    tmp = atomic_path(path)
+    pq.write_table(table, tmp, compression="zstd")
+    os.replace(tmp, path)
+
+
+class TableSink:
+    """Stream rows of one documented table into a Parquet file in bounded batches.
+
+    Rows are appended column-wise (``append(row_tuple)`` in schema order) and flushed
+    every ``batch_rows`` rows as a row group; ``close()`` renames the file into place.
+    """
+
+    def __init__(self, name: str, path: Path, batch_rows: int = 200_000) -> None:
+        self.name = name
+        self.schema = TABLES[name]
+        self.path = Path(path)
+        self.batch_rows = batch_rows
+        self._columns: list[list[Any]] = [[] for _ in self.schema.names]
+        self._tmp = atomic_path(self.path)
+        self._writer = pq.ParquetWriter(self._tmp, self.schema, compression="zstd")
+        self.rows = 0
+
+    def append(self, row: tuple) -> None:
+        for col, value in zip(self._columns, row):
+            col.append(value)
+        self.rows += 1
+        if len(self._columns[0]) >= self.batch_rows:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._columns[0]:
+            return
+        arrays = [pa.array(col, type=field.type) for col, field in zip(self._columns, self.schema)]
+        self._writer.write_table(pa.Table.from_arrays(arrays, schema=self.schema))
+        self._columns = [[] for _ in self.schema.names]
+
+    def close(self) -> Path:
+        self.flush()
+        self._writer.close()
+        os.replace(self._tmp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        """Discard the partial file (on error)."""
+        try:
+            self._writer.close()
+        finally:
+            self._tmp.unlink(missing_ok=True)
+
+
+def tables_markdown() -> str:
+    """Render the documentation of every table (name, unit, meaning of each column)."""
+    out = ["# Tables", "", "Generated by `nccltrace tables-doc`; schema version " + SCHEMA_VERSION + ".", ""]
+    for name, schema in TABLES.items():
+        meta = schema.metadata or {}
+        out += [f"## `{name}.parquet`", "", meta.get(b"doc", b"").decode(), "", "| column | type | unit | meaning |",
+                "|---|---|---|---|"]
+        for field in schema:
+            fm = field.metadata or {}
+            out.append(
+                f"| `{field.name}` | {field.type} | {fm.get(b'unit', b'').decode()} | {fm.get(b'doc', b'').decode()} |"
+            )
+        out.append("")
+    return "\n".join(out)
