@@ -302,3 +302,14 @@ def tables_markdown() -> str:
             )
         out.append("")
     return "\n".join(out)
+
+
+def read_table(path: Path | str, columns: list[str] | None = None):
+    """Read a table into pandas with nullable integer dtypes.
+
+    The default pandas conversion turns nullable 64-bit columns into float64, which
+    silently corrupts communicator ids and pointers above 2^53; always read through here.
+    """
+    import pandas as pd
+
+    return pd.read_parquet(path, columns=columns, dtype_backend="numpy_nullable")

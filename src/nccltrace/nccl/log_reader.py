@@ -676,6 +676,8 @@ def find_log_files(paths: Iterable[Path]) -> list[Path]:
     out: list[Path] = []
     for p in paths:
         p = Path(p)
+        if not p.exists():
+            raise FileNotFoundError(f"no NCCL log files at {p}: the path does not exist")
         if p.is_dir():
             out.extend(sorted(q for q in p.rglob("*") if q.is_file() and q.suffix in (".log", ".txt", ".out")))
         else:

@@ -1,0 +1,26 @@
+"""Shared test fixtures: locations of the real reference material beside the project."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+FIXTURE_LOGS = SHARED / "fixtures" / "nccl-logs"
+NSYS_REFERENCE = SHARED / "reference" / "nsys"
+
+
+@pytest.fixture(scope="session")
+def fixture_logs() -> Path:
+    """Real NCCL log excerpts from public bug reports (must exist: CI has them)."""
+    assert FIXTURE_LOGS.is_dir(), f"real NCCL log fixtures missing at {FIXTURE_LOGS}"
+    return FIXTURE_LOGS
+
+
+@pytest.fixture(scope="session")
+def nsys_reference() -> Path:
+    """Real nsys DDL and sample export."""
+    assert NSYS_REFERENCE.is_dir(), f"nsys reference files missing at {NSYS_REFERENCE}"
+    return NSYS_REFERENCE
