@@ -1,0 +1,25 @@
+# nccltrace workflow: acquire (SLURM) or emulate each run of the campaign matrix, then
+# analyse it. Rules are thin; all logic lives in the `nccltrace` package.
+#   snakemake --cores all                 # embedded example campaign (emulated)
+#   snakemake --profile slurm             # on a SLURM cluster (see README)
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+validate(config, "workflow/schemas/config.schema.yaml")
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/acquire.smk"
+include: "workflow/rules/parse.smk"
+
+
+rule all:
+    localrule: True
+    input:
+        expand(f"{RESULTS}/{{run}}/parsed/parse_summary.json", run=RUN_IDS),
+    default_target: True

@@ -1,0 +1,121 @@
+"""Provenance manifests: which inputs, config and code version made a derived artifact.
+
+Every stage writes ``manifest.json`` next to its outputs with the code version (package
+version, git commit if available, and a hash of the package sources, so a changed
+analysis module is visible even without git), tool versions, the config hash, the table
+schema version and SHA-256 checksums of every input and output file.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import hashlib
+import importlib.metadata
+import json
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any, Iterable
+
+from . import __version__
+from .tables import SCHEMA_VERSION, write_json_atomic
+
+_TOOLS = ("numpy", "pandas", "pyarrow", "numba", "snakemake", "jinja2", "pyyaml")
+
+
+def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
+    """SHA-256 of a file, streamed."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _expand(paths: Iterable[Path | str]) -> list[Path]:
+    out: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        if p.is_dir():
+            out.extend(sorted(q for q in p.rglob("*") if q.is_file() and not q.name.startswith(".")))
+        elif p.exists():
+            out.append(p)
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> dict[str, Any]:
+    """Package version, source hash and (when run from a git checkout) the commit."""
+    pkg = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for f in sorted(pkg.rglob("*")):
+        if f.is_file() and f.suffix in (".py", ".sql", ".yaml", ".json", ".j2"):
+            h.update(str(f.relative_to(pkg)).encode())
+            h.update(f.read_bytes())
+    info: dict[str, Any] = {"nccltrace": __version__, "source_sha256": h.hexdigest()}
+    try:
+        commit = subprocess.run(["git", "-C", str(pkg), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=5)
+        if commit.returncode == 0:
+            info["git_commit"] = commit.stdout.strip()
+            dirty = subprocess.run(["git", "-C", str(pkg), "status", "--porcelain", "--", str(pkg)],
+                                   capture_output=True, text=True, timeout=5)
+            info["git_dirty"] = bool(dirty.stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return info
+
+
+def tool_versions() -> dict[str, str]:
+    """Versions of the libraries the analysis depends on."""
+    out = {"python": platform.python_version()}
+    for name in _TOOLS:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def config_hash(config: Any) -> str:
+    """Stable hash of a JSON-serialisable config."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def write_manifest(
+    path: Path | str,
+    *,
+    stage: str,
+    inputs: Iterable[Path | str],
+    outputs: Iterable[Path | str],
+    config: Any = None,
+    partial: bool = False,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write a provenance manifest (atomically) and return it."""
+    path = Path(path)
+    base = path.parent
+
+    def rel(p: Path) -> str:
+        try:
+            return str(p.resolve().relative_to(base.resolve()))
+        except ValueError:
+            return str(p)
+
+    manifest = {
+        "stage": stage,
+        "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "code": code_version(),
+        "tools": tool_versions(),
+        "table_schema_version": SCHEMA_VERSION,
+        "config_hash": config_hash(config) if config is not None else None,
+        "config": config,
+        "partial": partial,
+        "inputs": {rel(p): file_sha256(p) for p in _expand(inputs)},
+        "outputs": {rel(p): file_sha256(p) for p in _expand(outputs) if p.resolve() != path.resolve()},
+    }
+    if extra:
+        manifest.update(extra)
+    write_json_atomic(path, manifest)
+    return manifest

@@ -1,0 +1,50 @@
+# Shared helpers: campaign expansion (validated above), paths, input functions.
+import json
+from pathlib import Path
+
+from nccltrace.campaign import expand_campaign
+from nccltrace.nccl.log_reader import TABLE_NAMES as NCCL_TABLES
+
+RUNS = {run.run_id: run for run in expand_campaign(config)}
+RUN_IDS = sorted(RUNS)
+RESULTS = f"results/{config['campaign']}"
+NSYS_TABLES = ["kernels", "nvtx", "processes"]
+
+
+wildcard_constraints:
+    run="[A-Za-z0-9_.-]+",
+    proc="nccl_[A-Za-z0-9_.-]+",
+    host="[A-Za-z0-9_.-]+",
+
+
+def run_settings(wildcards):
+    """Resolved settings of a run (emulator/launch parameters)."""
+    return RUNS[wildcards.run].settings
+
+
+def raw_dir(wildcards):
+    return checkpoints.acquire.get(run=wildcards.run).output.raw
+
+
+def nccl_processes(wildcards):
+    """Per-process NCCL logs of a run; known once acquisition has finished (checkpoint)."""
+    raw = Path(raw_dir(wildcards))
+    return sorted(p.stem for p in (raw / "nccl").glob("nccl_*.log"))
+
+
+def nsys_hosts(wildcards):
+    raw = Path(raw_dir(wildcards))
+    return sorted(p.stem for p in (raw / "nsys").glob("*.sqlite"))
+
+
+def parsed_outputs(wildcards):
+    """Everything the per-process and per-node parse jobs produce for one run."""
+    out = [
+        f"{RESULTS}/{wildcards.run}/parsed/nccl/{proc}/parse_report.json"
+        for proc in nccl_processes(wildcards)
+    ]
+    out += [
+        f"{RESULTS}/{wildcards.run}/parsed/nsys/{host}/session.json"
+        for host in nsys_hosts(wildcards)
+    ]
+    return out

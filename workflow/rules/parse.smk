@@ -1,0 +1,54 @@
+# Parsing: fanned out per process (NCCL logs) and per node (nsys exports), then summarised.
+
+
+rule parse_nccl:
+    input:
+        raw=raw_dir,
+    output:
+        tables=expand(
+            f"{RESULTS}/{{{{run}}}}/parsed/nccl/{{{{proc}}}}/{{table}}.parquet",
+            table=NCCL_TABLES,
+        ),
+        report=f"{RESULTS}/{{run}}/parsed/nccl/{{proc}}/parse_report.json",
+        manifest=f"{RESULTS}/{{run}}/parsed/nccl/{{proc}}/manifest.json",
+    log:
+        f"{RESULTS}/{{run}}/logs/parse_nccl/{{proc}}.log",
+    benchmark:
+        f"{RESULTS}/{{run}}/benchmarks/parse_nccl/{{proc}}.tsv"
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/parse_nccl.py"
+
+
+rule parse_nsys:
+    input:
+        raw=raw_dir,
+    output:
+        tables=expand(
+            f"{RESULTS}/{{{{run}}}}/parsed/nsys/{{{{host}}}}/{{table}}.parquet",
+            table=NSYS_TABLES,
+        ),
+        session=f"{RESULTS}/{{run}}/parsed/nsys/{{host}}/session.json",
+        manifest=f"{RESULTS}/{{run}}/parsed/nsys/{{host}}/manifest.json",
+    log:
+        f"{RESULTS}/{{run}}/logs/parse_nsys/{{host}}.log",
+    benchmark:
+        f"{RESULTS}/{{run}}/benchmarks/parse_nsys/{{host}}.tsv"
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/parse_nsys.py"
+
+
+rule parse_summary:
+    input:
+        parsed_outputs,
+    output:
+        f"{RESULTS}/{{run}}/parsed/parse_summary.json",
+    log:
+        f"{RESULTS}/{{run}}/logs/parse_summary.log",
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/parse_summary.py"
