@@ -1,0 +1,117 @@
+"""Campaign expansion, config validation, CLI behaviour and workflow hygiene."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nccltrace.campaign import CampaignError, expand_campaign, load_campaign
+from nccltrace.cli import build_parser, main
+from nccltrace.tables import TABLES, tables_markdown
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "config" / "config.yaml"
+
+
+def test_example_campaign_expands_to_the_thesis_configurations():
+    runs = {r.run_id: r for r in expand_campaign(load_campaign(EXAMPLE))}
+    assert set(runs) == {
+        "dense_A100_tp1_pp1_ep1_cp1_vpp1_sp0_dp4",
+        "dense_A100_tp1_pp1_ep1_cp1_vpp1_sp0_dp4_distopt",
+        "dense_A100_tp1_pp4_ep1_cp1_vpp1_sp0_dp1",
+        "dense_A100_tp1_pp4_ep1_cp1_vpp2_sp0_dp1",
+        "dense_A100_tp4_pp1_ep1_cp1_vpp1_sp1_dp1",
+        "dense_A100_tp4_pp1_ep1_cp1_vpp1_sp0_dp1",
+        "dense_moe_A100_tp1_pp1_ep4_cp1_vpp1_sp0_dp4_a2a",
+        "dense_moe_A100_tp1_pp1_ep4_cp1_vpp1_sp0_dp4_ag",
+    }
+    moe = runs["dense_moe_A100_tp1_pp1_ep4_cp1_vpp1_sp0_dp4_ag"].settings
+    assert moe["moe_router_topk"] == 2 and moe["precision"] == "bf16" and moe["moe_token_dispatcher"] == "allgather"
+    assert runs["dense_A100_tp1_pp4_ep1_cp1_vpp2_sp0_dp1"].world_size == 4
+
+
+def test_run_ids_are_stable_across_expansions_and_hashes_differ_per_run():
+    a = expand_campaign(load_campaign(EXAMPLE))
+    b = expand_campaign(load_campaign(EXAMPLE))
+    assert [r.run_id for r in a] == [r.run_id for r in b]
+    assert [r.config_hash() for r in a] == [r.config_hash() for r in b]
+    assert len({r.config_hash() for r in a}) == len(a)
+
+
+def test_unknown_setting_is_rejected_with_its_location(tmp_path):
+    cfg = yaml.safe_load(EXAMPLE.read_text())
+    cfg["matrix"][0]["parallelism"][2]["tensor_parallel"] = 4  # typo for tp
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    with pytest.raises(CampaignError, match=r"matrix/0/parallelism/2.*tensor_parallel"):
+        load_campaign(p)
+
+
+def test_inconsistent_dp_and_undefined_model_are_rejected():
+    cfg = yaml.safe_load(EXAMPLE.read_text())
+    bad = copy.deepcopy(cfg)
+    bad["matrix"][0]["parallelism"] = [{"tp": 2, "dp": 4}]
+    with pytest.raises(CampaignError, match="dp=4 does not match world size 4"):
+        expand_campaign(bad)
+    bad = copy.deepcopy(cfg)
+    bad["matrix"][0]["models"] = ["gpt3"]
+    with pytest.raises(CampaignError, match="'gpt3' is not defined under 'models:'"):
+        expand_campaign(bad)
+
+
+def test_exclude_removes_matching_entries():
+    cfg = yaml.safe_load(EXAMPLE.read_text())
+    cfg["exclude"] = [{"model": "dense", "tp": 4}]
+    ids = [r.run_id for r in expand_campaign(cfg)]
+    assert len(ids) == 6 and not any("_tp4_" in i for i in ids)
+
+
+def test_every_cli_subcommand_has_help(capsys):
+    parser = build_parser()
+    subcommands = parser._subparsers._group_actions[0].choices  # noqa: SLF001
+    assert {"parse-nccl", "parse-nsys", "emulate", "runs", "tables-doc"} <= set(subcommands)
+    for name in subcommands:
+        with pytest.raises(SystemExit) as exc:
+            parser.parse_args([name, "--help"])
+        assert exc.value.code == 0
+        assert "usage: nccltrace " + name in capsys.readouterr().out
+
+
+def test_cli_parse_nccl_writes_tables_report_and_manifest(tmp_path, fixture_logs, capsys):
+    rc = main(["parse-nccl", str(fixture_logs / "NVIDIA_nccl_203.log"), "-o", str(tmp_path), "-q"])
+    assert rc == 0
+    assert "7 calls" in capsys.readouterr().out
+    for name in ("calls", "comms", "tuning", "unclassified"):
+        assert (tmp_path / f"{name}.parquet").exists()
+    import json
+
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["stage"] == "parse_nccl" and len(manifest["inputs"]) == 1
+    assert manifest["code"]["source_sha256"] and "pyarrow" in manifest["tools"]
+
+
+def test_cli_reports_missing_input_without_traceback(tmp_path, capsys):
+    rc = main(["parse-nccl", str(tmp_path / "missing"), "-o", str(tmp_path / "o"), "-q"])
+    assert rc == 2 and "error: no NCCL log files at" in capsys.readouterr().err
+
+
+def test_tables_doc_covers_every_column():
+    text = tables_markdown()
+    for name, schema in TABLES.items():
+        assert f"## `{name}.parquet`" in text
+        for field in schema:
+            assert field.metadata and field.metadata.get(b"doc"), f"{name}.{field.name} lacks a doc"
+
+
+def test_snakemake_lint_is_clean_and_dry_run_shows_the_dag():
+    lint = subprocess.run([sys.executable, "-m", "snakemake", "--lint"], cwd=REPO, capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    dry = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--quiet", "rules"], cwd=REPO,
+                         capture_output=True, text=True)
+    assert dry.returncode == 0, dry.stderr
+    assert "acquire" in dry.stdout + dry.stderr
