@@ -1,0 +1,53 @@
+"""Nsight Systems SQLite exports: reader (:class:`NsysExport`) and writer (:class:`NsysExportWriter`)."""
+
+from .reader import (
+    KERNEL_COLUMNS,
+    KNOWN_SCHEMA_VERSIONS,
+    NCCL_ENTRY_COLUMNS,
+    NVTX_COLUMNS,
+    NsysExport,
+    NsysFormatError,
+    NsysSchemaWarning,
+    decode_pid,
+    decode_tid,
+    strip_api_version,
+)
+from .writer import (
+    DEFAULT_PRODUCT_VERSION,
+    PAYLOAD_MODES,
+    SCHEMA_VERSIONS,
+    NcclPayloadSchemas,
+    NsysExportWriter,
+    PayloadEntry,
+    PayloadEnum,
+    PayloadSchema,
+    encode_global_pid,
+    encode_global_tid,
+    nccl_payload_schemas,
+    sanitize_column_name,
+)
+
+__all__ = [
+    "DEFAULT_PRODUCT_VERSION",
+    "KERNEL_COLUMNS",
+    "KNOWN_SCHEMA_VERSIONS",
+    "NCCL_ENTRY_COLUMNS",
+    "NVTX_COLUMNS",
+    "PAYLOAD_MODES",
+    "SCHEMA_VERSIONS",
+    "NcclPayloadSchemas",
+    "NsysExport",
+    "NsysExportWriter",
+    "NsysFormatError",
+    "NsysSchemaWarning",
+    "PayloadEntry",
+    "PayloadEnum",
+    "PayloadSchema",
+    "decode_pid",
+    "decode_tid",
+    "encode_global_pid",
+    "encode_global_tid",
+    "nccl_payload_schemas",
+    "sanitize_column_name",
+    "strip_api_version",
+]

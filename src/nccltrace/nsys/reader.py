@@ -1,0 +1,974 @@
+"""Reader for Nsight Systems SQLite exports (``nsys export --type sqlite``), schema major 3.
+
+What it extracts: CUDA kernels joined to the API call that launched them, CUDA runtime/driver
+calls, NVTX ranges (with NCCL's extended payloads decoded when present), processes, threads,
+GPUs and the session's UTC anchor. Columns are feature-detected (``PRAGMA table_info``) rather
+than inferred from the version number, and a missing table means "no such events" (lazy export).
+
+Conventions of every frame returned here:
+
+* timestamps are int64 ns on the file's timeline (``utc = t + utc_offset_ns``);
+* integer columns that may be NULL use pandas' nullable ``Int64`` (``UInt64`` for 64-bit
+  unsigned values such as NCCL communicator ids); text columns are ``object`` (str or None);
+* PID/TID are decoded from serialized ``globalTid``/``globalPid`` with shifts and masks, which
+  stay correct when a HW byte >= 0x80 makes the stored int64 negative.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import sqlite3
+import struct
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "NsysFormatError",
+    "NsysSchemaWarning",
+    "NsysExport",
+    "KNOWN_SCHEMA_VERSIONS",
+    "NCCL_ENTRY_COLUMNS",
+    "KERNEL_COLUMNS",
+    "NVTX_COLUMNS",
+    "decode_pid",
+    "decode_tid",
+    "strip_api_version",
+]
+
+KNOWN_SCHEMA_VERSIONS: tuple[str, ...] = ("3.0.0", "3.16.1", "3.28.1")
+SUPPORTED_MAJOR = 3
+
+# 0xFFFFFFFFFF000000 as a signed int64: keeps HW, VM and PID bits (globalTid -> globalPid).
+_GPID_MASK = -16777216
+_ID24 = 0xFFFFFF
+_U64 = 1 << 64
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+# NCCL payload schema entry name -> output column. Matching by name (not schema id) keeps this
+# valid across NCCL releases, whose schema and enum ids shift (log-formats.md §9).
+NCCL_ENTRY_COLUMNS: dict[str, str] = {
+    "Message size [bytes]": "nccl_message_bytes",
+    "Bytes": "nccl_message_bytes",
+    "NCCL communicator ID": "nccl_comm_id",
+    "Root": "nccl_root",
+    "Peer rank": "nccl_peer",
+    "Reduction operation": "nccl_redop",
+    "Rank": "nccl_rank",
+    "No. of ranks": "nccl_nranks",
+    "CUDA device": "nccl_cuda_dev",
+    "Color": "nccl_color",
+    "color": "nccl_color",
+    "Key": "nccl_key",
+    "key": "nccl_key",
+    "Parent NCCL communicator ID": "nccl_parent_comm_id",
+}
+_NCCL_COLUMN_KINDS: dict[str, str] = {
+    "nccl_message_bytes": "Int64",
+    "nccl_comm_id": "UInt64",
+    "nccl_root": "Int64",
+    "nccl_peer": "Int64",
+    "nccl_redop": "Int64",
+    "nccl_rank": "Int64",
+    "nccl_nranks": "Int64",
+    "nccl_cuda_dev": "Int64",
+    "nccl_color": "Int64",
+    "nccl_key": "Int64",
+    "nccl_parent_comm_id": "UInt64",
+}
+# ncclRedOp_t values of NVTX enum entry names (JSON payloads may carry names).
+_REDOP_VALUES = {"sum": 0, "product": 1, "prod": 1, "max": 2, "min": 3, "avg": 4}
+
+# NVTX payload entry type id -> little-endian struct code (nvToolsExtPayload.h, LP64).
+_NVTX_TYPE_FMT: dict[int, str] = {
+    1: "b", 2: "B", 3: "h", 4: "H", 5: "i", 6: "I", 7: "q", 8: "Q", 9: "q", 10: "Q",
+    11: "b", 12: "B", 13: "h", 14: "H", 15: "i", 16: "I", 17: "q", 18: "Q",
+    19: "f", 20: "d", 22: "Q", 23: "Q", 43: "f", 44: "d",
+    68: "I", 69: "I", 70: "Q", 73: "I", 74: "Q",
+}  # fmt: skip
+_ENUM_SIZE_FMT = {1: "b", 2: "h", 4: "i", 8: "q"}
+
+# NVTX eventType values returned by nvtx() by default: marks and ranges (not domain/category
+# definitions or thread names, which are metadata rows).
+NVTX_RANGE_EVENT_TYPES: tuple[int, ...] = (34, 59, 60, 70, 71)
+
+_ENUM_ALIASES = {
+    "ENUM_CUDA_KERNEL_LAUNCH_TYPE": ("ENUM_CUDA_KERNEL_LAUNCH_TYPE", "ENUM_CUDA_KRENEL_LAUNCH_TYPE"),
+    "ENUM_CUDA_KRENEL_LAUNCH_TYPE": ("ENUM_CUDA_KRENEL_LAUNCH_TYPE", "ENUM_CUDA_KERNEL_LAUNCH_TYPE"),
+}
+
+_DYNAMIC_RE = re.compile(r"^DYNAMIC_NVTXPAYLOAD_DATATYPE_(-?\d+)_(\d+)_(\d+)$")
+_API_VERSION_RE = re.compile(r"_v\d+$")
+
+# (column, kind) specs. Kinds: int64 (never NULL), Int64/UInt64 (nullable), float64, object.
+KERNEL_COLUMNS: list[tuple[str, str]] = [
+    ("start", "int64"), ("end", "int64"), ("device_id", "int64"), ("context_id", "int64"),
+    ("stream_id", "int64"), ("correlation_id", "Int64"), ("global_pid", "Int64"), ("pid", "Int64"),
+    ("name", "object"), ("short_name", "object"),
+    ("grid_x", "int64"), ("grid_y", "int64"), ("grid_z", "int64"),
+    ("block_x", "int64"), ("block_y", "int64"), ("block_z", "int64"),
+    ("registers_per_thread", "int64"), ("static_shared_memory", "int64"), ("dynamic_shared_memory", "int64"),
+    ("green_context_id", "Int64"),
+    ("launch_start", "Int64"), ("launch_end", "Int64"), ("launch_global_tid", "Int64"), ("launch_tid", "Int64"),
+    ("launch_api", "object"), ("launch_event_class", "Int64"),
+]  # fmt: skip
+NVTX_COLUMNS: list[tuple[str, str]] = [
+    ("start", "int64"), ("end", "Int64"), ("event_type", "int64"), ("text", "object"),
+    ("domain", "object"), ("domain_id", "Int64"), ("category", "Int64"), ("category_name", "object"),
+    ("color", "Int64"), ("global_tid", "Int64"), ("pid", "Int64"), ("tid", "Int64"),
+    ("end_global_tid", "Int64"), ("range_id", "Int64"), ("event_id", "Int64"),
+    ("uint64_value", "UInt64"), ("int64_value", "Int64"), ("double_value", "float64"), ("json_text", "object"),
+    *_NCCL_COLUMN_KINDS.items(),
+    ("payload_source", "object"),
+]  # fmt: skip
+RUNTIME_COLUMNS: list[tuple[str, str]] = [
+    ("start", "int64"), ("end", "int64"), ("event_class", "int64"), ("global_tid", "Int64"),
+    ("pid", "Int64"), ("tid", "Int64"), ("correlation_id", "Int64"), ("name", "object"), ("api", "object"),
+    ("return_value", "Int64"),
+]  # fmt: skip
+PROCESS_COLUMNS: list[tuple[str, str]] = [("global_pid", "int64"), ("pid", "int64"), ("name", "object")]
+THREAD_COLUMNS: list[tuple[str, str]] = [
+    ("global_tid", "Int64"), ("pid", "Int64"), ("tid", "Int64"), ("name", "object"), ("priority", "Int64"),
+]
+GPU_COLUMNS: list[tuple[str, str]] = [
+    ("device_id", "Int64"), ("name", "object"), ("bus_location", "object"), ("uuid", "object"),
+    ("cu_device", "Int64"), ("pid", "Int64"), ("cuda_id", "Int64"),
+]  # fmt: skip
+
+
+class NsysFormatError(ValueError):
+    """The file is not a usable nsys SQLite export. The message names the file, what is wrong
+    and what to do about it."""
+
+
+class NsysSchemaWarning(UserWarning):
+    """The export's schema version is not one nccltrace was tested with (features are detected)."""
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _bits(global_id: Any, fn: Callable[[Any], Any]) -> Any:
+    if isinstance(global_id, pd.Series):
+        # Nullable Int64: shift the int64 payload, keep the NA mask.
+        mask = global_id.isna().to_numpy()
+        vals = global_id.to_numpy(dtype=np.int64, na_value=0)
+        out = pd.arrays.IntegerArray(fn(vals).astype(np.int64), mask)
+        return pd.Series(out, index=global_id.index, name=global_id.name)
+    return fn(global_id)
+
+
+def decode_pid(global_id: Any) -> Any:
+    """PID bits of a serialized globalTid/globalPid: ``(id >> 24) & 0xFFFFFF``.
+
+    Accepts an int, a numpy int64 array or a pandas (nullable) integer Series. Arithmetic shift
+    plus mask stays correct when a HW byte >= 0x80 makes the stored int64 negative (unlike the
+    ``id / 0x1000000 % 0x1000000`` form)."""
+    return _bits(global_id, lambda v: (v >> 24) & _ID24)
+
+
+def decode_tid(global_tid: Any) -> Any:
+    """TID bits of a serialized globalTid: ``id & 0xFFFFFF`` (int, numpy array or Series)."""
+    return _bits(global_tid, lambda v: v & _ID24)
+
+
+def strip_api_version(name: str | None) -> str | None:
+    """``cudaLaunchKernel_v7000`` -> ``cudaLaunchKernel`` (nsys appends the API version)."""
+    return None if name is None else _API_VERSION_RE.sub("", name)
+
+
+def _unsigned(v: int | None) -> int | None:
+    return None if v is None else v % _U64
+
+
+def _sanitize(name: str) -> str:
+    # Same rule as the writer's sanitize_column_name (kept local so the reader stands alone).
+    out = re.sub(r"[^0-9A-Za-z_]", "_", name)
+    return out if out and not out[0].isdigit() else "_" + out
+
+
+def _column(values: Sequence[Any], kind: str, name: str) -> Any:
+    if kind == "int64":
+        try:
+            return np.array(values, dtype=np.int64)
+        except (TypeError, ValueError):
+            # NULL in a column that the schema declares NOT NULL: keep the rows, allow NA.
+            return pd.array(list(values), dtype="Int64")
+    if kind == "Int64":
+        return pd.array(list(values), dtype="Int64")
+    if kind == "UInt64":
+        return pd.array([_unsigned(v) for v in values], dtype="UInt64")
+    if kind == "float64":
+        return np.array(values, dtype=np.float64)
+    # Explicit object dtype: pandas >= 3 would otherwise infer its NaN-based "str" dtype.
+    arr = np.empty(len(values), dtype=object)
+    arr[:] = list(values)
+    return pd.Series(arr, dtype=object, copy=False)
+
+
+def _frame(columns: dict[str, Sequence[Any]], spec: list[tuple[str, str]]) -> pd.DataFrame:
+    """DataFrame with exactly ``spec``'s columns and dtypes (missing columns are all-NULL)."""
+    n = len(next(iter(columns.values()))) if columns else 0
+    data = {}
+    for name, kind in spec:
+        vals = columns.get(name)
+        col = _column(vals if vals is not None else [None] * n, kind, name)
+        data[name] = col if isinstance(col, pd.Series) else pd.Series(col, copy=False)
+    return pd.DataFrame(data, index=pd.RangeIndex(n), copy=False)
+
+
+def _rows_to_columns(rows: list[tuple], names: Sequence[str]) -> dict[str, Sequence[Any]]:
+    if not rows:
+        return {n: [] for n in names}
+    return dict(zip(names, zip(*rows)))
+
+
+def _arrow_schema(spec: list[tuple[str, str]]):
+    import pyarrow as pa
+
+    types = {
+        "int64": pa.int64(),
+        "Int64": pa.int64(),
+        "UInt64": pa.uint64(),
+        "float64": pa.float64(),
+        "object": pa.string(),
+    }
+    return pa.schema([(name, types[kind]) for name, kind in spec])
+
+
+@contextlib.contextmanager
+def _atomic_path(target: Path) -> Iterator[Path]:
+    """Yield a temp path next to ``target``; rename it over ``target`` if the block succeeds."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, target)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+# --------------------------------------------------------------------------- reader
+
+
+class NsysExport:
+    """An opened nsys SQLite export (read-only). Create with :meth:`open`.
+
+    Attributes:
+        path: The file.
+        schema_version: ``EXPORT_SCHEMA_VERSION`` (e.g. ``"3.0.0"``).
+        product_version: ``EXPORT_PRODUCT_VERSION`` (e.g. ``"2022.4.2.1"``), ``""`` if absent.
+        hostname: ``TARGET_INFO_SYSTEM_ENV`` ``Hostname`` value, or None.
+        session_start_utc_ns: ``TARGET_INFO_SESSION_START_TIME.utcEpochNs``, or None.
+        time_normalized: True if exported with ``--ts-normalize=true`` (timestamps already UTC ns).
+        time_shift_ns: ``--ts-shift`` offset recorded in the metadata, or None.
+        metadata: All rows of the metadata table (name -> value).
+    """
+
+    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
+        # Use NsysExport.open(); this only sets up state.
+        self.path = path
+        self._conn = conn
+        self._table_cols: dict[str, list[str]] = {}
+        self._payload_schema_cache: dict[tuple[int, int], list[tuple[str, str, int]]] | None = None
+        self._payload_size_cache: dict[tuple[int, int], int] = {}
+        self.metadata: dict[str, str | None] = {}
+        self.schema_version = ""
+        self.product_version = ""
+        self.hostname: str | None = None
+        self.session_start_utc_ns: int | None = None
+        self.time_normalized = False
+        self.time_shift_ns: int | None = None
+        self._tables: set[str] = set()
+
+    # ------------------------------------------------------------------ opening
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], *, integrity_check: bool = False) -> "NsysExport":
+        """Open and validate an export.
+
+        Checks, each failing with :class:`NsysFormatError`: the file exists and is non-empty, has
+        the SQLite header, is not shorter than its header says (truncated copy), can be read
+        (``integrity_check=True`` additionally runs ``PRAGMA quick_check``, which reads every
+        page), has ``META_DATA_EXPORT``/``EXPORT_META_DATA`` with a schema version of major 3,
+        and has ``StringIds``. Unknown minor/micro versions only warn (:class:`NsysSchemaWarning`).
+        """
+        p = Path(path)
+        _check_file(p)
+        try:
+            # immutable=1: no file locking, which is unreliable on the network/parallel file
+            # systems exports usually live on; an export is never modified after it is written.
+            conn = sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
+        except sqlite3.Error as e:
+            raise NsysFormatError(f"{p}: cannot open as SQLite ({e}); check permissions and that it is a file") from e
+        # Invalid UTF-8 in a text column (e.g. a user NVTX string) must not abort reading.
+        conn.text_factory = lambda raw: raw.decode("utf-8", "replace")
+        self = cls(p, conn)
+        try:
+            self._load(integrity_check)
+        except BaseException:
+            conn.close()
+            raise
+        return self
+
+    def _load(self, integrity_check: bool) -> None:
+        p = self.path
+        with self._errors("the table list"):
+            rows = self._conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")
+            self._tables = {r[0] for r in rows}
+            if integrity_check:
+                bad = [r[0] for r in self._conn.execute("PRAGMA quick_check")]
+                if bad != ["ok"]:
+                    raise NsysFormatError(
+                        f"{p}: SQLite integrity check failed ({'; '.join(bad[:3])}); the file is corrupt or "
+                        "truncated - copy it again or re-run `nsys export --type sqlite`"
+                    )
+        meta_table = next((t for t in ("META_DATA_EXPORT", "EXPORT_META_DATA") if t in self._tables), None)
+        if meta_table is None:
+            raise NsysFormatError(
+                f"{p}: no META_DATA_EXPORT or EXPORT_META_DATA table, so this SQLite file is not an nsys "
+                "export (or a very old one); create it with `nsys export --type sqlite <report>.nsys-rep`"
+            )
+        with self._errors(meta_table):
+            for name, value in self._conn.execute(f"SELECT name, value FROM {meta_table}"):
+                self.metadata.setdefault(name, value)
+        version = self.metadata.get("EXPORT_SCHEMA_VERSION")
+        if not version and self.metadata.get("EXPORT_SCHEMA_VERSION_MAJOR") is not None:
+            parts = (self.metadata.get(f"EXPORT_SCHEMA_VERSION_{k}") or 0 for k in ("MAJOR", "MINOR", "MICRO"))
+            version = ".".join(str(x) for x in parts)
+        m = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)", (version or "").strip())
+        if m is None:
+            raise NsysFormatError(
+                f"{p}: {meta_table} has no valid EXPORT_SCHEMA_VERSION (got {version!r}); the export is "
+                "incomplete - re-run `nsys export --type sqlite`"
+            )
+        if int(m.group(1)) != SUPPORTED_MAJOR:
+            raise NsysFormatError(
+                f"{p}: nsys export schema {version} has major version {m.group(1)}, but only major "
+                f"{SUPPORTED_MAJOR} (e.g. {', '.join(KNOWN_SCHEMA_VERSIONS)}) is supported; re-export with an nsys "
+                "release that writes schema 3.x or update nccltrace"
+            )
+        self.schema_version = version.strip()
+        if self.schema_version not in KNOWN_SCHEMA_VERSIONS:
+            warnings.warn(
+                NsysSchemaWarning(
+                    f"{p}: nsys export schema {self.schema_version} was not tested (known: "
+                    f"{', '.join(KNOWN_SCHEMA_VERSIONS)}); tables and columns are feature-detected"
+                ),
+                stacklevel=3,
+            )
+        self.product_version = self.metadata.get("EXPORT_PRODUCT_VERSION") or ""
+        if "StringIds" not in self._tables:
+            raise NsysFormatError(
+                f"{p}: the StringIds table is missing, so kernel/API/NVTX names cannot be resolved; the "
+                "export is incomplete or was made with --separate-strings - re-run `nsys export --type sqlite`"
+            )
+        self.time_normalized = str(self.metadata.get("EXPORT_PARAM_TIME_NORMALIZE", "")).strip().lower() == "true"
+        shift = self.metadata.get("EXPORT_PARAM_TIME_SHIFT") or self.metadata.get("EXPORT_CONFIG_TIME_SHIFT")
+        with contextlib.suppress(TypeError, ValueError):
+            self.time_shift_ns = int(shift) if shift not in (None, "") else None
+        if "TARGET_INFO_SYSTEM_ENV" in self._tables:
+            with self._errors("TARGET_INFO_SYSTEM_ENV"):
+                sql = "SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname' LIMIT 1"
+                row = self._conn.execute(sql).fetchone()
+            self.hostname = row[0] if row else None
+        if "TARGET_INFO_SESSION_START_TIME" in self._tables:
+            with self._errors("TARGET_INFO_SESSION_START_TIME"):
+                row = self._conn.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME LIMIT 1").fetchone()
+            self.session_start_utc_ns = int(row[0]) if row and row[0] is not None else None
+
+    @contextlib.contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        """Turn SQLite errors (corrupt/truncated pages are only hit when read) into NsysFormatError."""
+        try:
+            yield
+        except sqlite3.DatabaseError as e:
+            raise NsysFormatError(
+                f"{self.path}: SQLite error while reading {what} ({e}); the file is probably truncated or "
+                "corrupt - copy it again or re-run `nsys export --type sqlite`"
+            ) from e
+
+    # ------------------------------------------------------------------ basics
+
+    def close(self) -> None:
+        """Close the underlying SQLite connection."""
+        self._conn.close()
+
+    def __enter__(self) -> "NsysExport":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"NsysExport({str(self.path)!r}, schema={self.schema_version}, product={self.product_version})"
+
+    @property
+    def utc_offset_ns(self) -> int | None:
+        """Add to a timestamp to get UTC epoch ns: 0 for time-normalized exports, else
+        ``session_start_utc_ns`` (None if the file has no session anchor)."""
+        return 0 if self.time_normalized else self.session_start_utc_ns
+
+    def table_names(self) -> set[str]:
+        """Names of all tables (and views) in the file."""
+        return set(self._tables)
+
+    def columns(self, table: str) -> list[str]:
+        """Column names of ``table`` (empty if the table does not exist)."""
+        cols = self._table_cols.get(table)
+        if cols is None:
+            cols = []
+            if table in self._tables:
+                with self._errors(table):
+                    cols = [r[1] for r in self._conn.execute(f'PRAGMA table_info("{table}")')]
+            self._table_cols[table] = cols
+        return cols
+
+    def _col(self, table: str, alias: str, name: str) -> str:
+        return f"{alias}.{name}" if name in self.columns(table) else "NULL"
+
+    def _query(self, sql: str, params: Sequence[Any] = (), what: str = "") -> list[tuple]:
+        with self._errors(what or "the export"):
+            return self._conn.execute(sql, params).fetchall()
+
+    def enum_table(self, name: str) -> pd.DataFrame:
+        """Rows (id, name, label) of an ``ENUM_*`` table; accepts both spellings of names that
+        nsys fixed later (``ENUM_CUDA_KRENEL_LAUNCH_TYPE`` in 3.0.0). Empty if absent."""
+        spec = [("id", "int64"), ("name", "object"), ("label", "object")]
+        rows: list[tuple] = []
+        for candidate in _ENUM_ALIASES.get(name, (name,)):
+            if candidate in self._tables:
+                rows = self._query(f'SELECT id, name, label FROM "{candidate}" ORDER BY id', what=candidate)
+                break
+        return _frame(_rows_to_columns(rows, ["id", "name", "label"]), spec)
+
+    # ------------------------------------------------------------------ kernels
+
+    # Raw kernel columns, all integers: names stay StringIds ids and PID/TID bits are decoded in
+    # numpy afterwards. Each row is fetched as ONE printf()-formatted text line and parsed with
+    # numpy, which is several times faster and lighter than materialising ~25 Python ints per row.
+    _KERNEL_RAW = ["_rowid", "start", "end", "device_id", "context_id", "stream_id", "correlation_id", "global_pid",
+                   "_name_id", "_short_id", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z",
+                   "registers_per_thread", "static_shared_memory", "dynamic_shared_memory", "green_context_id",
+                   "launch_start", "launch_end", "launch_global_tid", "_api_id", "launch_event_class"]  # fmt: skip
+    # Stand-in for NULL in the text rows (INT64_MIN: HW byte 0x80 with VM/PID/TID 0, never a real id).
+    _NULL = -(1 << 63)
+
+    def _kernel_sql(self, name_like: str | None) -> tuple[str, list[Any]]:
+        k = "CUPTI_ACTIVITY_KIND_KERNEL"
+        needed = ["start", "end", "deviceId", "contextId", "streamId", "globalPid", "demangledName", "shortName",
+                  "gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ", "registersPerThread",
+                  "staticSharedMemory", "dynamicSharedMemory"]  # fmt: skip
+        missing = [c for c in needed if c not in self.columns(k)]
+        if missing:
+            raise NsysFormatError(f"{self.path}: {k} lacks column(s) {missing}; this export layout is not supported")
+        corr = self._col(k, "k", "correlationId")
+        if "CUPTI_ACTIVITY_KIND_RUNTIME" in self._tables and corr != "NULL":
+            # correlationId is unique per process only, so join on it AND the process bits
+            # (SQLite builds an automatic index on the runtime table for this join).
+            launch = f"""LEFT JOIN CUPTI_ACTIVITY_KIND_RUNTIME r
+                   ON r.correlationId = k.correlationId
+                  AND (r.globalTid & {_GPID_MASK}) = (k.globalPid & {_GPID_MASK})"""
+            event_class = self._col("CUPTI_ACTIVITY_KIND_RUNTIME", "r", "eventClass")
+            launch_cols = ["r.start", "r.end", "r.globalTid", "r.nameId", event_class]
+            order = "ORDER BY k.start, k.rowid, r.start"
+        else:
+            launch, launch_cols, order = "", ["NULL"] * 5, "ORDER BY k.start, k.rowid"
+        where, params = "", []
+        if name_like is not None:
+            where = """WHERE k.demangledName IN (SELECT id FROM StringIds WHERE value LIKE ?)
+                          OR k.shortName IN (SELECT id FROM StringIds WHERE value LIKE ?)"""
+            params = [name_like, name_like]
+        exprs = ["k.rowid", "k.start", "k.end", "k.deviceId", "k.contextId", "k.streamId", corr, "k.globalPid",
+                 "k.demangledName", "k.shortName", "k.gridX", "k.gridY", "k.gridZ", "k.blockX", "k.blockY", "k.blockZ",
+                 "k.registersPerThread", "k.staticSharedMemory", "k.dynamicSharedMemory",
+                 self._col(k, "k", "greenContextId"), *launch_cols]  # fmt: skip
+        fmt = ",".join(["%lld"] * len(exprs))
+        args = ", ".join(f"IFNULL(CAST({e} AS INTEGER), {self._NULL})" for e in exprs)
+        sql = f"""
+        SELECT printf('{fmt}', {args})
+        FROM {k} k
+        {launch}
+        {where}
+        {order}"""
+        return sql, params
+
+    def _parse_int_rows(self, rows: list[tuple], ncols: int) -> np.ndarray:
+        if not rows:
+            return np.empty((0, ncols), dtype=np.int64)
+        flat = np.fromstring(",".join([r[0] for r in rows]), dtype=np.int64, sep=",")
+        if flat.size != len(rows) * ncols:
+            raise NsysFormatError(f"{self.path}: unexpected non-integer values in the kernel/runtime tables")
+        return flat.reshape(len(rows), ncols)
+
+    def _strings(self, ids: np.ndarray) -> dict[int, str]:
+        """StringIds values for the given ids (queried in chunks to respect SQLite's variable limit)."""
+        out: dict[int, str] = {}
+        uniq = [int(i) for i in np.unique(ids)]
+        for i in range(0, len(uniq), 500):
+            chunk = uniq[i : i + 500]
+            marks = ", ".join("?" * len(chunk))
+            rows = self._query(f"SELECT id, value FROM StringIds WHERE id IN ({marks})", chunk, "StringIds")
+            out.update(rows)
+        return out
+
+    def _resolve_strings(self, ids: np.ndarray, transform: Callable[[str], str | None] | None = None) -> pd.Series:
+        """Map StringIds ids (``_NULL`` = missing) to an object Series of strings."""
+        if not len(ids):
+            return pd.Series([], dtype=object)
+        uniq, inverse = np.unique(ids, return_inverse=True)
+        lut = self._strings(uniq[uniq != self._NULL])
+        values = np.empty(len(uniq), dtype=object)
+        for j, sid in enumerate(uniq.tolist()):
+            v = lut.get(sid)
+            values[j] = transform(v) if (transform is not None and v is not None) else v
+        return pd.Series(values[inverse], dtype=object)
+
+    def _kernel_frame(self, rows: list[tuple], prev_rowid: int | None = None) -> pd.DataFrame:
+        m = self._parse_int_rows(rows, len(self._KERNEL_RAW))
+        raw = {name: m[:, j] for j, name in enumerate(self._KERNEL_RAW)}
+        rowid = raw["_rowid"]
+        # A kernel matching several runtime rows (not expected: correlationId is unique per
+        # process) would repeat; rows are ordered by (start, rowid, launch start), keep the first.
+        keep = np.ones(len(rowid), dtype=bool)
+        if len(rowid):
+            keep[1:] = rowid[1:] != rowid[:-1]
+            if prev_rowid is not None:
+                keep[0] = rowid[0] != prev_rowid
+        if not keep.all():
+            raw = {k: v[keep] for k, v in raw.items()}
+        data: dict[str, Any] = {}
+        for name, kind in KERNEL_COLUMNS:
+            if name in raw:
+                v = raw[name]
+                null = v == self._NULL
+                if null.any() or kind != "int64":
+                    data[name] = pd.arrays.IntegerArray(np.where(null, 0, v), null)
+                else:
+                    data[name] = v
+        data["pid"] = decode_pid(pd.Series(data["global_pid"])).array
+        data["launch_tid"] = decode_tid(pd.Series(data["launch_global_tid"])).array
+        data["name"] = self._resolve_strings(raw["_name_id"])
+        data["short_name"] = self._resolve_strings(raw["_short_id"])
+        data["launch_api"] = self._resolve_strings(raw["_api_id"], strip_api_version)
+        n = len(rowid) if keep.all() else int(keep.sum())
+        columns = {name: pd.Series(data[name], copy=False).reset_index(drop=True) for name, _ in KERNEL_COLUMNS}
+        return pd.DataFrame(columns, index=pd.RangeIndex(n), copy=False)
+
+    def kernels(self, name_like: str | None = "nccl%") -> pd.DataFrame:
+        """One row per CUDA kernel, with the API call that launched it (see :data:`KERNEL_COLUMNS`).
+
+        ``name_like`` is an SQL LIKE pattern (case-insensitive for ASCII) matched against the
+        demangled or short kernel name; None returns all kernels. Rows are ordered by start.
+        Launch columns are NA when no runtime row has the kernel's correlationId in the same
+        process. Empty (with all columns) when the export has no kernel table.
+        """
+        if "CUPTI_ACTIVITY_KIND_KERNEL" not in self._tables:
+            return self._kernel_frame([])
+        sql, params = self._kernel_sql(name_like)
+        return self._kernel_frame(self._query(sql, params, "CUPTI_ACTIVITY_KIND_KERNEL"))
+
+    def iter_kernels(self, name_like: str | None = "nccl%", batch_rows: int = 500_000) -> Iterator[pd.DataFrame]:
+        """Like :meth:`kernels` but yields frames of at most ``batch_rows`` rows, so memory stays
+        bounded for exports with millions of kernels. Yields nothing when there are no kernels."""
+        if batch_rows <= 0:
+            raise ValueError("batch_rows must be positive")
+        if "CUPTI_ACTIVITY_KIND_KERNEL" not in self._tables:
+            return
+        sql, params = self._kernel_sql(name_like)
+        with self._errors("CUPTI_ACTIVITY_KIND_KERNEL"):
+            cur = self._conn.execute(sql, params)
+            try:
+                prev: int | None = None
+                while rows := cur.fetchmany(batch_rows):
+                    frame = self._kernel_frame(rows, prev)
+                    prev = int(rows[-1][0].split(",", 1)[0])  # rowid is the first printf field
+                    if len(frame):
+                        yield frame
+            finally:
+                cur.close()
+
+    # ------------------------------------------------------------------ runtime
+
+    def runtime(self) -> pd.DataFrame:
+        """CUDA runtime and driver API calls (``CUPTI_ACTIVITY_KIND_RUNTIME``), ordered by start.
+        ``api`` is ``name`` without the ``_vNNNN`` version suffix."""
+        t = "CUPTI_ACTIVITY_KIND_RUNTIME"
+        names = [c for c, _ in RUNTIME_COLUMNS]
+        if t not in self._tables:
+            return _frame(_rows_to_columns([], names), RUNTIME_COLUMNS)
+        rows = self._query(
+            f"""SELECT r.start, r.end, {self._col(t, 'r', 'eventClass')}, r.globalTid, (r.globalTid >> 24) & 16777215,
+                       r.globalTid & 16777215, r.correlationId, s.value, NULL, {self._col(t, 'r', 'returnValue')}
+                FROM {t} r LEFT JOIN StringIds s ON s.id = r.nameId ORDER BY r.start, r.rowid""",
+            what=t,
+        )
+        cols = _rows_to_columns(rows, names)
+        cols["api"] = [strip_api_version(v) for v in cols["name"]]
+        return _frame(cols, RUNTIME_COLUMNS)
+
+    # ------------------------------------------------------------------ NVTX
+
+    def nvtx(
+        self, domain: str | None = None, *, event_types: Sequence[int] | None = NVTX_RANGE_EVENT_TYPES
+    ) -> pd.DataFrame:
+        """NVTX marks and ranges (see :data:`NVTX_COLUMNS`), ordered by start.
+
+        ``text`` is ``COALESCE(text, StringIds(textId))`` (ASCII vs registered strings). ``domain``
+        is the domain name resolved per process from the ``eventType = 75`` row (None for the
+        default domain); passing ``domain`` keeps only that domain. ``event_types`` selects
+        eventType values (None = all rows, including domain/category definitions).
+
+        NCCL extended payloads are decoded into the ``nccl_*`` columns from, in order of
+        preference, dynamic payload tables, ``binaryData`` blobs and JSON text; schema entries are
+        matched by name. ``payload_source`` says which one was used.
+        """
+        t = "NVTX_EVENTS"
+        spec_names = [c for c, _ in NVTX_COLUMNS]
+        if t not in self._tables:
+            return _frame(_rows_to_columns([], spec_names), NVTX_COLUMNS)
+        c = lambda name: self._col(t, "e", name)  # noqa: E731
+        json_expr = c("jsonText")
+        json_join = ""
+        if "jsonTextId" in self.columns(t):
+            json_expr = f"COALESCE({c('jsonText')}, js.value)"
+            json_join = "LEFT JOIN StringIds js ON js.id = e.jsonTextId"
+        # binaryData is declared TEXT; CAST keeps Python from decoding bytes stored as TEXT as UTF-8.
+        blob_expr = "CAST(e.binaryData AS BLOB)" if "binaryData" in self.columns(t) else "NULL"
+        text_expr = f"COALESCE({c('text')}, s.value)" if "textId" in self.columns(t) else c("text")
+        text_join = "LEFT JOIN StringIds s ON s.id = e.textId" if "textId" in self.columns(t) else ""
+        name_expr = "COALESCE(d.text, ds.value)" if "textId" in self.columns(t) else "d.text"
+        name_join = "LEFT JOIN StringIds ds ON ds.id = d.textId" if "textId" in self.columns(t) else ""
+        where, params = [], []
+        if event_types is not None:
+            where.append(f"e.eventType IN ({', '.join('?' * len(event_types))})")
+            params.extend(int(x) for x in event_types)
+        if domain is not None:
+            where.append("dom.name = ?")
+            params.append(domain)
+        if "domainId" in self.columns(t) and "category" in self.columns(t):
+            # Domain and category ids are per process: resolve names on (process bits, id).
+            name_joins = f"""
+            LEFT JOIN (SELECT d.globalTid & {_GPID_MASK} AS gp, d.domainId AS did, {name_expr} AS name, MIN(d.start)
+                       FROM {t} d {name_join} WHERE d.eventType = 75 GROUP BY gp, did) dom
+                   ON dom.gp = (e.globalTid & {_GPID_MASK}) AND dom.did = e.domainId
+            LEFT JOIN (SELECT d.globalTid & {_GPID_MASK} AS gp, d.domainId AS did, d.category AS cid,
+                              {name_expr} AS name, MIN(d.start)
+                       FROM {t} d {name_join} WHERE d.eventType = 33 GROUP BY gp, did, cid) cat
+                   ON cat.gp = (e.globalTid & {_GPID_MASK}) AND cat.did = e.domainId AND cat.cid = e.category"""
+        else:  # very old layouts: nothing to resolve
+            name_joins = "LEFT JOIN (SELECT NULL AS name) dom ON 0 LEFT JOIN (SELECT NULL AS name) cat ON 0"
+        sql = f"""
+        SELECT e.start, e.end, e.eventType, {text_expr}, dom.name, {c('domainId')}, {c('category')}, cat.name,
+               {c('color')}, e.globalTid, (e.globalTid >> 24) & 16777215, e.globalTid & 16777215,
+               {c('endGlobalTid')}, {c('rangeId')}, {c('eventId')},
+               {c('uint64Value')}, {c('int64Value')}, {c('doubleValue')}, {json_expr}, {blob_expr}
+        FROM {t} e
+        {text_join}
+        {json_join}
+        {name_joins}
+        {('WHERE ' + ' AND '.join(where)) if where else ''}
+        ORDER BY e.start, e.rowid"""
+        rows = self._query(sql, params, t)
+        names = ["start", "end", "event_type", "text", "domain", "domain_id", "category", "category_name", "color",
+                 "global_tid", "pid", "tid", "end_global_tid", "range_id", "event_id", "uint64_value",
+                 "int64_value", "double_value", "json_text", "_blob"]  # fmt: skip
+        cols = _rows_to_columns(rows, names)
+        cols.update(self._decode_payloads(cols))
+        return _frame(cols, NVTX_COLUMNS)
+
+    # ---- NCCL extended payloads
+
+    def _payload_schemas(self) -> dict[tuple[int, int], list[tuple[str, str, int]]]:
+        """(domainId, schemaId) -> [(entry name, struct code, offset)] from the payload tables."""
+        if self._payload_schema_cache is not None:
+            return self._payload_schema_cache
+        out: dict[tuple[int, int], list[tuple[str, str, int]]] = {}
+        if "NVTX_PAYLOAD_SCHEMA_ENTRIES" in self._tables:
+            enum_fmt: dict[tuple[int, int], str] = {}
+            if "NVTX_PAYLOAD_ENUMS" in self._tables:
+                sql = "SELECT domainId, schemaId, size FROM NVTX_PAYLOAD_ENUMS"
+                for dom, sid, size in self._query(sql, what="NVTX_PAYLOAD_ENUMS"):
+                    enum_fmt[(dom, sid)] = _ENUM_SIZE_FMT.get(size or 4, "i")
+            rows = self._query(
+                'SELECT domainId, schemaId, idx, type, name, "offset" FROM NVTX_PAYLOAD_SCHEMA_ENTRIES '
+                "ORDER BY domainId, schemaId, idx",
+                what="NVTX_PAYLOAD_SCHEMA_ENTRIES",
+            )
+            for dom, sid, _idx, typ, name, offset in rows:
+                fmt = _NVTX_TYPE_FMT.get(typ) or enum_fmt.get((dom, typ))
+                if fmt is not None and name is not None and offset is not None:
+                    out.setdefault((dom, sid), []).append((name, fmt, int(offset)))
+        sizes: dict[tuple[int, int], int] = {}
+        if "NVTX_PAYLOAD_SCHEMAS" in self._tables:
+            sql = "SELECT domainId, schemaId, payloadSize FROM NVTX_PAYLOAD_SCHEMAS"
+            for dom, sid, size in self._query(sql, what="NVTX_PAYLOAD_SCHEMAS"):
+                if size is not None:
+                    sizes[(dom, sid)] = int(size)
+        self._payload_schema_cache = out
+        self._payload_size_cache = sizes
+        return out
+
+    def _dynamic_payloads(self) -> dict[int, dict[str, int]]:
+        """eventId -> {nccl column: value} from DYNAMIC_NVTXPAYLOAD_DATATYPE_* tables."""
+        tables = [t for t in self._tables if _DYNAMIC_RE.match(t)]
+        if not tables:
+            return {}
+        translation: dict[str, str] = {}
+        if "NVTX_EXPORT_TRANSLATION" in self._tables:
+            sql = "SELECT originalName, sanitizedName FROM NVTX_EXPORT_TRANSLATION"
+            for orig, san in self._query(sql, what="NVTX_EXPORT_TRANSLATION"):
+                translation.setdefault(san, orig)
+        # Fallback when a translation row is missing: sanitized form of every known entry name.
+        for name in NCCL_ENTRY_COLUMNS:
+            translation.setdefault(_sanitize(name), name)
+        out: dict[int, dict[str, int]] = {}
+        for table in sorted(tables):
+            cols = self.columns(table)
+            if "eventId" not in cols:
+                continue
+            picked = [(c, NCCL_ENTRY_COLUMNS.get(translation.get(c, c))) for c in cols if c != "eventId"]
+            picked = [(c, target) for c, target in picked if target is not None]
+            if not picked:
+                continue
+            sel = ", ".join(f'"{c}"' for c, _ in picked)
+            for row in self._query(f'SELECT eventId, {sel} FROM "{table}"', what=table):
+                vals = out.setdefault(row[0], {})
+                for (_, target), v in zip(picked, row[1:]):
+                    if v is not None:
+                        vals[target] = _unsigned(int(v)) if _NCCL_COLUMN_KINDS[target] == "UInt64" else int(v)
+        return out
+
+    def _decode_blob(self, domain_id: int | None, blob: Any) -> dict[str, int] | None:
+        """Decode nccltrace's binaryData layout: uint64 LE schema id, then the payload struct."""
+        if not isinstance(blob, (bytes, bytearray, memoryview)) or len(blob) < 8 or domain_id is None:
+            return None
+        blob = bytes(blob)
+        (sid,) = struct.unpack_from("<Q", blob, 0)
+        entries = self._payload_schemas().get((domain_id, sid))
+        # Exact size check: blobs with another header layout (real nsys' layout is undocumented)
+        # are skipped instead of being decoded at wrong offsets.
+        if entries is None or len(blob) != 8 + self._payload_size_cache.get((domain_id, sid), -1):
+            return None
+        out: dict[str, int] = {}
+        for name, fmt, offset in entries:
+            target = NCCL_ENTRY_COLUMNS.get(name)
+            if target is None or 8 + offset + struct.calcsize(fmt) > len(blob):
+                continue
+            (v,) = struct.unpack_from("<" + fmt, blob, 8 + offset)
+            out[target] = _unsigned(int(v)) if _NCCL_COLUMN_KINDS[target] == "UInt64" else int(v)
+        return out or None
+
+    @staticmethod
+    def _decode_json(text: Any) -> dict[str, int] | None:
+        """Decode a JSON object keyed by NCCL payload entry names."""
+        if not isinstance(text, str) or not text.lstrip().startswith("{"):
+            return None
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            return None
+        out: dict[str, int] = {}
+        for key, v in obj.items() if isinstance(obj, dict) else ():
+            target = NCCL_ENTRY_COLUMNS.get(key)
+            if target is None or v is None:
+                continue
+            try:
+                if isinstance(v, str) and target == "nccl_redop":
+                    iv = _REDOP_VALUES[v.lower()]
+                else:
+                    iv = int(v)
+            except (KeyError, TypeError, ValueError):
+                continue
+            out[target] = _unsigned(iv) if _NCCL_COLUMN_KINDS[target] == "UInt64" else iv
+        return out or None
+
+    def _decode_payloads(self, cols: dict[str, Sequence[Any]]) -> dict[str, list[Any]]:
+        n = len(cols["start"])
+        out: dict[str, list[Any]] = {name: [None] * n for name in _NCCL_COLUMN_KINDS}
+        source: list[str | None] = [None] * n
+        blobs = cols.pop("_blob")
+
+        def fill(i: int, vals: dict[str, int] | None, src: str) -> None:
+            if vals:
+                for k, v in vals.items():
+                    out[k][i] = v
+                source[i] = src
+
+        dyn = self._dynamic_payloads()
+        if dyn:
+            for i, eid in enumerate(cols["event_id"]):
+                if eid is not None and eid in dyn:
+                    fill(i, dyn[eid], "dynamic")
+        decoders: list[tuple[Sequence[Any], Callable[[int, Any], dict[str, int] | None], str]] = [
+            (blobs, lambda i, b: self._decode_blob(cols["domain_id"][i], b), "blob"),
+            (cols["json_text"], lambda i, j: self._decode_json(j), "json"),
+        ]
+        for values, decode, src in decoders:
+            for i, v in enumerate(values):
+                if v is not None and source[i] is None:
+                    fill(i, decode(i, v), src)
+        out["payload_source"] = source
+        return out
+
+    # ------------------------------------------------------------------ processes, threads, GPUs
+
+    def processes(self) -> pd.DataFrame:
+        """Processes that own rows in CUDA runtime, kernel or NVTX tables (``PROCESSES`` lists
+        every process on the machine), with their name from ``PROCESSES`` when known."""
+        parts = []
+        if "CUPTI_ACTIVITY_KIND_RUNTIME" in self._tables:
+            parts.append(f"SELECT DISTINCT globalTid & {_GPID_MASK} AS gp FROM CUPTI_ACTIVITY_KIND_RUNTIME")
+        if "CUPTI_ACTIVITY_KIND_KERNEL" in self._tables:
+            parts.append(f"SELECT DISTINCT globalPid & {_GPID_MASK} AS gp FROM CUPTI_ACTIVITY_KIND_KERNEL")
+        if "NVTX_EVENTS" in self._tables:
+            parts.append(f"SELECT DISTINCT globalTid & {_GPID_MASK} AS gp FROM NVTX_EVENTS")
+        names = [c for c, _ in PROCESS_COLUMNS]
+        if not parts:
+            return _frame(_rows_to_columns([], names), PROCESS_COLUMNS)
+        proc = "(SELECT NULL AS globalPid, NULL AS name)"
+        if "PROCESSES" in self._tables:
+            proc = "(SELECT globalPid, MIN(name) AS name FROM PROCESSES GROUP BY globalPid)"
+        rows = self._query(
+            f"""WITH owners(gp) AS ({' UNION '.join(parts)})
+                SELECT o.gp, (o.gp >> 24) & 16777215 AS pid, p.name FROM owners o
+                LEFT JOIN {proc} p ON p.globalPid = o.gp WHERE o.gp IS NOT NULL ORDER BY pid, o.gp""",
+            what="PROCESSES",
+        )
+        return _frame(_rows_to_columns(rows, names), PROCESS_COLUMNS)
+
+    def threads(self) -> pd.DataFrame:
+        """Named threads from ``ThreadNames`` (global_tid, pid, tid, name, priority)."""
+        names = [c for c, _ in THREAD_COLUMNS]
+        if "ThreadNames" not in self._tables:
+            return _frame(_rows_to_columns([], names), THREAD_COLUMNS)
+        rows = self._query(
+            """SELECT t.globalTid, (t.globalTid >> 24) & 16777215 AS pid, t.globalTid & 16777215 AS tid,
+                      s.value, t.priority
+               FROM ThreadNames t LEFT JOIN StringIds s ON s.id = t.nameId ORDER BY pid, tid""",
+            what="ThreadNames",
+        )
+        return _frame(_rows_to_columns(rows, names), THREAD_COLUMNS)
+
+    def gpus(self) -> pd.DataFrame:
+        """GPUs from ``TARGET_INFO_GPU``; when ``TARGET_INFO_CUDA_DEVICE`` exists (3.28.1), one row
+        per (GPU, process) mapping with the process-local CUDA ordinal ``cuda_id``."""
+        names = [c for c, _ in GPU_COLUMNS]
+        has_gpu = "TARGET_INFO_GPU" in self._tables
+        has_map = "TARGET_INFO_CUDA_DEVICE" in self._tables
+        rows: list[tuple] = []
+        if has_gpu:
+            g = "TARGET_INFO_GPU"
+            cu = self._col(g, "g", "cuDevice")
+            if has_map:
+                rows = self._query(
+                    f"""SELECT g.id, g.name, g.busLocation, g.uuid, {cu}, m.pid, m.cudaId FROM {g} g
+                        LEFT JOIN TARGET_INFO_CUDA_DEVICE m ON m.gpuId = g.id
+                        UNION ALL
+                        SELECT m.gpuId, NULL, NULL, m.uuid, NULL, m.pid, m.cudaId FROM TARGET_INFO_CUDA_DEVICE m
+                        WHERE m.gpuId IS NULL OR m.gpuId NOT IN (SELECT id FROM {g})
+                        ORDER BY 1, 6, 7""",
+                    what=g,
+                )
+            else:
+                sql = f"SELECT g.id, g.name, g.busLocation, g.uuid, {cu}, NULL, NULL FROM {g} g ORDER BY g.id"
+                rows = self._query(sql, what=g)
+        elif has_map:
+            rows = self._query(
+                "SELECT gpuId, NULL, NULL, uuid, NULL, pid, cudaId FROM TARGET_INFO_CUDA_DEVICE ORDER BY 1, 6, 7",
+                what="TARGET_INFO_CUDA_DEVICE",
+            )
+        return _frame(_rows_to_columns(rows, names), GPU_COLUMNS)
+
+    # ------------------------------------------------------------------ export
+
+    def session_info(self) -> dict[str, Any]:
+        """Session metadata as written to ``session.json`` by :meth:`export_tables`."""
+        digest = hashlib.sha256()
+        with open(self.path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+        return {
+            "source_file": self.path.name,
+            "source_sha256": digest.hexdigest(),
+            "schema_version": self.schema_version,
+            "product_version": self.product_version,
+            "hostname": self.hostname,
+            "session_start_utc_ns": self.session_start_utc_ns,
+            "time_normalized": self.time_normalized,
+            "time_shift_ns": self.time_shift_ns,
+            "utc_offset_ns": self.utc_offset_ns,
+        }
+
+    def export_tables(
+        self, out_dir: str | os.PathLike[str], *, kernel_name_like: str | None = "nccl%"
+    ) -> dict[str, Path]:
+        """Write ``kernels.parquet`` (streamed), ``nvtx.parquet``, ``processes.parquet`` and
+        ``session.json`` into ``out_dir``; each file appears atomically (temp file + rename).
+        Returns {"kernels", "nvtx", "processes", "session"} -> path."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = {
+            "kernels": out / "kernels.parquet",
+            "nvtx": out / "nvtx.parquet",
+            "processes": out / "processes.parquet",
+            "session": out / "session.json",
+        }
+        schema = _arrow_schema(KERNEL_COLUMNS)
+        with _atomic_path(paths["kernels"]) as tmp:
+            with pq.ParquetWriter(tmp, schema) as pw:
+                for batch in self.iter_kernels(kernel_name_like):
+                    pw.write_table(pa.Table.from_pandas(batch, schema=schema, preserve_index=False))
+        for key, frame, spec in (("nvtx", self.nvtx(), NVTX_COLUMNS), ("processes", self.processes(), PROCESS_COLUMNS)):
+            with _atomic_path(paths[key]) as tmp:
+                s = _arrow_schema(spec)
+                pq.write_table(pa.Table.from_pandas(frame, schema=s, preserve_index=False), tmp)
+        with _atomic_path(paths["session"]) as tmp:
+            tmp.write_text(json.dumps(self.session_info(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        return paths
+
+
+def _check_file(p: Path) -> None:
+    """Cheap checks before SQLite touches the file: existence, size, magic, truncation."""
+    if not p.exists():
+        raise NsysFormatError(
+            f"{p}: file does not exist; check the path (expected an `nsys export --type sqlite` file)"
+        )
+    if not p.is_file():
+        raise NsysFormatError(f"{p}: not a regular file; pass the .sqlite file produced by `nsys export --type sqlite`")
+    size = p.stat().st_size
+    if size == 0:
+        raise NsysFormatError(
+            f"{p}: file is empty (0 bytes); the export was interrupted or failed - re-run `nsys export --type sqlite`"
+        )
+    with open(p, "rb") as fh:
+        header = fh.read(100)
+    if not header.startswith(_SQLITE_MAGIC):
+        raise NsysFormatError(
+            f"{p}: not an SQLite database (no 'SQLite format 3' header); pass the .sqlite produced by "
+            "`nsys export --type sqlite`, not the .nsys-rep/.qdrep report or a text export"
+        )
+    if len(header) < 100:
+        raise NsysFormatError(f"{p}: truncated SQLite header ({size} bytes); copy the file again or re-export it")
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    page_count = int.from_bytes(header[28:32], "big")
+    # The in-header page count is valid only when "version-valid-for" equals the change counter.
+    if page_count and header[92:96] == header[24:28] and size < page_size * page_count:
+        raise NsysFormatError(
+            f"{p}: truncated: the SQLite header says {page_size * page_count} bytes but the file has {size}; "
+            "copy it again (incomplete transfer?) or re-run `nsys export --type sqlite`"
+        )
