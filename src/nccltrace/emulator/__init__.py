@@ -1,0 +1,27 @@
+"""Megatron-LM workload emulator: the raw outputs a real training run would leave.
+
+Given an :class:`EmulatorConfig` (model, parallelism, precision, NCCL / Nsight Systems versions,
+cluster shape, imperfections), :func:`emulate_run` writes per-process NCCL debug logs, per-node
+nsys SQLite exports and ground-truth tables. See ``docs/emulator.md``.
+"""
+
+from .config import ConfigError, DuplicateLines, EmulatorConfig, Imperfections
+from .layout import Group, MegatronLayout, PairComm
+from .run import EmulationResult, emulate_run
+from .schedule import Op, RankProgram, Unit, count_kernels
+
+__all__ = [
+    "ConfigError",
+    "DuplicateLines",
+    "EmulatorConfig",
+    "Imperfections",
+    "Group",
+    "MegatronLayout",
+    "PairComm",
+    "EmulationResult",
+    "emulate_run",
+    "Op",
+    "RankProgram",
+    "Unit",
+    "count_kernels",
+]

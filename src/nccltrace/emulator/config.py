@@ -1,0 +1,560 @@
+"""Configuration of an emulated Megatron-LM training run.
+
+An :class:`EmulatorConfig` describes what a real run would have been launched with (model
+dimensions, parallelism, precision, software versions, cluster shape) plus the emulator's own
+knobs (seed, imperfections, timing). It is built from a dict or YAML with snake_case keys,
+validated with Megatron-LM's own divisibility rules (each violation raises
+:class:`ConfigError` naming the offending field and how to fix it) and resolved into the
+derived quantities the schedule needs (data-parallel sizes, microbatches, padded vocabulary).
+
+Rules follow Megatron-LM core_r0.13 (commit 73a28a1, the version the thesis ran):
+``megatron/core/parallel_state.py`` (initialize_model_parallel), ``megatron/training/arguments.py``
+(validate_args) and ``megatron/core/pipeline_parallel/schedules.py`` (interleaved schedule checks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from ..nccl.versions import NcclVersion
+
+__all__ = [
+    "ConfigError",
+    "DuplicateLines",
+    "Imperfections",
+    "EmulatorConfig",
+    "NSYS_SCHEMAS",
+    "HARDWARE_PRESETS",
+    "HardwarePreset",
+]
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value. ``field`` names the option, ``message`` says how to fix it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}")
+
+
+# nsys release -> SQLite export schema version (see reference/nsys/sqlite-schema.md).
+NSYS_SCHEMAS: dict[str, str] = {"2022.4": "3.0.0", "2024.6": "3.16.1", "2026.4": "3.28.1"}
+_NSYS_PRODUCT: dict[str, str] = {"2022.4": "2022.4.2.1", "2024.6": "2024.6.2.225", "2026.4": "2026.4.1"}
+
+# Oldest/newest NCCL minor releases whose line formats the project's writer covers.
+_NCCL_MIN = (2, 18, 0)
+_NCCL_MAX = (2, 30, 99)
+
+
+@dataclass(frozen=True)
+class HardwarePreset:
+    """A node type: GPU, interconnect bandwidths (GB/s) and sustained compute rate."""
+
+    gpu_name: str
+    nvlink_bw: float | None  # per-GPU NVLink bandwidth as NCCL's topology dump reports it; None = PCIe only
+    nvswitch: bool
+    pci_bw: float
+    sys_bw: float
+    net_bw: float  # per NIC
+    nics: int
+    cpus: int
+    intra_busbw: float  # achievable NCCL bus bandwidth inside a node (GB/s)
+    tflops: float  # sustained dense fp16/bf16 TFLOP/s of the training kernels
+
+
+HARDWARE_PRESETS: dict[str, HardwarePreset] = {
+    # Thesis 5.1.2: 4x A100-SXM4-40GB full NVLink mesh (NV4, NCCL NVL[80] per peer), 2x HDR200.
+    "a100": HardwarePreset("NVIDIA A100-SXM4-40GB", 240.0, False, 24.0, 10.0, 25.0, 2, 2, 200.0, 100.0),
+    # Thesis 5.1.1: 4x A40, PCIe only, each GPU on its own NUMA domain (SYS 16 GB/s), 2x HDR100.
+    "a40": HardwarePreset("NVIDIA A40", None, False, 24.0, 16.0, 12.5, 2, 2, 11.0, 45.0),
+    # A DGX-H100-like node: NVSwitch, 8 NICs.
+    "h100": HardwarePreset("NVIDIA H100 80GB HBM3", 480.0, True, 48.0, 20.0, 50.0, 8, 2, 360.0, 350.0),
+}
+
+
+@dataclass
+class DuplicateLines:
+    """Write a fraction of the COLL call lines of the listed global ranks twice (consecutively),
+    as the thesis saw on one rank per TP group (table 4.2, exact 2:1 log:kernel ratios)."""
+
+    ranks: list[int] = field(default_factory=list)
+    fraction: float = 0.0
+
+    @property
+    def active(self) -> bool:
+        return bool(self.ranks) and self.fraction > 0.0
+
+
+@dataclass
+class Imperfections:
+    """Controllable deviations from an ideal trace. Every knob is OFF by default.
+
+    * ``fuse_grouped_p2p``: ops of one ``ncclGroupStart/End`` launch one kernel (grouped
+      Send/Recv -> one ``SendRecv`` kernel, as NCCL does). Off: one kernel per logged op.
+    * ``duplicate_log_lines``: some call lines written twice on some ranks.
+    * ``drop_log_lines``: fraction of call lines missing from the logs (kernels still run).
+    * ``drop_kernels``: fraction of NCCL kernels missing from the nsys export.
+    * ``single_rank_comm_ops``: how many of Megatron's ops on communicators with one rank
+      (logged, but NCCL launches no kernel) each process emits: 0 = none, -1 = all of them
+      (what a real run does), N = the first N.
+    * ``kernels_without_log``: extra NCCL kernels (fraction of the NCCL kernel count) with no
+      log line (the thesis saw +10 SendRecv kernels, table 4.1).
+    * ``clock_offset_ns_max`` / ``clock_drift_ppm_max``: per-node clock offset (uniform in
+      +-max) and linear drift applied to that node's nsys timeline and log wall clocks.
+    * ``arrival_skew_ns_max``: ranks reach a collective up to this much apart; kernels start
+      at arrival and end together (within ~1 us).
+    * ``torn_lines``: also write a combined stdout log of all processes (as when ranks share
+      stdout) in which this fraction of call lines is torn by another process's line.
+    """
+
+    fuse_grouped_p2p: bool = False
+    duplicate_log_lines: DuplicateLines = field(default_factory=DuplicateLines)
+    drop_log_lines: float = 0.0
+    drop_kernels: float = 0.0
+    single_rank_comm_ops: int = 0
+    kernels_without_log: float = 0.0
+    clock_offset_ns_max: int = 0
+    clock_drift_ppm_max: float = 0.0
+    arrival_skew_ns_max: int = 0
+    torn_lines: float = 0.0
+
+    @classmethod
+    def realistic(cls) -> "Imperfections":
+        """What a real run looks like: fused groups, single-rank ops, skew, unsynchronised clocks."""
+        return cls(
+            fuse_grouped_p2p=True,
+            single_rank_comm_ops=-1,
+            clock_offset_ns_max=2_000_000,
+            clock_drift_ppm_max=5.0,
+            arrival_skew_ns_max=50_000,
+        )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> "Imperfections":
+        data = dict(data or {})
+        _check_keys(data, cls, "imperfections.")
+        dup = data.pop("duplicate_log_lines", None)
+        out = cls(**data)
+        if dup is not None:
+            if isinstance(dup, DuplicateLines):
+                out.duplicate_log_lines = dup
+            elif isinstance(dup, Mapping):
+                _check_keys(dup, DuplicateLines, "imperfections.duplicate_log_lines.")
+                out.duplicate_log_lines = DuplicateLines(
+                    ranks=[int(r) for r in dup.get("ranks", [])], fraction=float(dup.get("fraction", 0.0))
+                )
+            else:
+                raise ConfigError("imperfections.duplicate_log_lines", "must be a mapping {ranks: [...], fraction: f}")
+        return out
+
+
+def _check_keys(data: Mapping[str, Any], cls: type, prefix: str = "") -> None:
+    names = {f.name for f in dataclasses.fields(cls)}
+    aliases = {"model"} if cls is EmulatorConfig else set()
+    for key in data:
+        if key not in names and key not in aliases:
+            close = difflib.get_close_matches(str(key), sorted(names), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{prefix}{key}", f"unknown option{hint}; options are snake_case, e.g. 'num_layers'")
+
+
+@dataclass
+class EmulatorConfig:
+    """A Megatron-LM GPT pretraining run to emulate. Defaults: the thesis "dense" model (16
+    layers, hidden 512, 8 heads, seq 1024, global batch 64, micro batch 4, 10 iterations, fp16)
+    on one 4-GPU node with pure data parallelism."""
+
+    # model
+    name: str = "dense"
+    num_layers: int = 16
+    hidden_size: int = 512
+    num_attention_heads: int = 8
+    ffn_hidden_size: int | None = None  # default 4 * hidden_size
+    vocab_size: int = 50257  # GPT-2 tokenizer; padded Megatron-style (multiple of 128 * tp)
+    seq_length: int = 1024
+    position_embedding_type: str = "learned_absolute"  # or "rope"
+    untie_embeddings: bool = False
+    # batch / run length
+    micro_batch_size: int = 4
+    global_batch_size: int = 64
+    iterations: int = 10
+    # parallelism
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    etp: int | None = None  # expert tensor parallel size; default tp (Megatron's default)
+    vpp: int = 1  # virtual pipeline stages per pp rank (1 = no interleaving)
+    sequence_parallel: bool = False
+    distributed_optimizer: bool = False
+    recompute: str = "none"  # none | selective | full
+    overlap_p2p_comm: bool | None = None  # Megatron default: on with the interleaved schedule
+    # MoE
+    num_experts: int = 0  # 0 = dense
+    moe_router_topk: int = 2
+    moe_layer_freq: int = 1
+    moe_token_dispatcher: str = "alltoall"  # alltoall | allgather
+    moe_alltoall: str = "p2p"  # p2p (PyTorch all_to_all_single -> grouped Send/Recv) | native (ncclAlltoAll, NCCL >= 2.28)
+    # numerics
+    precision: str = "fp16"  # fp16 | bf16 | fp32
+    fp16_overflow_iterations: int | None = None  # None: loss-scaler model (see docs/emulator.md)
+    # cluster and software
+    nodes: int = 1
+    gpus_per_node: int = 4
+    hardware: str = "a100"
+    gpu_tflops: float | None = None  # override the preset's sustained TFLOP/s
+    nccl_version: str = "2.21.5"
+    cuda_version: str = "12.4"
+    nsys_version: str = "2024.6"
+    init_style: str = "plain"  # plain (lazy ncclCommInitRankConfig) | split (eager ncclCommSplit)
+    nccl_timestamps: bool = False
+    nvtx_payloads: str = "none"  # none | blob | dynamic | json
+    log_timers_to_tensorboard: bool = True
+    compute_kernels: bool = True
+    # emulator
+    seed: int = 0
+    start_time_utc_ns: int = 1_760_000_000_000_000_000
+    imperfections: Imperfections = field(default_factory=Imperfections)
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | "EmulatorConfig") -> "EmulatorConfig":
+        """Build and validate a config from a snake_case mapping (``model`` is an alias of ``name``)."""
+        if isinstance(data, EmulatorConfig):
+            data.validate()
+            return data
+        if not isinstance(data, Mapping):
+            raise ConfigError("<config>", f"expected a mapping, got {type(data).__name__}")
+        data = dict(data)
+        _check_keys(data, cls)
+        if "model" in data:
+            if "name" in data and data["name"] != data["model"]:
+                raise ConfigError("model", "give either 'model' or 'name', not both")
+            data["name"] = data.pop("model")
+        imp = data.pop("imperfections", None)
+        types = {f.name: f.type for f in dataclasses.fields(cls)}
+        for key, value in list(data.items()):
+            data[key] = _coerce(key, value, types[key])
+        cfg = cls(**data)
+        cfg.imperfections = imp if isinstance(imp, Imperfections) else Imperfections.from_dict(imp)
+        cfg.validate()
+        return cfg
+
+    @classmethod
+    def from_yaml(cls, source: str | Path) -> "EmulatorConfig":
+        """Load from a YAML file path or YAML text."""
+        text = Path(source).read_text() if isinstance(source, Path) or (
+            isinstance(source, str) and "\n" not in source and Path(source).exists()
+        ) else str(source)
+        data = yaml.safe_load(text) or {}
+        return cls.from_dict(data)
+
+    def replace(self, **changes: Any) -> "EmulatorConfig":
+        """A validated copy with some fields changed."""
+        d = self.to_dict()
+        d.update(changes)
+        return EmulatorConfig.from_dict(d)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form (round-trips through :meth:`from_dict`)."""
+        return dataclasses.asdict(self)
+
+    # ------------------------------------------------------------------ derived values
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def dp(self) -> int:
+        """Megatron's data-parallel size: world / (tp * pp * cp) (EP is carved out of DP x CP)."""
+        return self.world_size // (self.tp * self.pp * self.cp)
+
+    @property
+    def expert_tp(self) -> int:
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert data-parallel size: world / (etp * ep * pp)."""
+        return self.world_size // (self.expert_tp * self.ep * self.pp)
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.global_batch_size // (self.micro_batch_size * self.dp)
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Megatron pads the vocabulary to a multiple of make-vocab-size-divisible-by (128) x tp."""
+        m = 128 * self.tp
+        return int(math.ceil(self.vocab_size / m) * m)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def layers_per_stage(self) -> int:
+        return self.num_layers // self.pp
+
+    @property
+    def layers_per_chunk(self) -> int:
+        return self.num_layers // (self.pp * self.vpp)
+
+    @property
+    def overlap_p2p(self) -> bool:
+        """Megatron core_r0.13 turns overlap_p2p_comm on by default and off for non-interleaved
+        schedules; with overlap, p2p is issued as individual isend/irecv (not batched)."""
+        if self.vpp <= 1:
+            return False
+        return True if self.overlap_p2p_comm is None else bool(self.overlap_p2p_comm)
+
+    @property
+    def nccl(self) -> NcclVersion:
+        return NcclVersion.parse(self.nccl_version)
+
+    @property
+    def nsys_release(self) -> str:
+        return next(k for k in NSYS_SCHEMAS if str(self.nsys_version).startswith(k))
+
+    @property
+    def nsys_schema(self) -> str:
+        return NSYS_SCHEMAS[self.nsys_release]
+
+    @property
+    def nsys_product_version(self) -> str:
+        v = str(self.nsys_version)
+        return v if v.count(".") >= 2 else _NSYS_PRODUCT[self.nsys_release]
+
+    @property
+    def hw(self) -> HardwarePreset:
+        return HARDWARE_PRESETS[self.hardware]
+
+    @property
+    def tflops(self) -> float:
+        return self.gpu_tflops if self.gpu_tflops else self.hw.tflops
+
+    @property
+    def overflow_iterations(self) -> int:
+        """Iterations whose fp16 gradients overflow (optimizer step skipped).
+
+        Megatron's DynamicGradScaler starts at 2**32 with hysteresis 2 and halves the scale on
+        every overflow after the first; we assume gradients overflow until the scale has fallen
+        to 2**16, i.e. for 17 iterations. The thesis's fp16 op counts (no grad-norm all-reduce,
+        no distributed-optimizer param all-gather in any of its 10 iterations) agree.
+        """
+        if self.precision != "fp16":
+            return 0
+        n = 17 if self.fp16_overflow_iterations is None else self.fp16_overflow_iterations
+        return min(n, self.iterations)
+
+    @property
+    def run_id(self) -> str:
+        """``<name>_tp<T>_pp<P>_ep<E>_cp<C>_vpp<V>_sp<0|1>_dp<D>`` plus ``_distopt`` / ``_agdisp``
+        when the distributed optimizer / the allgather token dispatcher are on."""
+        rid = (
+            f"{self.name}_tp{self.tp}_pp{self.pp}_ep{self.ep}_cp{self.cp}_vpp{self.vpp}"
+            f"_sp{int(self.sequence_parallel)}_dp{self.dp}"
+        )
+        if self.distributed_optimizer:
+            rid += "_distopt"
+        if self.is_moe and self.moe_token_dispatcher == "allgather":
+            rid += "_agdisp"
+        return rid
+
+    # ------------------------------------------------------------------ validation
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` for the first invalid field."""
+        _positive(self, "num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length",
+                  "micro_batch_size", "global_batch_size", "iterations", "tp", "pp", "cp", "ep", "vpp",
+                  "nodes", "gpus_per_node", "moe_layer_freq")  # fmt: skip
+        if not isinstance(self.name, str) or not self.name or any(c in self.name for c in "/\\ \t"):
+            raise ConfigError("name", "give a model label without spaces or slashes, e.g. 'dense'")
+        if self.ffn_hidden_size is not None and self.ffn_hidden_size <= 0:
+            raise ConfigError("ffn_hidden_size", "must be positive (or omit it for 4 * hidden_size)")
+        if self.etp is not None and self.etp <= 0:
+            raise ConfigError("etp", "must be positive (or omit it to use tp)")
+        if self.num_experts < 0:
+            raise ConfigError("num_experts", "must be >= 0 (0 = dense model)")
+        _choice(self, "recompute", ("none", "selective", "full"))
+        _choice(self, "moe_token_dispatcher", ("alltoall", "allgather"))
+        _choice(self, "moe_alltoall", ("p2p", "native"))
+        _choice(self, "precision", ("fp16", "bf16", "fp32"))
+        _choice(self, "init_style", ("plain", "split"))
+        _choice(self, "nvtx_payloads", ("none", "blob", "dynamic", "json"))
+        _choice(self, "position_embedding_type", ("learned_absolute", "rope"))
+        if self.hardware not in HARDWARE_PRESETS:
+            raise ConfigError("hardware", f"unknown hardware {self.hardware!r}; choose one of {sorted(HARDWARE_PRESETS)}")
+        if self.gpu_tflops is not None and self.gpu_tflops <= 0:
+            raise ConfigError("gpu_tflops", "must be positive")
+        if self.fp16_overflow_iterations is not None and self.fp16_overflow_iterations < 0:
+            raise ConfigError("fp16_overflow_iterations", "must be >= 0 (or omit it for the loss-scaler model)")
+
+        # software versions
+        try:
+            v = NcclVersion.parse(self.nccl_version)
+        except ValueError:
+            raise ConfigError("nccl_version", f"{self.nccl_version!r} is not a version; use e.g. '2.21.5'") from None
+        if not (_NCCL_MIN <= v.tuple <= _NCCL_MAX):
+            raise ConfigError(
+                "nccl_version",
+                f"NCCL {v} is not supported; use a release from 2.18.x to 2.30.x (e.g. 2.18.3, 2.21.5, 2.24.3, 2.28.9)",
+            )
+        if not any(str(self.nsys_version).startswith(k) for k in NSYS_SCHEMAS):
+            raise ConfigError(
+                "nsys_version",
+                f"unknown Nsight Systems release {self.nsys_version!r}; use one of {sorted(NSYS_SCHEMAS)}",
+            )
+        if self.nvtx_payloads == "blob" and self.nsys_schema == "3.0.0":
+            raise ConfigError("nvtx_payloads", "'blob' needs NVTX_EVENTS.binaryData (nsys >= 2024.6); use 'json' or 'none'")
+        if self.nvtx_payloads == "dynamic" and self.nsys_schema != "3.28.1":
+            raise ConfigError("nvtx_payloads", "'dynamic' payload tables need nsys 2026.4; use 'blob' or 'json'")
+        if self.moe_alltoall == "native" and not v.has_native_alltoall:
+            raise ConfigError("moe_alltoall", f"ncclAlltoAll exists from NCCL 2.28; NCCL {v} needs 'p2p'")
+        if self.precision == "bf16" and not v.has_bf16:
+            raise ConfigError("precision", "bf16 needs NCCL >= 2.10")
+
+        # Megatron parallel layout (parallel_state.initialize_model_parallel)
+        world = self.world_size
+        mp = self.tp * self.pp * self.cp
+        if world % mp:
+            raise ConfigError(
+                "tp",
+                f"world size {world} (nodes x gpus_per_node) is not divisible by tp*pp*cp = {mp}; "
+                "Megatron needs world % (tp*pp*cp) == 0 (dp = world / (tp*pp*cp))",
+            )
+        if self.world_size > 1 << 16:
+            raise ConfigError("nodes", "at most 65536 ranks are supported")
+        emp = self.expert_tp * self.ep * self.pp
+        if world % emp:
+            raise ConfigError(
+                "ep",
+                f"world size {world} is not divisible by etp*ep*pp = {emp}; Megatron needs "
+                "world % (expert_tp*ep*pp) == 0 (i.e. etp*ep must divide tp*cp*dp)",
+            )
+        if self.ep > 1 and not self.is_moe:
+            raise ConfigError("ep", "expert parallelism needs a MoE model: set num_experts > 0 or ep = 1")
+        if self.is_moe:
+            if self.num_experts % self.ep:
+                raise ConfigError("num_experts", f"num_experts ({self.num_experts}) must be divisible by ep ({self.ep})")
+            if self.precision != "bf16":
+                raise ConfigError("precision", "MoE models need bf16 (grouped GEMM; thesis 5.2.1); set precision: bf16")
+            if self.moe_router_topk < 1 or self.moe_router_topk > self.num_experts:
+                raise ConfigError("moe_router_topk", f"must be in 1..num_experts ({self.num_experts})")
+            if (self.tp > 1 or self.expert_tp > 1) and self.ep > 1 and not self.sequence_parallel:
+                raise ConfigError(
+                    "sequence_parallel", "Megatron needs sequence parallelism when combining expert and tensor parallelism"
+                )
+        if self.sequence_parallel and self.tp == 1:
+            raise ConfigError("sequence_parallel", "sequence parallelism needs tp > 1; set sequence_parallel: false")
+        if self.vpp > 1 and self.pp == 1:
+            raise ConfigError("vpp", "the interleaved schedule (vpp > 1) needs pp > 1")
+        if self.vpp > 1 and not self.overlap_p2p and self.pp <= 2:
+            raise ConfigError("overlap_p2p_comm", "without p2p overlap the interleaved schedule needs pp > 2")
+        if self.num_attention_heads % self.tp:
+            raise ConfigError("num_attention_heads", f"{self.num_attention_heads} heads are not divisible by tp={self.tp}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError("hidden_size", "hidden_size must be divisible by num_attention_heads")
+        if self.ffn % self.tp:
+            raise ConfigError("ffn_hidden_size", f"ffn hidden size {self.ffn} is not divisible by tp={self.tp}")
+        if self.is_moe and self.ffn % self.expert_tp:
+            raise ConfigError("etp", f"ffn hidden size {self.ffn} is not divisible by etp={self.expert_tp}")
+        if self.num_layers % self.pp:
+            raise ConfigError("num_layers", f"{self.num_layers} layers are not divisible by pp={self.pp}")
+        if self.num_layers % (self.pp * self.vpp):
+            raise ConfigError(
+                "vpp", f"{self.num_layers} layers cannot be split into pp*vpp = {self.pp * self.vpp} equal model chunks"
+            )
+        if self.cp > 1 and self.seq_length % (2 * self.cp):
+            raise ConfigError("seq_length", f"context parallelism needs seq_length divisible by 2*cp = {2 * self.cp}")
+        if self.sequence_parallel and (self.seq_length // self.cp) % self.tp:
+            raise ConfigError("seq_length", "with sequence parallelism seq_length/cp must be divisible by tp")
+        denom = self.micro_batch_size * self.dp
+        if self.global_batch_size % denom:
+            raise ConfigError(
+                "global_batch_size",
+                f"{self.global_batch_size} is not divisible by micro_batch_size*dp = {self.micro_batch_size}*{self.dp}",
+            )
+        if self.vpp > 1:
+            m = self.num_microbatches
+            if m < self.pp or m % self.pp:
+                raise ConfigError(
+                    "global_batch_size",
+                    f"the interleaved schedule needs the number of microbatches ({m}) to be a multiple of pp ({self.pp})",
+                )
+
+        # imperfections
+        imp = self.imperfections
+        for name in ("drop_log_lines", "drop_kernels", "kernels_without_log", "torn_lines"):
+            x = getattr(imp, name)
+            if not (0.0 <= float(x) <= 1.0):
+                raise ConfigError(f"imperfections.{name}", "must be a fraction in [0, 1]")
+        if not (0.0 <= imp.duplicate_log_lines.fraction <= 1.0):
+            raise ConfigError("imperfections.duplicate_log_lines.fraction", "must be a fraction in [0, 1]")
+        bad = [r for r in imp.duplicate_log_lines.ranks if not (0 <= int(r) < world)]
+        if bad:
+            raise ConfigError("imperfections.duplicate_log_lines.ranks", f"ranks {bad} are outside 0..{world - 1}")
+        if imp.single_rank_comm_ops < -1:
+            raise ConfigError("imperfections.single_rank_comm_ops", "use 0 (none), -1 (all) or a positive count")
+        for name in ("clock_offset_ns_max", "arrival_skew_ns_max"):
+            if getattr(imp, name) < 0:
+                raise ConfigError(f"imperfections.{name}", "must be >= 0")
+        if imp.clock_drift_ppm_max < 0 or imp.clock_drift_ppm_max > 1000:
+            raise ConfigError("imperfections.clock_drift_ppm_max", "must be in [0, 1000] ppm")
+
+
+def _positive(cfg: EmulatorConfig, *names: str) -> None:
+    for n in names:
+        v = getattr(cfg, n)
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ConfigError(n, f"must be a positive integer, got {v!r}")
+
+
+def _choice(cfg: EmulatorConfig, name: str, options: tuple[str, ...]) -> None:
+    v = getattr(cfg, name)
+    if v not in options:
+        raise ConfigError(name, f"{v!r} is not one of {list(options)}")
+
+
+def _coerce(key: str, value: Any, annotation: Any) -> Any:
+    """Light type coercion for YAML/dict input (e.g. '2.21.5' stays a string, 4.0 -> 4)."""
+    ann = str(annotation)
+    if value is None:
+        return None
+    if ann.startswith("int") and not isinstance(value, bool):
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                raise ConfigError(key, f"expected an integer, got {value!r}") from None
+        return value
+    if ann.startswith("float") and isinstance(value, (int, str)) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except ValueError:
+            raise ConfigError(key, f"expected a number, got {value!r}") from None
+    if ann.startswith("str") and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    if ann.startswith("bool") and not isinstance(value, bool):
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+            return value.lower() in ("true", "yes", "1")
+        if value in (0, 1):
+            return bool(value)
+        raise ConfigError(key, f"expected true/false, got {value!r}")
+    return value

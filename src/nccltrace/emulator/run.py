@@ -1,0 +1,922 @@
+"""Write the raw outputs an emulated run leaves, plus ground truth.
+
+Layout of ``out_dir``::
+
+    nccl/nccl_<host>_<pid>.log      one NCCL debug log per process (NCCL_DEBUG_FILE=nccl_%h_%p.log)
+    nsys/<host>.sqlite              one Nsight Systems SQLite export per node (all its processes)
+    ground_truth/ops.parquet        one row per NCCL call per rank (also calls whose line was dropped)
+    ground_truth/kernels.parquet    every emulated NCCL kernel (also dropped ones and ones without a log line)
+    ground_truth/communicators.parquet  every communicator of every process
+    ground_truth/clock.parquet      per-node clock offset and drift
+    run.yaml                        resolved configuration + nccltrace version
+    stdout.log                      only with imperfections.torn_lines: all processes' lines interleaved
+
+Every file is written to a temporary sibling and renamed into place. Memory is bounded by one
+rank's output at a time: ranks are processed node by node, each rank's program is generated
+lazily and its rows are streamed to the writers.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import sys
+import time as _time
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+from .. import __version__
+from ..nccl.log_writer import NcclLogWriter, TopoGpu, TopoNic, TopoSystem
+from ..nccl.versions import NcclVersion
+from ..nsys.writer import NsysExportWriter, encode_global_pid
+from ..tables import atomic_path
+from .config import EmulatorConfig
+from .layout import Group, MegatronLayout, PairComm
+from .schedule import _DT_SIZE, P2P_OPS, Op, RankProgram, Unit, hash_ints, kernel_op_of_unit
+from .timing import LinkModel, RankTimer, Skeleton, TimingParams, UnitTimes, u01
+
+__all__ = ["emulate_run", "EmulationResult", "nccl_kernel_name", "GROUND_TRUTH_SCHEMAS"]
+
+# --------------------------------------------------------------------------- ground-truth schemas
+
+_U64 = pa.uint64()
+GROUND_TRUTH_SCHEMAS: dict[str, pa.Schema] = {
+    "ops": pa.schema([
+        ("rank", pa.int32()), ("host", pa.string()), ("pid", pa.int64()), ("tid", pa.int64()),
+        ("log_file", pa.string()), ("log_line", pa.int64()), ("duplicate_line", pa.int64()),
+        ("seq", pa.int64()), ("iteration", pa.int32()), ("phase", pa.string()),
+        ("op", pa.string()), ("comm", _U64), ("op_count", pa.int64()), ("count", pa.int64()),
+        ("dtype", pa.int8()), ("bytes", pa.int64()), ("redop", pa.int32()), ("root", pa.int32()),
+        ("peer_global", pa.int32()), ("nranks", pa.int32()), ("rank_in_comm", pa.int32()),
+        ("group_kind", pa.string()), ("group_index", pa.int32()), ("comm_uid", _U64),
+        ("nccl_group", pa.int64()), ("grouped", pa.bool_()), ("instance_id", pa.int64()),
+        ("stream_kind", pa.string()), ("stream", _U64), ("call_time_true_ns", pa.int64()), ("wall_ns", pa.int64()),
+        ("kernel_correlation_id", pa.int64()), ("kernel_global_pid", pa.int64()),
+        ("line_dropped", pa.bool_()), ("line_duplicated", pa.bool_()), ("line_torn_in_stdout", pa.bool_()),
+        ("kernel_dropped", pa.bool_()), ("single_rank_no_kernel", pa.bool_()), ("kernel_fused", pa.bool_()),
+    ]),  # fmt: skip
+    "kernels": pa.schema([
+        ("rank", pa.int32()), ("host", pa.string()), ("pid", pa.int64()), ("global_pid", pa.int64()),
+        ("device_id", pa.int32()), ("stream_id", pa.int32()), ("correlation_id", pa.int64()),
+        ("name", pa.string()), ("short_name", pa.string()), ("family", pa.string()),
+        ("start", pa.int64()), ("end", pa.int64()), ("start_true_ns", pa.int64()), ("end_true_ns", pa.int64()),
+        ("grid_x", pa.int32()), ("block_x", pa.int32()),
+        ("iteration", pa.int32()), ("unit", pa.int64()), ("n_ops", pa.int32()), ("first_seq", pa.int64()),
+        ("instance_id", pa.int64()), ("comm_uid", _U64), ("algo", pa.string()), ("proto", pa.string()),
+        ("dropped", pa.bool_()), ("without_log", pa.bool_()),
+    ]),  # fmt: skip
+    "communicators": pa.schema([
+        ("rank", pa.int32()), ("host", pa.string()), ("pid", pa.int64()), ("comm", _U64), ("comm_uid", _U64),
+        ("group_kind", pa.string()), ("group_index", pa.int32()), ("nranks", pa.int32()),
+        ("rank_in_comm", pa.int32()), ("members", pa.list_(pa.int32())), ("comm_hash", _U64),
+        ("comm_id_logged", _U64), ("init_api", pa.string()), ("parent", _U64), ("color", pa.int64()),
+        ("key", pa.int64()), ("split_count", pa.int32()), ("init_line", pa.int64()),
+        ("stream", _U64), ("stream_id", pa.int32()), ("created_true_ns", pa.int64()),
+    ]),  # fmt: skip
+    "clock": pa.schema([
+        ("node", pa.int32()), ("host", pa.string()), ("offset_ns", pa.int64()), ("drift_ppm", pa.float64()),
+        ("session_start_true_ns", pa.int64()), ("session_start_utc_ns", pa.int64()),
+    ]),  # fmt: skip
+}
+
+
+class _Sink:
+    """Stream dict rows into a Parquet file (temp file renamed on close)."""
+
+    def __init__(self, path: Path, schema: pa.Schema, batch: int = 100_000) -> None:
+        self.path = path
+        self.schema = schema
+        self.batch = batch
+        self.cols: dict[str, list] = {n: [] for n in schema.names}
+        self.tmp = atomic_path(path)
+        self.writer = pq.ParquetWriter(self.tmp, schema, compression="zstd")
+        self.rows = 0
+
+    def add(self, row: dict) -> None:
+        for n, c in self.cols.items():
+            c.append(row.get(n))
+        self.rows += 1
+        if len(self.cols[self.schema.names[0]]) >= self.batch:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.cols[self.schema.names[0]]:
+            return
+        arrays = [pa.array(self.cols[f.name], type=f.type) for f in self.schema]
+        self.writer.write_table(pa.Table.from_arrays(arrays, schema=self.schema))
+        self.cols = {n: [] for n in self.schema.names}
+
+    def close(self) -> Path:
+        self.flush()
+        self.writer.close()
+        return _publish(self.tmp, self.path)
+
+    def abort(self) -> None:
+        try:
+            self.writer.close()
+        finally:
+            self.tmp.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------- names
+
+_TY19 = {0: "u8", 1: "u8", 2: "u32", 3: "u32", 4: "u64", 5: "u64", 6: "f16", 7: "f32", 8: "f64", 9: "bf16"}
+_TY18 = {0: "int8_t", 1: "uint8_t", 2: "int32_t", 3: "uint32_t", 4: "int64_t", 5: "uint64_t", 6: "half",
+         7: "float", 8: "double", 9: "__nv_bfloat16"}  # fmt: skip
+
+
+def nccl_kernel_name(version: NcclVersion, family: str, dtype: int, redop: int, algo: str) -> tuple[str, str]:
+    """(demangled name with parameter list, short name) of the kernel NCCL launches
+    (reference/nccl/log-formats.md §8): ``ncclKernel_*`` up to 2.18, ``ncclDevKernel_*`` from
+    2.19 (parameter list ``(ncclDevKernelArgsStorage<4096ul>)`` from 2.22); reductions other than
+    Sum run in ``ncclDevKernel_Generic``; grouped P2P and AlltoAll run in the SendRecv kernel."""
+    v = version.tuple
+    if family == "AlltoAll":
+        family = "SendRecv"
+    if v < (2, 19, 0):
+        params = "(ncclDevComm*, unsigned long, ncclWork*)"
+        if family == "SendRecv":
+            short = "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t"
+        elif family in ("AllGather", "Broadcast"):
+            short = f"ncclKernel_{family}_RING_LL_Sum_int8_t"
+        else:
+            a = algo if family == "AllReduce" else "RING"
+            short = f"ncclKernel_{family}_{a}_LL_Sum_{_TY18[dtype]}"
+        return short + params, short
+    params = "(ncclDevComm*, unsigned long, ncclWork*)" if v < (2, 22, 0) else "(ncclDevKernelArgsStorage<4096ul>)"
+    if family == "SendRecv":
+        short = "ncclDevKernel_SendRecv"
+    elif family in ("AllGather", "Broadcast"):
+        short = f"ncclDevKernel_{family}_RING_LL"
+    elif redop != 0:
+        short = "ncclDevKernel_Generic"
+    else:
+        a = algo if family == "AllReduce" else "RING"
+        short = f"ncclDevKernel_{family}_Sum_{_TY19[dtype]}_{a}_LL"
+    return short + params, short
+
+
+_COMPUTE_KERNELS = [
+    ("ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_nn", "ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_nn"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::Half>, "
+     "at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<c10::Half>, at::detail::Array<char*, 3>)",
+     "vectorized_elementwise_kernel"),
+    ("void cutlass::Kernel2<cutlass_80_tensorop_f16_s16816gemm_relu_f16_64x64_32x6_tn_align8>"
+     "(cutlass_80_tensorop_f16_s16816gemm_relu_f16_64x64_32x6_tn_align8::Params)",
+     "cutlass::Kernel2"),
+]  # fmt: skip
+
+DT_F32 = 7
+_REDOP_NAME = {0: "sum", 1: "prod", 2: "max", 3: "min", 4: "avg"}
+_BUS_IDS = [0x07000, 0x0B000, 0x48000, 0x4C000, 0x88000, 0x8B000, 0xC8000, 0xCB000]
+
+
+def _bus_id(local: int) -> int:
+    return _BUS_IDS[local] if local < len(_BUS_IDS) else 0x100000 + 0x1000 * local
+
+
+# --------------------------------------------------------------------------- result
+
+
+@dataclass
+class EmulationResult:
+    """What :func:`emulate_run` wrote and a few totals."""
+
+    out_dir: Path
+    run_id: str
+    config: EmulatorConfig
+    log_files: list[Path] = field(default_factory=list)
+    nsys_files: list[Path] = field(default_factory=list)
+    ground_truth: dict[str, Path] = field(default_factory=dict)
+    run_yaml: Path | None = None
+    stdout_log: Path | None = None
+    n_ranks: int = 0
+    n_ops: int = 0
+    n_call_lines: int = 0
+    n_kernels: int = 0
+    duration_ns: int = 0
+    op_counts: dict[str, int] = field(default_factory=dict)
+    kernel_counts: dict[str, int] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- clocks
+
+
+class _NodeClock:
+    """A node's clock: ``local(t) = t + offset + drift_ppm * 1e-6 * t`` (t = true job time, ns)."""
+
+    def __init__(self, node: int, offset_ns: int, drift_ppm: float, session_true_ns: int) -> None:
+        self.node = node
+        self.offset_ns = offset_ns
+        self.drift_ppm = drift_ppm
+        self.session_true_ns = session_true_ns
+        self._k = drift_ppm * 1e-6
+        self.session_local = self.local(session_true_ns)
+
+    def local(self, t: int) -> int:
+        """Node-local clock reading at true job time t (both ns)."""
+        return int(t + self.offset_ns + round(self._k * t))
+
+    def nsys(self, t: int) -> int:
+        """nsys timeline value (ns since the node's session start) of true time t."""
+        return int(t + self.offset_ns + round(self._k * t)) - self.session_local
+
+
+def _clocks(cfg: EmulatorConfig) -> list[_NodeClock]:
+    imp = cfg.imperfections
+    out = []
+    for n in range(cfg.nodes):
+        off = int(round((2 * u01(cfg.seed, n, 0xC10C) - 1) * imp.clock_offset_ns_max))
+        drift = (2 * u01(cfg.seed, n, 0xD41F) - 1) * imp.clock_drift_ppm_max
+        sess = -(1_500_000_000 + int(400_000_000 * u01(cfg.seed, n, 0x5E55)))
+        out.append(_NodeClock(n, off, float(drift), sess))
+    return out
+
+
+# --------------------------------------------------------------------------- timed text file
+
+
+class _TimedFile:
+    """A text file that also records, per physical line, the true time it was written."""
+
+    def __init__(self, path: Path, record: bool) -> None:
+        self.fh: TextIO = open(path, "w", encoding="utf-8", newline="\n")
+        self.now = 0
+        self.times = array("q") if record else None
+
+    def write(self, s: str) -> int:
+        if self.times is not None:
+            for _ in range(s.count("\n")):
+                self.times.append(self.now)
+        return self.fh.write(s)
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+# --------------------------------------------------------------------------- per-process emission
+
+
+@dataclass
+class _CommState:
+    comm: Group | PairComm
+    ptr: int
+    stream_ptr: int
+    stream_id: int
+    comm_hash: int
+    rank_in_comm: int
+    op_count: int = 0
+
+
+class _Context:
+    """Run-wide state shared by all processes."""
+
+    def __init__(self, cfg: EmulatorConfig, out_dir: Path) -> None:
+        self.cfg = cfg
+        self.out_dir = out_dir
+        self.layout = MegatronLayout(cfg)
+        self.link = LinkModel(cfg, self.layout)
+        self.tparams = TimingParams()
+        self.skel = Skeleton(cfg, self.layout, self.link, self.tparams)
+        self.nccl = cfg.nccl
+        self.clocks = _clocks(cfg)
+        self.hosts = [f"node{n:03d}" for n in range(cfg.nodes)]
+        self.pids = {}
+        for r in range(cfg.world_size):
+            n, lr = divmod(r, cfg.gpus_per_node)
+            self.pids[r] = 3000 + int(hash_ints(cfg.seed, n, 0x9D) % 200_000) + 13 * lr
+        self.imp = cfg.imperfections
+        self.dup_ranks = set(self.imp.duplicate_log_lines.ranks) if self.imp.duplicate_log_lines.active else set()
+        self.kernel_params = "(ncclDevComm*" if self.nccl.tuple < (2, 22, 0) else "(ncclDevKernelArgs"
+        # NCCL >= 2.19 launches through the driver's cuLaunchKernelEx on CUDA 12 stacks; older
+        # stacks use the runtime's cudaLaunchKernel (nsys name with its _v7000 version suffix).
+        cuda_major = int(str(cfg.cuda_version).split(".")[0])
+        modern = self.nccl.tuple >= (2, 19, 0) and cuda_major >= 12
+        self.launch_api = ("cuLaunchKernelEx", 1) if modern else ("cudaLaunchKernel_v7000", 0)
+        self.opcount_needs_proxy = self.nccl.tuple >= (2, 27, 3)
+        self.payloads = cfg.nvtx_payloads != "none" and self.nccl.tuple >= (2, 16, 2)
+        self.new_payloads = self.nccl.tuple >= (2, 25, 0)
+        hw = cfg.hw
+        self.topo = TopoSystem(
+            gpus=[TopoGpu(_bus_id(i), i, i, cpu=i * hw.cpus // cfg.gpus_per_node) for i in range(cfg.gpus_per_node)],
+            nvlink_bw=hw.nvlink_bw, nvswitch=hw.nvswitch, pci_bw=hw.pci_bw, sys_bw=hw.sys_bw, cpus=hw.cpus,
+            nics=[TopoNic(0x1C000 + 0x40000 * j, j, hw.net_bw, guid=0x1070FD03000A0000 + j, cpu=j * hw.cpus // hw.nics)
+                  for j in range(hw.nics)],
+        )  # fmt: skip
+
+    def comm_hash(self, comm) -> int:
+        return hash_ints(self.cfg.seed, comm.uid, 0xC0) | 1
+
+    def printed_comm_id(self, comm) -> int:
+        """commId of plain init lines: commHash from 2.26.2, a separate hash of the unique id before."""
+        if self.nccl.tuple >= (2, 26, 2):
+            return self.comm_hash(comm)
+        return hash_ints(self.cfg.seed, comm.uid, 0x1D) | 1
+
+
+class _Process:
+    """Emit everything one rank leaves: its log file, its share of the node's nsys export and
+    its ground-truth rows."""
+
+    def __init__(self, ctx: _Context, rank: int, nsys: NsysExportWriter, sinks: dict[str, _Sink],
+                 record_line_times: bool) -> None:  # fmt: skip
+        cfg = ctx.cfg
+        self.ctx = ctx
+        self.cfg = cfg
+        self.rank = rank
+        self.node, self.local = divmod(rank, cfg.gpus_per_node)
+        self.host = ctx.hosts[self.node]
+        self.pid = ctx.pids[rank]
+        self.tid = self.pid
+        self.clock = ctx.clocks[self.node]
+        self.nsys = nsys
+        self.sinks = sinks
+        self.gpid = encode_global_pid(self.pid)
+        self.log_name = f"nccl_{self.host}_{self.pid}.log"
+        self.log_path = ctx.out_dir / "nccl" / self.log_name
+        self.tmp_path = atomic_path(self.log_path)
+        self.fh = _TimedFile(self.tmp_path, record_line_times)
+        self.w = NcclLogWriter(self.fh, nccl_version=cfg.nccl_version, host=self.host, pid=self.pid,
+                               cuda_version=cfg.cuda_version, timestamps=cfg.nccl_timestamps, cuda_dev=self.local)  # fmt: skip
+        self.rng = np.random.default_rng(hash_ints(cfg.seed, rank, 0x57))
+        self.ptr_base = 0x550000000000 + (int(self.rng.integers(0x100000, 0xFFFFFF)) << 16)
+        self.stream_base = self.ptr_base + 0x4000000
+        self.comms: dict[int, _CommState] = {}
+        self.version_done = False
+        self.topo_done = False
+        self.corr = 0
+        self.domain_id: int | None = None
+        self.kernel_rows: list[dict] = []
+        self.runtime_rows: list[dict] = []
+        self.nvtx_rows: list[dict] = []
+        self.stream_last_end: dict[int, int] = {}
+        self.compute_i = 0
+        self.n_ops = 0
+        self.n_call_lines = 0
+        self.n_kernels = 0
+        self.op_counts: dict[str, int] = {}
+        self.kernel_counts: dict[str, int] = {}
+        self.split_count = 0
+        self.world_ptr = 0
+        self._prev_gpu_end = 0
+        self._prev_cpu = 0
+
+    # ---------------------------------------------------------------- helpers
+    def wall(self, t: int) -> int:
+        return self.cfg.start_time_utc_ns + self.clock.local(t)
+
+    def ts(self, t: int) -> int:
+        return self.clock.nsys(t)
+
+    def _at(self, t: int) -> int:
+        self.fh.now = t
+        return self.wall(t)
+
+    def _nvtx(self, start: int, end: int | None, text: str, *, domain: int = 0, payload: dict | None = None,
+              registered: bool = True) -> None:  # fmt: skip
+        row = {"start": self.ts(start), "end": None if end is None else self.ts(end), "pid": self.pid, "tid": self.tid,
+               "text": text, "registered": registered, "domain_id": domain, "event_type": 59}  # fmt: skip
+        if payload is not None and self.ctx.payloads:
+            row["nccl_payload"] = payload
+        self.nvtx_rows.append(row)
+
+    def _ensure_domain(self, t: int) -> int:
+        if self.domain_id is None:
+            self.domain_id = self.nsys.add_nvtx_domain(self.pid, self.tid, "NCCL", self.ts(t))
+            if self.ctx.payloads:
+                self.nsys.add_nccl_payload_schemas(self.pid, self.domain_id, self.ctx.nccl.tuple)
+        return self.domain_id
+
+    def _version(self, t: int, as_rank0: bool) -> None:
+        if self.version_done:
+            return
+        if self.ctx.nccl.info_version_line or as_rank0:
+            self.w.version(self.tid, wall_ns=self._at(t))
+            self.version_done = True
+
+    def _new_comm_state(self, comm) -> _CommState:
+        k = len(self.comms)
+        ptr = self.ptr_base + k * 0x1A6800 + 0x40 * int(self.rng.integers(0, 64))
+        stream_ptr = self.stream_base + k * 0x2A0
+        st = _CommState(comm, ptr, stream_ptr, 13 + k, self.ctx.comm_hash(comm), comm.rank_of(self.rank))
+        self.comms[comm.uid] = st
+        return st
+
+    def _payload_init(self, st: _CommState) -> dict:
+        comm = st.comm
+        p = {"Rank": st.rank_in_comm, "No. of ranks": comm.size, "CUDA device": self.local}
+        if self.ctx.new_payloads:
+            p["NCCL communicator ID"] = st.comm_hash
+        return p
+
+    def _init_lines(self, st: _CommState, t0: int, t1: int, *, split: bool) -> int:
+        """Init START ... COMPLETE of one communicator between true times t0 and t1."""
+        ctx, w, comm = self.ctx, self.w, st.comm
+        self._version(t0, st.rank_in_comm == 0)
+        dom = self._ensure_domain(t0)
+        common = dict(comm=st.ptr, rank=st.rank_in_comm, nranks=comm.size, cuda_dev=self.local, nvml_dev=self.local,
+                      bus_id=_bus_id(self.local))  # fmt: skip
+        color = key = None
+        comm_id_logged: int | None
+        if split:
+            self.split_count += 1
+            color = int(hash_ints(*comm.ranks) & 0x7FFFFFFF)
+            key = self.rank
+            comm_id_logged = (hash_ints(self.ctx.comm_hash(self.layout_world), color) | 1
+                              if ctx.nccl.init_style in ("literal_api", "base", "complete_only_no_nvml") else None)  # fmt: skip
+            w.split(self.tid, parent=self.world_ptr, color=color, key=key, split_count=self.split_count,
+                    comm_id=comm_id_logged or 0, phase="START", wall_ns=self._at(t0), **common)  # fmt: skip
+            api = "ncclCommSplit"
+        else:
+            comm_id_logged = ctx.printed_comm_id(comm)
+            api = "ncclCommInitRankConfig"
+            w.init(self.tid, comm_id=comm_id_logged, api=api, phase="START", wall_ns=self._at(t0), **common)
+        if not self.topo_done:
+            w.topology(self.tid, ctx.topo, wall_ns=self._at(t0 + 1_000_000))
+            self.topo_done = True
+        tm = t0 + (t1 - t0) // 2
+        members_here = [r for r in comm.ranks if r // self.cfg.gpus_per_node == self.node]
+        w.comm_info(self.tid, comm=st.ptr, rank=st.rank_in_comm, nranks=comm.size,
+                    nnodes=ctx.layout.nodes_of(comm.ranks), local_ranks=len(members_here),
+                    local_rank=members_here.index(self.rank), wall_ns=self._at(tm))  # fmt: skip
+        if st.rank_in_comm == 0 and comm.size > 1:
+            nch = 2
+            for ch in range(nch):
+                w.ring(self.tid, ch, nch, list(range(comm.size)), wall_ns=self._at(tm + 1000 * (ch + 1)))
+        if split:
+            w.split(self.tid, parent=self.world_ptr, color=color, key=key, split_count=self.split_count,
+                    comm_id=comm_id_logged or 0, phase="COMPLETE", wall_ns=self._at(t1), **common)  # fmt: skip
+        else:
+            w.init(self.tid, comm_id=comm_id_logged, api=api, phase="COMPLETE", wall_ns=self._at(t1), **common)
+        init_line = self.w.lines_written
+        # NVTX range of the init API call
+        if split:
+            payload = None
+            if ctx.nccl.tuple >= (2, 23, 0):
+                if ctx.new_payloads:
+                    payload = {"NCCL communicator ID": st.comm_hash,
+                               "Parent NCCL communicator ID": self.ctx.comm_hash(self.layout_world),
+                               "No. of ranks": comm.size, "Rank": st.rank_in_comm, "CUDA device": self.local,
+                               "Color": color, "Key": key}  # fmt: skip
+                else:
+                    payload = {"Rank": st.rank_in_comm, "No. of ranks": comm.size, "CUDA device": self.local,
+                               "color": color, "key": key}  # fmt: skip
+            self._nvtx(t0, t1, "ncclCommSplit", domain=dom, payload=payload)
+        else:
+            self._nvtx(t0, t1, api, domain=dom, payload=self._payload_init(st))
+        self.sinks["communicators"].add({
+            "rank": self.rank, "host": self.host, "pid": self.pid, "comm": st.ptr, "comm_uid": comm.uid,
+            "group_kind": comm.kind, "group_index": comm.index, "nranks": comm.size, "rank_in_comm": st.rank_in_comm,
+            "members": list(comm.ranks), "comm_hash": st.comm_hash, "comm_id_logged": comm_id_logged, "init_api": api,
+            "parent": self.world_ptr if split else None, "color": color, "key": key,
+            "split_count": self.split_count if split else None, "init_line": init_line, "stream": st.stream_ptr,
+            "stream_id": st.stream_id, "created_true_ns": t1,
+        })  # fmt: skip
+        return init_line
+
+    # ---------------------------------------------------------------- main loop
+    def run(self) -> None:
+        """Emit this rank; on failure the partial log file is removed."""
+        try:
+            self._run()
+        except BaseException:
+            self.fh.close()
+            self.tmp_path.unlink(missing_ok=True)
+            raise
+
+    def _run(self) -> None:
+        ctx, cfg = self.ctx, self.cfg
+        self.layout_world = ctx.layout.by_kind["world"][0]
+        self.nsys.add_process(self.pid, "python3")
+        self.nsys.add_thread(self.pid, self.tid, "python3")
+        hw = cfg.hw
+        uuid = f"GPU-{hash_ints(cfg.seed, self.rank, 0x6) & ((1 << 64) - 1):016x}-{self.node:04x}-{self.local:04x}"
+        self.nsys.add_gpu(self.local, name=hw.gpu_name, bus_location=f"0000:{(_bus_id(self.local) >> 12):02x}:00.0",
+                          uuid=uuid, pid=self.pid, cuda_id=self.local)  # fmt: skip
+        timer = RankTimer(ctx.skel, self.rank)
+        prog = RankProgram(cfg, ctx.layout, self.rank)
+        it_start: dict[int, int] = {}
+        it_end: dict[int, int] = {}
+        last_units = 0
+        for u in prog.units():
+            tm = timer.times(u)
+            it_start.setdefault(u.iteration, tm.init_start if u.new_comms else tm.group_start)
+            it_end[u.iteration] = tm.call_end
+            self._unit(u, tm)
+            last_units = u.index + 1
+            if len(self.nvtx_rows) + len(self.kernel_rows) > 200_000:
+                self.flush()
+        if last_units != ctx.skel.n_units[ctx.layout.pp_rank(self.rank)]:
+            raise RuntimeError(f"rank {self.rank}: {last_units} units, its stage has {ctx.skel.n_units}")
+        for it in range(cfg.iterations):
+            if it in it_start:
+                self._nvtx(it_start[it], it_end[it], f"iteration {it + 1}", domain=0, registered=False)
+        self.flush()
+        self.fh.close()
+        _publish(self.tmp_path, self.log_path)
+
+    def flush(self) -> None:
+        if self.runtime_rows:
+            self.nsys.add_runtime(pd.DataFrame(self.runtime_rows))
+            self.runtime_rows = []
+        if self.kernel_rows:
+            self.nsys.add_kernels(pd.DataFrame(self.kernel_rows))
+            self.kernel_rows = []
+        if self.nvtx_rows:
+            df = pd.DataFrame(self.nvtx_rows)
+            if "nccl_payload" in df.columns:
+                df["nccl_payload"] = [p if isinstance(p, dict) else None for p in df["nccl_payload"]]
+            self.nsys.add_nvtx_ranges(df)
+            self.nvtx_rows = []
+
+    def _launch(self, t0: int, t1: int, name: str, event_class: int) -> int:
+        self.corr += 1
+        self.runtime_rows.append({"start": self.ts(t0), "end": self.ts(t1), "pid": self.pid, "tid": self.tid,
+                                  "correlation_id": self.corr, "name": name, "event_class": event_class,
+                                  "return_value": 0})  # fmt: skip
+        return self.corr
+
+    def _compute_kernel(self, start: int, end: int, cpu_free: int, cpu_busy: int) -> None:
+        """A compute kernel on the default stream, launched (cudaLaunchKernel) by the main thread
+        while it is idle between ``cpu_free`` and ``cpu_busy``."""
+        if not self.cfg.compute_kernels or end - start < 5_000:
+            return
+        t_launch = max(cpu_free + 200, min(start - 6_000, cpu_busy - 3_500))
+        if t_launch + 3_000 > cpu_busy or t_launch + 3_000 > start:
+            return
+        name, short = _COMPUTE_KERNELS[self.compute_i % len(_COMPUTE_KERNELS)]
+        self.compute_i += 1
+        corr = self._launch(t_launch, t_launch + 3_000, "cudaLaunchKernel_v7000", 0)
+        self.kernel_rows.append({
+            "start": self.ts(start), "end": self.ts(end), "device_id": self.local, "context_id": 1, "stream_id": 7,
+            "correlation_id": corr, "pid": self.pid, "name": name, "short_name": short, "grid_x": 216, "grid_y": 1,
+            "grid_z": 1, "block_x": 256, "block_y": 1, "block_z": 1, "registers_per_thread": 128,
+            "static_shared_memory": 0, "dynamic_shared_memory": 49152,
+        })  # fmt: skip
+
+    def _unit(self, u: Unit, tm: UnitTimes) -> None:
+        ctx, cfg, imp = self.ctx, self.cfg, self.ctx.imp
+        tpar = ctx.tparams
+        # --- communicator creation (eager splits before the first unit, or lazily at first use)
+        if u.index == 0 and cfg.init_style == "split":
+            t = tm.init_start
+            wst = self._new_comm_state(self.layout_world)
+            self.world_ptr = wst.ptr
+            t1 = t + tpar.comm_init_ns + tpar.comm_init_per_log2_ns * int(np.ceil(np.log2(max(cfg.world_size, 1))))
+            self._init_lines(wst, t, t1, split=False)
+            t = t1
+            for g in ctx.layout.groups_of(self.rank):
+                if g.kind == "world":
+                    continue
+                st = self._new_comm_state(g)
+                self._init_lines(st, t, t + tpar.split_ns, split=True)
+                t += tpar.split_ns
+        if u.new_comms:
+            t = tm.init_start
+            for c in u.new_comms:
+                if c.uid in self.comms:
+                    continue
+                st = self._new_comm_state(c)
+                dur = tpar.comm_init_ns + tpar.comm_init_per_log2_ns * int(np.ceil(np.log2(max(c.size, 1))))
+                if c.kind == "world":
+                    self.world_ptr = st.ptr
+                self._init_lines(st, t, t + dur, split=False)
+                t += dur
+        dom = self._ensure_domain(tm.group_start)
+        multi = [o for o in u.ops if o.comm.size > 1]
+        # --- one kernel per unit (fused) or per multi-rank op
+        if not multi:
+            kern_groups: list[list[Op]] = []
+        elif imp.fuse_grouped_p2p or len(multi) == 1:
+            kern_groups = [multi]
+        else:
+            kern_groups = [[o] for o in multi]
+        # --- an extra NCCL kernel without a log line, in idle time before this unit
+        if (multi and imp.kernels_without_log
+                and u01(cfg.seed, self.rank, u.index, 0xE4) < imp.kernels_without_log):  # fmt: skip
+            st0 = self.comms[multi[0].comm.uid]
+            prev_end = self.stream_last_end.get(st0.stream_id, 0)
+            ks = tm.kernels[0][0]
+            if ks - prev_end > 30_000 and tm.group_start - self._prev_cpu > 15_000:
+                a = ks - 15_000
+                b = a + 4_000 + int(4_000 * u01(cfg.seed, self.rank, u.index, 0xE5))
+                lt = tm.group_start - 10_000
+                corr = self._launch(lt, lt + tpar.launch_ns, *ctx.launch_api)
+                name, short = nccl_kernel_name(ctx.nccl, "SendRecv", DT_F32, 0, "RING")
+                self._emit_kernel([], (a, b), name, short, corr, st0, "SendRecv", "RING", "SIMPLE", 1, 512, u,
+                                  without_log=True)  # fmt: skip
+        # --- calls: log lines and NVTX ranges
+        if u.grouped:
+            self._nvtx(tm.group_start, tm.group_start + tpar.group_call_ns, "ncclGroupStart", domain=dom)
+        op_rows = []
+        for i, o in enumerate(u.ops):
+            st = self.comms[o.comm.uid]
+            t_call = tm.call_start[i]
+            op_rows.append(self._call(o, st, t_call, u))
+            end = t_call + tpar.api_call_ns
+            if not u.grouped and tm.launches:
+                end = tm.call_end
+            self._nvtx(t_call, end, f"nccl{o.op}", domain=dom, payload=self._payload(o, st))
+        if u.grouped:
+            self._nvtx(tm.group_end_start, tm.call_end, "ncclGroupEnd", domain=dom)
+        # --- kernels
+        kern_of_op: dict[int, tuple[int, bool]] = {}
+        for j, ops in enumerate(kern_groups):
+            st = self.comms[ops[0].comm.uid]
+            lt0, lt1 = tm.launches[j]
+            corr = self._launch(lt0, lt1, *ctx.launch_api)
+            family = kernel_op_of_unit(ops)
+            spec = ctx.link.unit(ops) if len(ops) > 1 else ctx.link.op_kernel(ops[0])
+            o0 = ops[0]
+            name, short = nccl_kernel_name(ctx.nccl, family, o0.dtype, o0.redop, spec.algo)
+            dropped = bool(imp.drop_kernels) and u01(cfg.seed, self.rank, corr, 0xD0) < imp.drop_kernels
+            self._emit_kernel(ops, tm.kernels[j], name, short, corr, st, family, spec.algo, spec.proto,
+                              spec.nchannels, spec.nthreads, u, dropped=dropped)  # fmt: skip
+            for o in ops:
+                kern_of_op[o.seq] = (corr, dropped)
+        # --- a compute kernel filling the compute gap before this unit
+        if multi and u.gap_ns > 10_000:
+            ks = tm.kernels[0][0]
+            gs = max(self._prev_gpu_end, ks - int(u.gap_ns))
+            self._compute_kernel(gs + 500, ks - 500, self._prev_cpu, tm.init_start if u.new_comms else tm.group_start)
+        self._prev_gpu_end = tm.gpu_free
+        self._prev_cpu = tm.call_end
+        # --- opCount: plans launched per communicator (>= 2.27.3: only plans with network work)
+        for uid in {o.comm.uid for o in multi}:
+            st = self.comms[uid]
+            if not ctx.opcount_needs_proxy or ctx.link.nnodes(st.comm) > 1:
+                st.op_count += 1
+        # --- ground truth
+        for o, row in zip(u.ops, op_rows):
+            k = kern_of_op.get(o.seq)
+            row["kernel_correlation_id"] = k[0] if k else None
+            row["kernel_global_pid"] = self.gpid if k else None
+            row["kernel_dropped"] = bool(k[1]) if k else False
+            row["single_rank_no_kernel"] = o.comm.size == 1
+            row["kernel_fused"] = bool(k) and len(kern_groups) == 1 and len(multi) > 1
+            self.sinks["ops"].add(row)
+
+    def _emit_kernel(self, ops: list[Op], times: tuple[int, int], name: str, short: str, corr: int, st: _CommState,
+                     family: str, algo: str, proto: str, nch: int, nthreads: int, u: Unit, *,
+                     dropped: bool = False, without_log: bool = False) -> None:  # fmt: skip
+        ks, ke = times
+        self.stream_last_end[st.stream_id] = ke
+        if not dropped:
+            self.kernel_rows.append({
+                "start": self.ts(ks), "end": self.ts(ke), "device_id": self.local, "context_id": 1,
+                "stream_id": st.stream_id, "correlation_id": corr, "pid": self.pid, "name": name, "short_name": short,
+                "grid_x": nch, "grid_y": 1, "grid_z": 1, "block_x": nthreads, "block_y": 1, "block_z": 1,
+                "registers_per_thread": 96, "static_shared_memory": 0, "dynamic_shared_memory": 8704,
+            })  # fmt: skip
+            self.n_kernels += 1
+            self.kernel_counts[family] = self.kernel_counts.get(family, 0) + 1
+        first = ops[0] if ops else None
+        self.sinks["kernels"].add({
+            "rank": self.rank, "host": self.host, "pid": self.pid, "global_pid": self.gpid, "device_id": self.local,
+            "stream_id": st.stream_id, "correlation_id": corr, "name": name, "short_name": short, "family": family,
+            "start": self.ts(ks), "end": self.ts(ke), "start_true_ns": ks, "end_true_ns": ke,
+            "grid_x": nch, "block_x": nthreads, "iteration": u.iteration, "unit": u.index,
+            "n_ops": len(ops), "first_seq": first.seq if first else None,
+            "instance_id": first.instance if first else None, "comm_uid": st.comm.uid, "algo": algo, "proto": proto,
+            "dropped": dropped, "without_log": without_log,
+        })  # fmt: skip
+
+    def _payload(self, o: Op, st: _CommState) -> dict | None:
+        if not self.ctx.payloads:
+            return None
+        size = o.nbytes
+        new = self.ctx.new_payloads
+        p: dict[str, Any] = {}
+        if new:
+            p["NCCL communicator ID"] = st.comm_hash
+        if o.op in ("AllReduce", "ReduceScatter"):
+            p["Message size [bytes]"] = size
+            p["Reduction operation"] = _REDOP_NAME.get(o.redop, "sum")
+        elif o.op == "AllGather" or o.op == "AlltoAll":
+            p["Message size [bytes]"] = size
+        elif o.op == "Broadcast":
+            p["Message size [bytes]" if new else "Bytes"] = size
+            p["Root"] = o.root
+        elif o.op in P2P_OPS:
+            p["Message size [bytes]" if new else "Bytes"] = size
+            p["Peer rank"] = o.root
+        return p
+
+    def _call(self, o: Op, st: _CommState, t: int, u: Unit) -> dict:
+        ctx, cfg, imp, w = self.ctx, self.cfg, self.ctx.imp, self.w
+        buf = 0x7F0000000000 + ((hash_ints(self.rank, o.count, len(o.phase)) & 0xFFFFFFF) << 9)
+        if o.op in ("AllReduce", "Broadcast"):
+            send, recv = buf, buf
+        elif o.op == "Send":
+            send, recv = buf, 0
+        elif o.op == "Recv":
+            send, recv = 0, buf
+        else:
+            send, recv = buf, buf + 0x10000000
+        op_count = st.op_count
+        wall = self._at(t)
+        dropped = bool(imp.drop_log_lines) and u01(cfg.seed, self.rank, o.seq, 0xD1) < imp.drop_log_lines
+        dup = (self.rank in self.ctx.dup_ranks and
+               u01(cfg.seed, self.rank, o.seq, 0xD2) < imp.duplicate_log_lines.fraction)  # fmt: skip
+        line = dup_line = None
+        torn = False
+        kw = dict(op=o.op, op_count=op_count, sendbuff=send, recvbuff=recv, count=o.count, datatype=o.dtype,
+                  redop=o.redop, root=o.root, comm=st.ptr, nranks=o.comm.size, stream=st.stream_ptr, wall_ns=wall)  # fmt: skip
+        if not dropped:
+            line = w.call(self.tid, **kw)
+            self.n_call_lines += 1
+            torn = bool(imp.torn_lines) and u01(cfg.seed, self.pid, line, 0x7E) < imp.torn_lines
+            if dup:
+                dup_line = w.call(self.tid, **kw)
+                self.n_call_lines += 1
+            if st.rank_in_comm == 0 and o.comm.size > 1 and o.op not in P2P_OPS and o.op != "AlltoAll":
+                spec = ctx.link.collective(o.op, o.nbytes, o.comm.size, ctx.link.nnodes(o.comm))
+                w.tuning(self.tid, op=o.op, nbytes=o.nbytes, algo=spec.algo, proto=spec.proto, channel_lo=0,
+                         channel_hi=spec.nchannels - 1, time_us=spec.duration_ns / 1000.0, nranks=o.comm.size,
+                         wall_ns=wall)  # fmt: skip
+        self.n_ops += 1
+        self.op_counts[o.op] = self.op_counts.get(o.op, 0) + 1
+        return {
+            "rank": self.rank, "host": self.host, "pid": self.pid, "tid": self.tid,
+            "log_file": f"nccl/{self.log_name}", "log_line": line, "duplicate_line": dup_line, "seq": o.seq,
+            "iteration": o.iteration, "phase": o.phase, "op": o.op, "comm": st.ptr, "op_count": op_count,
+            "count": o.count, "dtype": o.dtype, "bytes": o.count * _DT_SIZE[o.dtype], "redop": o.redop,
+            "root": o.root, "peer_global": o.peer if o.peer >= 0 else None, "nranks": o.comm.size,
+            "rank_in_comm": st.rank_in_comm, "group_kind": o.comm.kind, "group_index": o.comm.index,
+            "comm_uid": o.comm.uid, "nccl_group": u.index, "grouped": u.grouped, "instance_id": o.instance,
+            "stream_kind": o.stream_kind, "stream": st.stream_ptr, "call_time_true_ns": t, "wall_ns": wall,
+            "line_dropped": dropped, "line_duplicated": dup_line is not None, "line_torn_in_stdout": torn,
+        }  # fmt: skip
+
+
+# --------------------------------------------------------------------------- combined stdout
+
+
+def _write_combined_stdout(out: Path, logs: list[tuple[Path, Path, int]], cfg: EmulatorConfig) -> None:
+    """Interleave all processes' lines by time into one stdout log and tear the chosen call lines
+    (first part of the line, then the next line of another process, then the orphan tail)."""
+    frac = cfg.imperfections.torn_lines
+    tmp = atomic_path(out)
+    files = []
+    heap = []
+    for i, (log, times, pid) in enumerate(logs):
+        fh = open(log, "r", encoding="utf-8")
+        ts = np.fromfile(times, dtype=np.int64)
+        files.append((fh, ts, pid))
+        line = fh.readline()
+        if line:
+            heap.append((int(ts[0]) if len(ts) else 0, pid, 1, i, line))
+    heapq.heapify(heap)
+    pending_tail: str | None = None
+    with open(tmp, "w", encoding="utf-8", newline="\n") as outf:
+        while heap:
+            t, pid, lineno, i, line = heapq.heappop(heap)
+            fh, ts, _pid = files[i]
+            nxt = fh.readline()
+            if nxt:
+                heapq.heappush(heap, (int(ts[lineno]) if lineno < len(ts) else t, pid, lineno + 1, i, nxt))
+            text = line.rstrip("\n")
+            if pending_tail is not None:
+                outf.write(text + "\n" + pending_tail + "\n")
+                pending_tail = None
+                continue
+            if ": opCount " in text and u01(cfg.seed, pid, lineno, 0x7E) < frac and heap:
+                cut = 10 + int((len(text) - 20) * u01(cfg.seed, pid, lineno, 0x7F))
+                outf.write(text[:cut])
+                pending_tail = text[cut:]
+                continue
+            outf.write(text + "\n")
+        if pending_tail is not None:
+            outf.write("\n" + pending_tail + "\n")
+    for fh, _ts, _pid in files:
+        fh.close()
+    _publish(tmp, out)
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def _publish(tmp: Path, path: Path) -> Path:
+    """Rename a finished temporary file into place with ordinary (umask) permissions."""
+    os.chmod(tmp, 0o666 & ~_UMASK)
+    os.replace(tmp, path)
+    return path
+
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
+def _yaml_atomic(path: Path, data: Any) -> None:
+    tmp = atomic_path(path)
+    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+    _publish(tmp, path)
+
+
+def emulate_run(config: EmulatorConfig | dict, out_dir: Path, *, progress: bool = False) -> EmulationResult:
+    """Emulate a Megatron-LM run and write its raw outputs and ground truth into ``out_dir``."""
+    cfg = EmulatorConfig.from_dict(config) if not isinstance(config, EmulatorConfig) else config
+    cfg.validate()
+    out_dir = Path(out_dir)
+    for d in ("nccl", "nsys", "ground_truth"):
+        (out_dir / d).mkdir(parents=True, exist_ok=True)
+    t_wall = _time.time()
+    ctx = _Context(cfg, out_dir)
+    gt = out_dir / "ground_truth"
+    sinks = {name: _Sink(gt / f"{name}.parquet", GROUND_TRUTH_SCHEMAS[name])
+             for name in ("ops", "kernels", "communicators")}  # fmt: skip
+    res = EmulationResult(out_dir=out_dir, run_id=cfg.run_id, config=cfg, n_ranks=cfg.world_size)
+    record_times = cfg.imperfections.torn_lines > 0
+    line_time_files: list[tuple[Path, Path, int]] = []
+    try:
+        for node in range(cfg.nodes):
+            host = ctx.hosts[node]
+            clk = ctx.clocks[node]
+            nsys_path = out_dir / "nsys" / f"{host}.sqlite"
+            payload_mode = cfg.nvtx_payloads if cfg.nvtx_payloads != "none" else "none"
+            with NsysExportWriter(nsys_path, cfg.nsys_schema, hostname=host,
+                                  session_start_utc_ns=cfg.start_time_utc_ns + clk.session_local,
+                                  product_version=cfg.nsys_product_version, payload_mode=payload_mode) as nw:  # fmt: skip
+                for lr in range(cfg.gpus_per_node):
+                    rank = node * cfg.gpus_per_node + lr
+                    proc = _Process(ctx, rank, nw, sinks, record_times)
+                    proc.run()
+                    res.log_files.append(proc.log_path)
+                    res.n_ops += proc.n_ops
+                    res.n_call_lines += proc.n_call_lines
+                    res.n_kernels += proc.n_kernels
+                    for k, v in proc.op_counts.items():
+                        res.op_counts[k] = res.op_counts.get(k, 0) + v
+                    for k, v in proc.kernel_counts.items():
+                        res.kernel_counts[k] = res.kernel_counts.get(k, 0) + v
+                    if record_times and proc.fh.times is not None:
+                        tpath = atomic_path(out_dir / "nccl" / f".{proc.log_name}.times")
+                        np.asarray(proc.fh.times, dtype=np.int64).tofile(tpath)
+                        line_time_files.append((proc.log_path, tpath, proc.pid))
+            res.nsys_files.append(nsys_path)
+            if progress:
+                print(f"[emulator] {cfg.run_id}: node {node + 1}/{cfg.nodes} done "
+                      f"({_time.time() - t_wall:.1f}s)", file=sys.stderr, flush=True)  # fmt: skip
+        for name, sink in sinks.items():
+            res.ground_truth[name] = sink.close()
+    except BaseException:
+        for sink in sinks.values():
+            sink.abort()
+        for _log, tpath, _pid in line_time_files:
+            tpath.unlink(missing_ok=True)
+        raise
+    # clock ground truth
+    clock_rows = [{"node": c.node, "host": ctx.hosts[c.node], "offset_ns": c.offset_ns, "drift_ppm": c.drift_ppm,
+                   "session_start_true_ns": c.session_true_ns,
+                   "session_start_utc_ns": cfg.start_time_utc_ns + c.session_local} for c in ctx.clocks]  # fmt: skip
+    cs = _Sink(gt / "clock.parquet", GROUND_TRUTH_SCHEMAS["clock"])
+    for r in clock_rows:
+        cs.add(r)
+    res.ground_truth["clock"] = cs.close()
+    if record_times:
+        res.stdout_log = out_dir / "stdout.log"
+        try:
+            _write_combined_stdout(res.stdout_log, line_time_files, cfg)
+        finally:
+            for _log, tpath, _pid in line_time_files:
+                tpath.unlink(missing_ok=True)
+    res.duration_ns = ctx.skel.job_end_ns
+    run_yaml = {
+        "nccltrace_version": __version__,
+        "generator": "nccltrace.emulator",
+        "run_id": cfg.run_id,
+        "config": cfg.to_dict(),
+        "derived": {
+            "world_size": cfg.world_size, "dp": cfg.dp, "expert_tp": cfg.expert_tp, "expert_dp": cfg.expert_dp,
+            "num_microbatches": cfg.num_microbatches, "padded_vocab_size": cfg.padded_vocab_size,
+            "ffn_hidden_size": cfg.ffn, "fp16_overflow_iterations": cfg.overflow_iterations,
+            "overlap_p2p_comm": cfg.overlap_p2p, "nsys_schema": cfg.nsys_schema,
+            "nsys_product_version": cfg.nsys_product_version, "megatron": "core_r0.13 (73a28a1)",
+            "hosts": ctx.hosts, "pids": {int(r): int(p) for r, p in ctx.pids.items()},
+            "job_duration_ns": int(res.duration_ns),
+        },
+    }  # fmt: skip
+    res.run_yaml = out_dir / "run.yaml"
+    _yaml_atomic(res.run_yaml, run_yaml)
+    _remove_stale(res)
+    return res
+
+
+def _remove_stale(res: EmulationResult) -> None:
+    """Delete outputs of an earlier emulation into the same directory that this run did not
+    write (other pids/hosts), so the directory always describes exactly one run."""
+    keep = {p.resolve() for p in res.log_files + res.nsys_files}
+    for pattern in ("nccl/nccl_*.log", "nsys/*.sqlite"):
+        for p in res.out_dir.glob(pattern):
+            if p.resolve() not in keep:
+                p.unlink()
+    if res.stdout_log is None:
+        (res.out_dir / "stdout.log").unlink(missing_ok=True)

@@ -1,0 +1,486 @@
+"""Timing model of the emulated run.
+
+Three layers, documented in ``docs/emulator.md``:
+
+1. :class:`LinkModel` - kernel duration of one NCCL kernel plan:
+   ``alpha(algo, proto, placement) + bus_bytes / bandwidth(placement, proto)`` with the
+   nccl-tests bus-bytes factors (AllReduce 2(n-1)/n x S, AllGather/ReduceScatter/AlltoAll
+   (n-1)/n x S with S the full buffer, Broadcast and Send/Recv 1 x S) and bandwidth by
+   placement: inside a node NVLink (or PCIe) bus bandwidth of the hardware preset, across nodes
+   the network bandwidth per GPU.
+2. :class:`Skeleton` - a discrete-event simulation of one *representative* rank per pipeline
+   stage (tp = cp = dp = 0). Every rank of a stage issues the same sequence of kernel plans
+   (the schedule depends on the stage only), so stage-level times apply to all its ranks.
+   Compute gaps come from a FLOP model at the preset's sustained TFLOP/s. Collectives whose
+   members span stages (world barriers, model-parallel group, embedding group, pipeline
+   P2P) synchronise the stages: a collective ends ``arrival_skew + duration`` after its last
+   member arrived; a P2P transfer ends after both sides arrived.
+3. :class:`RankTimer` - per-rank realisation: the rank reaches each kernel at the stage time plus
+   a per-rank arrival offset in ``[0, skew]`` (one member, the straggler, arrives last), all
+   members' kernels end together (plus < 1 us jitter when skew is on), the CPU issues the call
+   ``host_lead_ns`` before the GPU can run it, the launch API runs right after the call and the
+   kernel starts at least ``queue_min_ns`` after the launch returned.
+
+Times are integers in ns on the true job timeline (0 = job start); per-node clock offset and
+drift are applied by the writer (run.py) when rendering nsys timestamps and log wall clocks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from .config import EmulatorConfig
+from .layout import MegatronLayout, PairComm
+from .schedule import P2P_OPS, Op, RankProgram, Unit, hash_ints
+
+__all__ = ["TimingParams", "KernelSpec", "LinkModel", "Skeleton", "RankTimer", "UnitTimes", "u01"]
+
+
+def u01(*parts: int) -> float:
+    """Deterministic uniform number in [0, 1) from integers."""
+    return (hash_ints(*parts) >> 11) / float(1 << 52)
+
+
+@dataclass(frozen=True)
+class TimingParams:
+    """Host-side constants (ns)."""
+
+    host_lead_ns: int = 30_000  # CPU issues a call this long before the GPU can run it
+    api_call_ns: int = 2_500  # one NCCL API call (incl. the log line)
+    group_call_ns: int = 800  # ncclGroupStart / ncclGroupEnd bookkeeping
+    launch_ns: int = 4_000  # cuLaunchKernelEx / cudaLaunchKernel
+    queue_min_ns: int = 2_000  # launch return -> earliest kernel start
+    issue_ns: int = 1_500  # non-blocking P2P issue overhead on the compute timeline
+    comm_init_ns: int = 60_000_000  # ncclCommInitRankConfig, plus per doubling of nranks:
+    comm_init_per_log2_ns: int = 8_000_000
+    split_ns: int = 20_000_000  # one ncclCommSplit
+    single_rank_ns: int = 3_000  # local copy on a single-rank communicator (no kernel)
+    end_jitter_ns: int = 800  # spread of the kernel ends of one collective (when skew is on)
+    min_kernel_ns: int = 2_500
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """What a kernel plan looks like on the GPU."""
+
+    duration_ns: int
+    algo: str
+    proto: str
+    nchannels: int
+    nthreads: int
+
+
+_LL_LIMIT = 64 << 10
+_LL128_LIMIT = 4 << 20
+
+
+class LinkModel:
+    """Alpha-beta kernel duration by op, size and placement (see module docstring)."""
+
+    def __init__(self, cfg: EmulatorConfig, layout: MegatronLayout) -> None:
+        self.cfg = cfg
+        self.layout = layout
+        hw = cfg.hw
+        self.nvlink = hw.nvlink_bw is not None
+        self.intra = hw.intra_busbw  # GB/s == bytes/ns
+        if self.nvlink:
+            self.p2p_intra = hw.intra_busbw * (0.5 if hw.nvswitch else 0.4)
+        else:
+            self.p2p_intra = hw.pci_bw * 0.45
+        nic_share = max(1.0, hw.nics / max(cfg.gpus_per_node, 1))
+        self.inter = min(self.intra, hw.net_bw * nic_share * 0.9)
+        self.max_channels = (32 if hw.nvswitch else 16) if self.nvlink else 4
+        self._nodes_cache: dict[int, int] = {}
+
+    def nnodes(self, comm) -> int:
+        n = self._nodes_cache.get(comm.uid)
+        if n is None:
+            n = self.layout.nodes_of(comm.ranks)
+            self._nodes_cache[comm.uid] = n
+        return n
+
+    def _proto(self, nbytes: int) -> str:
+        if nbytes < _LL_LIMIT:
+            return "LL"
+        if nbytes < _LL128_LIMIT and self.nvlink:
+            return "LL128"
+        return "SIMPLE"
+
+    def collective(self, op: str, nbytes: int, nranks: int, nnodes: int) -> KernelSpec:
+        """One collective (or AlltoAll) of ``nbytes`` per-rank payload (count x type size)."""
+        n = max(nranks, 1)
+        if op == "AllReduce":
+            bus = 2.0 * (n - 1) / n * nbytes
+        elif op in ("AllGather", "ReduceScatter", "AlltoAll"):
+            bus = float(n - 1) * nbytes
+        else:  # Broadcast, Reduce
+            bus = float(nbytes)
+        proto = self._proto(nbytes)
+        algo = "TREE" if (op == "AllReduce" and nnodes > 1 and nbytes < (4 << 20)) else "RING"
+        bw = self.inter if nnodes > 1 else self.intra
+        bw *= {"LL": 0.3, "LL128": 0.85, "SIMPLE": 1.0}[proto]
+        alpha = (3_000 if proto == "LL" else 6_000) + 700 * math.ceil(math.log2(n)) + (8_000 if nnodes > 1 else 0)
+        nch = min(self.max_channels, max(2, int(nbytes // (512 << 10)) or 2))
+        nthreads = 640 if proto == "LL128" else 512
+        return KernelSpec(int(alpha + bus / bw), algo, proto, nch, nthreads)
+
+    def p2p(self, nbytes_out: int, nbytes_in: int, cross_node: bool, npeers: int) -> KernelSpec:
+        """A SendRecv kernel moving ``nbytes_out`` out and ``nbytes_in`` in (concurrently)."""
+        bw = self.inter if cross_node else self.p2p_intra
+        alpha = 5_000 + 1_000 * max(npeers - 1, 0) + (8_000 if cross_node else 0)
+        nch = min(self.max_channels, max(1, int(max(nbytes_out, nbytes_in) // (1 << 20)) or 1))
+        return KernelSpec(int(alpha + max(nbytes_out, nbytes_in) / bw), "RING", "SIMPLE", nch, 512)
+
+    def unit(self, ops: list[Op]) -> KernelSpec:
+        """Spec of the (fused) kernel of a unit's multi-rank ops."""
+        multi = [o for o in ops if o.comm.size > 1]
+        if not multi:
+            return KernelSpec(0, "RING", "LL", 1, 512)
+        if any(o.op in P2P_OPS for o in multi):
+            out = sum(o.nbytes for o in multi if o.op == "Send" and o.peer != o.rank)
+            inn = sum(o.nbytes for o in multi if o.op == "Recv" and o.peer != o.rank)
+            cross = any(self.layout.node_of(o.peer) != self.layout.node_of(o.rank) for o in multi)
+            peers = len({o.peer for o in multi})
+            return self.p2p(out, inn, cross, peers)
+        specs = [self.collective(o.op, o.nbytes, o.comm.size, self.nnodes(o.comm)) for o in multi]
+        if len(specs) == 1:
+            return specs[0]
+        s0 = specs[0]
+        return KernelSpec(sum(s.duration_ns for s in specs), s0.algo, s0.proto, max(s.nchannels for s in specs),
+                          s0.nthreads)  # fmt: skip
+
+    def op_kernel(self, o: Op) -> KernelSpec:
+        """Spec of an op's own kernel (used when grouped ops are not fused)."""
+        if o.op in P2P_OPS:
+            cross = self.layout.node_of(o.peer) != self.layout.node_of(o.rank)
+            b = o.nbytes if o.peer != o.rank else 0
+            return self.p2p(b if o.op == "Send" else 0, b if o.op == "Recv" else 0, cross, 1)
+        return self.collective(o.op, o.nbytes, o.comm.size, self.nnodes(o.comm))
+
+
+# --------------------------------------------------------------------------- skeleton
+
+
+def init_cost(cfg: EmulatorConfig, tp: TimingParams, unit: Unit, n_split_groups: int = 0) -> int:
+    """Communicator creation time charged before a unit (lazy init at first use; with
+    init_style 'split' every Megatron group is split eagerly before the first unit)."""
+    ns = 0
+    for c in unit.new_comms:
+        if cfg.init_style == "plain" or isinstance(c, PairComm):
+            ns += tp.comm_init_ns + tp.comm_init_per_log2_ns * int(math.ceil(math.log2(max(c.size, 1))))
+    if cfg.init_style == "split" and unit.index == 0:
+        world = cfg.world_size
+        ns += tp.comm_init_ns + tp.comm_init_per_log2_ns * int(math.ceil(math.log2(max(world, 1))))
+        ns += n_split_groups * tp.split_ns
+    return ns
+
+
+@dataclass
+class _Info:
+    kind: str  # none | intra | coll | p2p
+    dur: int
+    skew: int
+    key: int  # coll instance
+    stages: tuple[int, ...]
+    p2p: list  # (instance, side, peer_stage, dur, skew)
+    comm_uid: int
+    init: int
+
+
+class _StageState:
+    __slots__ = ("gen", "unit", "info", "idx", "clock", "arrived", "eff", "pending", "comm_free", "done")
+
+    def __init__(self, gen: Iterator[Unit]) -> None:
+        self.gen = gen
+        self.unit: Unit | None = None
+        self.info: _Info | None = None
+        self.idx = 0
+        self.clock = 0
+        self.arrived = False
+        self.eff = 0
+        self.pending: list = []
+        self.comm_free: dict[int, int] = {}
+        self.done = False
+
+
+class Skeleton:
+    """Stage-level timeline: ``start[s][u]``, ``end[s][u]``, ``skew[s][u]``, ``init[s][u]`` for
+    unit ``u`` of pipeline stage ``s`` (see module docstring)."""
+
+    def __init__(self, cfg: EmulatorConfig, layout: MegatronLayout, link: LinkModel,
+                 params: TimingParams | None = None) -> None:  # fmt: skip
+        self.cfg = cfg
+        self.layout = layout
+        self.link = link
+        self.tp = params or TimingParams()
+        self.skew_max = int(cfg.imperfections.arrival_skew_ns_max)
+        pp = cfg.pp
+        self.start: list[np.ndarray] = []
+        self.end: list[np.ndarray] = []
+        self.skew: list[np.ndarray] = []
+        self.init: list[np.ndarray] = []
+        self.n_units = [0] * pp
+        self._run()
+
+    def split_groups(self, rank: int) -> int:
+        """Megatron groups containing ``rank`` (each a ncclCommSplit with init_style 'split')."""
+        return sum(1 for g in self.layout.groups_of(rank) if g.kind != "world")
+
+    def _classify(self, s: int, u: Unit) -> _Info:
+        L = self.layout
+        multi = [o for o in u.ops if o.comm.size > 1]
+        rep = L.stage_representative(s)
+        n_split = self.split_groups(rep) if (self.cfg.init_style == "split" and u.index == 0) else 0
+        init = init_cost(self.cfg, self.tp, u, n_split)
+        uid = u.ops[0].comm.uid
+        if not multi:
+            return _Info("none", self.tp.single_rank_ns, 0, 0, (s,), [], uid, init)
+        spec = self.link.unit(multi)
+        skew = int(self.skew_max * u01(multi[0].instance, 0x5EED)) if self.skew_max else 0
+        p2p = []
+        stages: tuple[int, ...] = (s,)
+        key = 0
+        for o in multi:
+            if o.op in P2P_OPS:
+                ps = L.pp_rank(o.peer)
+                if ps != s:
+                    k = self.link.op_kernel(o)
+                    sk = int(self.skew_max * u01(o.instance, 0x5EED)) if self.skew_max else 0
+                    p2p.append((o.instance, o.op == "Send", ps, k.duration_ns, sk))
+            else:
+                st = L.stages_of(o.comm.ranks) if o.comm.uid not in self._stage_cache else self._stage_cache[o.comm.uid]
+                self._stage_cache[o.comm.uid] = st
+                if len(st) > 1:
+                    stages = st
+                    key = o.instance
+        if p2p:
+            return _Info("p2p", spec.duration_ns, skew, 0, (s,), p2p, uid, init)
+        if key:
+            return _Info("coll", spec.duration_ns, skew, key, stages, [], uid, init)
+        return _Info("intra", spec.duration_ns, skew, 0, (s,), [], uid, init)
+
+    def _run(self) -> None:
+        cfg, L = self.cfg, self.layout
+        pp = cfg.pp
+        self._stage_cache: dict[int, tuple[int, ...]] = {}
+        states = [_StageState(RankProgram(cfg, L, L.stage_representative(s)).units()) for s in range(pp)]
+        starts: list[list[int]] = [[] for _ in range(pp)]
+        ends: list[list[int]] = [[] for _ in range(pp)]
+        skews: list[list[int]] = [[] for _ in range(pp)]
+        inits: list[list[int]] = [[] for _ in range(pp)]
+        coll: dict[int, dict[int, int]] = {}
+        coll_left: dict[int, int] = {}
+        p2p_arr: dict[tuple[int, bool], int] = {}
+
+        def p2p_end(eff: int, info: _Info) -> int | None:
+            end = eff + info.dur
+            for inst, is_send, _ps, dur, sk in info.p2p:
+                other = p2p_arr.get((inst, not is_send))
+                if other is None:
+                    return None
+                end = max(end, max(eff, other) + sk + dur)
+            return end
+
+        def resolve_pending(st: _StageState, s: int) -> bool:
+            ok = True
+            keep = []
+            for idx, info, eff in st.pending:
+                e = p2p_end(eff, info)
+                if e is None:
+                    ok = False
+                    keep.append((idx, info, eff))
+                    continue
+                ends[s][idx] = e
+                st.clock = max(st.clock, e)
+                st.comm_free[info.comm_uid] = max(st.comm_free.get(info.comm_uid, 0), e)
+            st.pending = keep
+            return ok
+
+        remaining = pp
+        while remaining:
+            progress = False
+            for s, st in enumerate(states):
+                while not st.done:
+                    if st.unit is None:
+                        nxt = next(st.gen, None)
+                        if nxt is None:
+                            if st.pending and not resolve_pending(st, s):
+                                break
+                            st.done = True
+                            remaining -= 1
+                            progress = True
+                            break
+                        st.unit = nxt
+                        st.info = self._classify(s, nxt)
+                        st.arrived = False
+                    u, info = st.unit, st.info
+                    assert info is not None
+                    blocking = u.blocking or info.kind != "p2p"
+                    if not st.arrived:
+                        same_comm = any(p[1].comm_uid == info.comm_uid for p in st.pending)
+                        if st.pending and (blocking or u.gap_ns > 0 or same_comm):
+                            if not resolve_pending(st, s):
+                                break
+                        arrival = st.clock + int(u.gap_ns) + info.init
+                        eff = max(arrival, st.comm_free.get(info.comm_uid, 0))
+                        st.eff = eff
+                        st.arrived = True
+                        if info.kind == "coll":
+                            coll.setdefault(info.key, {})[s] = eff
+                            coll_left.setdefault(info.key, len(info.stages))
+                        elif info.kind == "p2p":
+                            for inst, is_send, _ps, _d, _sk in info.p2p:
+                                p2p_arr[(inst, is_send)] = eff
+                    eff = st.eff
+                    if info.kind == "none" or info.kind == "intra":
+                        end = eff + info.skew + info.dur
+                    elif info.kind == "coll":
+                        arr = coll[info.key]
+                        if len(arr) < len(info.stages):
+                            break  # wait for the other stages
+                        end = max(arr.values()) + info.skew + info.dur
+                        coll_left[info.key] -= 1
+                        if coll_left[info.key] == 0:
+                            del coll[info.key], coll_left[info.key]
+                    else:
+                        end = p2p_end(eff, info)
+                        if end is None:
+                            if blocking:
+                                break
+                            starts[s].append(eff)
+                            ends[s].append(-1)
+                            skews[s].append(info.skew)
+                            inits[s].append(info.init)
+                            st.pending.append((len(ends[s]) - 1, info, eff))
+                            st.clock = eff + self.tp.issue_ns
+                            st.unit = None
+                            progress = True
+                            continue
+                    starts[s].append(eff)
+                    ends[s].append(end)
+                    skews[s].append(info.skew)
+                    inits[s].append(info.init)
+                    if info.kind != "none":
+                        st.comm_free[info.comm_uid] = end
+                    st.clock = end if blocking else eff + self.tp.issue_ns
+                    st.unit = None
+                    progress = True
+            if not progress:
+                where = [(s, st.unit.phase if st.unit else None, len(ends[s])) for s, st in enumerate(states)]
+                raise RuntimeError(f"timing skeleton deadlocked (stage, phase, unit): {where}")
+        for s in range(pp):
+            self.start.append(np.asarray(starts[s], dtype=np.int64))
+            self.end.append(np.asarray(ends[s], dtype=np.int64))
+            self.skew.append(np.asarray(skews[s], dtype=np.int64))
+            self.init.append(np.asarray(inits[s], dtype=np.int64))
+            self.n_units[s] = len(starts[s])
+
+    @property
+    def job_end_ns(self) -> int:
+        return int(max(int(e.max()) for e in self.end if len(e)))
+
+
+# --------------------------------------------------------------------------- per-rank realisation
+
+
+@dataclass(slots=True)
+class UnitTimes:
+    """Realised times of one unit on one rank (true ns)."""
+
+    init_start: int  # CPU: communicator creation begins (== call_start when none)
+    call_start: list[int]  # CPU: each NCCL API call (log line time)
+    group_start: int  # CPU: ncclGroupStart (grouped units) or the first call
+    launches: list[tuple[int, int]]  # CPU: kernel launch API calls (one per kernel)
+    group_end_start: int  # CPU: ncclGroupEnd begins (grouped units)
+    call_end: int  # CPU: end of the last API call (ncclGroupEnd / the call)
+    kernels: list[tuple[int, int]]  # GPU: (start, end) of each kernel (fused: one)
+    gpu_free: int  # GPU time this unit's work is done (end of last kernel or arrival)
+
+
+class RankTimer:
+    """Realise the skeleton's stage times for one rank (see module docstring)."""
+
+    def __init__(self, skel: Skeleton, rank: int) -> None:
+        self.skel = skel
+        self.cfg = skel.cfg
+        self.tp = skel.tp
+        self.rank = rank
+        self.stage = skel.layout.pp_rank(rank)
+        self.cpu = 0
+        self.prev_gpu_end = 0
+        self.fuse = self.cfg.imperfections.fuse_grouped_p2p
+        self.link = skel.link
+        self.comm_end: dict[int, int] = {}  # last kernel end per communicator (its NCCL stream)
+
+    def _member_offset(self, o: Op, skew: int) -> int:
+        if not skew:
+            return 0
+        ranks = o.comm.ranks
+        straggler = ranks[hash_ints(o.instance, 0x57A6) % len(ranks)]
+        if straggler == self.rank:
+            return skew
+        return int(skew * u01(o.instance, self.rank, 0xA11))
+
+    def times(self, u: Unit) -> UnitTimes:
+        s = self.stage
+        if u.index >= self.skel.n_units[s]:
+            raise RuntimeError(f"rank {self.rank} has more units than its stage representative ({u.index})")
+        tp = self.tp
+        eff = int(self.skel.start[s][u.index])
+        end = int(self.skel.end[s][u.index])
+        skew = int(self.skel.skew[s][u.index])
+        init = int(self.skel.init[s][u.index])
+        multi = [o for o in u.ops if o.comm.size > 1]
+        arrive = eff + (self._member_offset(multi[0], skew) if multi else 0)
+        n = len(u.ops)
+        issue_cost = n * tp.api_call_ns + (2 * tp.group_call_ns if u.grouped else 0)
+        cpu0 = max(self.cpu + tp.api_call_ns // 2, arrive - tp.host_lead_ns - issue_cost)
+        init_start = cpu0
+        if init:
+            init_start = max(self.cpu + 1_000, eff - init - tp.host_lead_ns)
+            cpu0 = max(cpu0, init_start + init)
+        t = cpu0
+        group_start = t
+        if u.grouped:
+            t += tp.group_call_ns
+        calls = []
+        for _ in range(n):
+            calls.append(t)
+            t += tp.api_call_ns
+        launches: list[tuple[int, int]] = []
+        kernels: list[tuple[int, int]] = []
+        group_end_start = t
+        if multi:
+            if u.grouped:
+                t += tp.group_call_ns // 2
+            n_k = 1 if (self.fuse or len(multi) == 1) else len(multi)
+            for _ in range(n_k):
+                launches.append((t, t + tp.launch_ns))
+                t += tp.launch_ns
+            kstart = max(arrive, t + tp.queue_min_ns, self.comm_end.get(multi[0].comm.uid, 0) + 200)
+            jitter = int(tp.end_jitter_ns * u01(multi[0].instance, self.rank, 0x1E)) if skew else 0
+            kend = max(end + jitter, kstart + tp.min_kernel_ns)
+            if self.fuse or len(multi) == 1:
+                kernels.append((kstart, kend))
+            else:
+                weights = [max(self.link.op_kernel(o).duration_ns, 1) for o in multi]
+                total = float(sum(weights))
+                span = kend - kstart
+                a = kstart
+                for i, w in enumerate(weights):
+                    b = kend if i == len(weights) - 1 else a + max(int(span * w / total), 1)
+                    kernels.append((a, b))
+                    a = b
+            gpu_free = kend
+            self.comm_end[multi[0].comm.uid] = kend
+        else:
+            gpu_free = max(arrive, self.prev_gpu_end) + tp.single_rank_ns
+        if u.grouped:
+            t += tp.group_call_ns // 2
+        self.cpu = t
+        self.prev_gpu_end = gpu_free
+        return UnitTimes(init_start, calls, group_start, launches, group_end_start, t, kernels, gpu_free)
