@@ -1,0 +1,54 @@
+"""The Snakemake workflow end to end on a small emulated campaign (real Snakemake, local cores)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nccltrace.tables import read_table
+
+REPO = Path(__file__).resolve().parents[1]
+
+SMALL = {
+    "campaign": "small",
+    "defaults": {"backend": "emulate", "micro_batch_size": 1, "global_batch_size": 4, "iterations": 2,
+                 "nccl_version": "2.24.3", "nsys_version": "2026.4", "seed": 3},
+    "models": {"tiny": {"num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 128,
+                        "vocab_size": 1024, "precision": "bf16"}},
+    "hardware": {"T": {"gpu": "T4", "nodes": 2, "gpus_per_node": 2, "nvlink_bw": None}},
+    "matrix": [{"models": ["tiny"], "hardware": ["T"], "parallelism": [{"tp": 2}, {"pp": 2}]}],
+}
+
+
+def _snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
+           "--configfile", str(workdir / "config.yaml"), "--cores", "2", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.slow
+def test_workflow_emulates_and_parses_every_run_then_has_nothing_to_do(tmp_path):
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(SMALL))
+    first = _snakemake(tmp_path)
+    assert first.returncode == 0, first.stderr[-4000:]
+    runs = sorted(p.name for p in (tmp_path / "results" / "small").iterdir())
+    assert runs == ["tiny_T4_n2_tp1_pp2_ep1_cp1_vpp1_sp0_dp2", "tiny_T4_n2_tp2_pp1_ep1_cp1_vpp1_sp0_dp2"]
+    for run in runs:
+        base = tmp_path / "results" / "small" / run
+        summary = json.loads((base / "parsed" / "parse_summary.json").read_text())
+        truth = read_table(base / "raw" / "ground_truth" / "ops.parquet")
+        assert summary["processes"] == 4 and summary["nodes"] == 2 and not summary["partial"]
+        # Every logged op of the emulated run is recovered by the parser.
+        assert summary["totals"]["call"] == len(truth)
+        for proc_dir in (base / "parsed" / "nccl").iterdir():
+            manifest = json.loads((proc_dir / "manifest.json").read_text())
+            assert manifest["stage"] == "parse_nccl" and manifest["inputs"]
+        assert (base / "raw" / "manifest.json").exists()
+        assert (base / "logs" / "acquire.log").exists() and (base / "benchmarks" / "acquire.tsv").exists()
+    again = _snakemake(tmp_path, "-n")
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
