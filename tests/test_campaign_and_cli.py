@@ -115,3 +115,12 @@ def test_snakemake_lint_is_clean_and_dry_run_shows_the_dag():
                          capture_output=True, text=True)
     assert dry.returncode == 0, dry.stderr
     assert "acquire" in dry.stdout + dry.stderr
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    readme = (REPO / "README.md").read_text()
+    ci = (REPO / ".ci" / "run").read_text()
+    block = readme.split("## Quick start", 1)[1].split("```", 2)[1]
+    commands = [line for line in block.splitlines() if line and not line.startswith("#") and "bash" not in line]
+    assert len(commands) == 2, commands
+    assert commands[1] in ci.splitlines()
