@@ -314,3 +314,22 @@ def test_reader_does_not_modify_the_file(tmp_path: Path) -> None:
         x.kernels()
         x.nvtx()
     assert copy.read_bytes() == before
+
+
+def test_export_time_shift_is_removed_when_converting_to_utc(tmp_path: Path) -> None:
+    import shutil
+    import sqlite3
+
+    shifted = tmp_path / "shifted.sqlite"
+    shutil.copy(SAMPLE, shifted)
+    shift = 5_000_000_000
+    con = sqlite3.connect(shifted)
+    con.execute("UPDATE NVTX_EVENTS SET start = start + ?, end = end + ?", (shift, shift))
+    con.execute("INSERT INTO EXPORT_META_DATA (name, value) VALUES ('EXPORT_PARAM_TIME_SHIFT', ?)", (str(shift),))
+    con.commit()
+    con.close()
+    with NsysExport.open(SAMPLE) as ref, NsysExport.open(shifted) as x:
+        a = ref.nvtx()
+        b = x.nvtx()
+        assert x.time_shift_ns == shift
+        assert list(a.start + ref.utc_offset_ns) == list(b.start + x.utc_offset_ns)

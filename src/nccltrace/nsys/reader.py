@@ -374,7 +374,9 @@ class NsysExport:
                 "export is incomplete or was made with --separate-strings - re-run `nsys export --type sqlite`"
             )
         self.time_normalized = str(self.metadata.get("EXPORT_PARAM_TIME_NORMALIZE", "")).strip().lower() == "true"
-        shift = self.metadata.get("EXPORT_PARAM_TIME_SHIFT") or self.metadata.get("EXPORT_CONFIG_TIME_SHIFT")
+        # Only the export-time --ts-shift moved the stored timestamps; EXPORT_CONFIG_TIME_SHIFT is a
+        # capture setting and is not applied to the rows again here.
+        shift = self.metadata.get("EXPORT_PARAM_TIME_SHIFT")
         with contextlib.suppress(TypeError, ValueError):
             self.time_shift_ns = int(shift) if shift not in (None, "") else None
         if "TARGET_INFO_SYSTEM_ENV" in self._tables:
@@ -415,9 +417,17 @@ class NsysExport:
 
     @property
     def utc_offset_ns(self) -> int | None:
-        """Add to a timestamp to get UTC epoch ns: 0 for time-normalized exports, else
-        ``session_start_utc_ns`` (None if the file has no session anchor)."""
-        return 0 if self.time_normalized else self.session_start_utc_ns
+        """Add to a stored timestamp to get UTC epoch ns.
+
+        Stored times are ``session time + shift`` (``--ts-shift``), or ``UTC + shift`` for
+        time-normalized exports; the shift is removed here. None without a session anchor.
+        """
+        shift = self.time_shift_ns or 0
+        if self.time_normalized:
+            return -shift
+        if self.session_start_utc_ns is None:
+            return None
+        return self.session_start_utc_ns - shift
 
     def table_names(self) -> set[str]:
         """Names of all tables (and views) in the file."""
