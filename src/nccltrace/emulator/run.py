@@ -420,7 +420,8 @@ class _Process:
     def _init_lines(self, st: _CommState, t0: int, t1: int, *, split: bool) -> int:
         """Init START ... COMPLETE of one communicator between true times t0 and t1."""
         ctx, w, comm = self.ctx, self.w, st.comm
-        self._version(t0, st.rank_in_comm == 0)
+        # <= 2.21 only ncclCommInitRank* shows the version (as rank 0); ncclCommSplit never does.
+        self._version(t0, st.rank_in_comm == 0 and not split)
         dom = self._ensure_domain(t0)
         common = dict(comm=st.ptr, rank=st.rank_in_comm, nranks=comm.size, cuda_dev=self.local, nvml_dev=self.local,
                       bus_id=_bus_id(self.local))  # fmt: skip
@@ -471,7 +472,10 @@ class _Process:
                                "color": color, "key": key}  # fmt: skip
             self._nvtx(t0, t1, "ncclCommSplit", domain=dom, payload=payload)
         else:
-            self._nvtx(t0, t1, api, domain=dom, payload=self._payload_init(st))
+            # NCCL attaches the InitRank schema to ncclCommInitRankConfig only from 2.23.4
+            # (a plain function range before); splits carry their own schema from 2.23.4.
+            payload = self._payload_init(st) if ctx.nccl.tuple >= (2, 23, 4) or api == "ncclCommInitRank" else None
+            self._nvtx(t0, t1, api, domain=dom, payload=payload)
         self.sinks["communicators"].add({
             "rank": self.rank, "host": self.host, "pid": self.pid, "comm": st.ptr, "comm_uid": comm.uid,
             "group_kind": comm.kind, "group_index": comm.index, "nranks": comm.size, "rank_in_comm": st.rank_in_comm,
@@ -705,6 +709,10 @@ class _Process:
         elif o.op == "Broadcast":
             p["Message size [bytes]" if new else "Bytes"] = size
             p["Root"] = o.root
+        elif o.op == "Reduce":
+            p["Message size [bytes]"] = size
+            p["Root"] = o.root
+            p["Reduction operation"] = _REDOP_NAME.get(o.redop, "sum")
         elif o.op in P2P_OPS:
             p["Message size [bytes]" if new else "Bytes"] = size
             p["Peer rank"] = o.root
