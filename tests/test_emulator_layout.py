@@ -94,5 +94,6 @@ def test_nodes_local_ranks_pairs_and_stage_representatives():
     pair = L.pair(pp, 10, 2)
     assert pair.ranks == (2, 10) and pair.rank_of(10) == 1 and pair.size == 2
     assert pair.uid == L.pair(pp, 2, 10).uid and pair.uid not in L.comm_by_uid
-    assert L.group_of("embd", 4) is None or 4 in L.group_of("embd", 4).ranks
+    # rank 4 = (tp 0, dp 2, pp 0): first stage, so its embedding group is {first, last stage}.
+    assert L.group_of("embd", 4).ranks == (4, 12)
     assert L.stages_of(L.group_of("mp", 0).ranks) == (0, 1)
