@@ -15,6 +15,13 @@ Robustness rules (see ``docs/nccl-log-parsing.md``):
   message waits for an orphan message line to rejoin it.
 * Nothing is silently dropped: every line that is not an NCCL record, or is one that
   cannot be parsed, lands in ``unclassified`` with its file, line and reason.
+
+By default (``parse_logs(fast=True)``) the file is read in blocks and the clean call and
+TUNING lines, which make up nearly all of a large log, are decoded by the compiled scanner
+in :mod:`nccltrace.nccl.fast_scan` straight into Arrow columns; every other line goes
+through the line-by-line parser below, in line order. Both paths give identical tables
+and reports (``tests/test_nccl_fast_path.py``); ``fast=False`` uses the line-by-line
+parser for everything.
 """
 
 from __future__ import annotations
@@ -27,7 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from ..tables import TableSink, write_json_atomic
+import numpy as np
+import pyarrow as pa
+
+from ..tables import TABLES, TableSink, write_json_atomic
 from .enums import ALGORITHMS, DATATYPES, PROTOCOLS, bus_message_bytes, redop_name
 from .versions import NcclVersion
 
@@ -94,6 +104,71 @@ def _text(b: bytes, limit: int = 240) -> str:
     return b[:limit].decode("utf-8", errors="backslashreplace")
 
 
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _state_op(values: tuple, pointers: tuple = ()) -> tuple:
+    """A deferred call/TUNING line as int64 values for fast_scan.apply_state (pointers, uint64 in
+    the tables, as int64 bits). A value that does not fit makes the line's table row unwritable, which
+    fails the parse as on the line-by-line path; the state values are then zeros."""
+    out = list(values)
+    for i in pointers:
+        v = out[i]
+        if not 0 <= v < 1 << 64:
+            return (0,) * len(out)
+        if v >= 1 << 63:
+            out[i] = v - (1 << 64)
+    lo, hi = _INT64
+    if all(lo <= v <= hi for v in out):
+        return tuple(out)
+    return (0,) * len(out)
+
+
+def _write_table(sink: TableSink, table: pa.Table) -> None:
+    """Append a whole Arrow table (schema of ``sink``) to a sink, after its pending rows."""
+    sink.flush()
+    sink._writer.write_table(table, row_group_size=sink.batch_rows)
+    sink.rows += table.num_rows
+
+
+def _rows_table(name: str, rows: list) -> pa.Table:
+    schema = TABLES[name]
+    cols = list(zip(*rows))
+    return pa.Table.from_arrays([pa.array(list(c), type=f.type) for c, f in zip(cols, schema)], schema=schema)
+
+
+def _strings(names: list, codes: np.ndarray) -> pa.Array:
+    """String column ``names[codes]`` (``None`` names give nulls), built by the compiled gather."""
+    from .fast_scan import gather_strings
+
+    if len(names) == 1 and names[0] is not None:  # a constant column
+        value = names[0].encode()
+        n = len(codes)
+        offsets = np.arange(0, (n + 1) * len(value), max(len(value), 1), dtype=np.int32)[: n + 1]
+        if not value:
+            offsets = np.zeros(n + 1, np.int32)
+        return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(value * n))
+    enc = [b"" if x is None else x.encode() for x in names]
+    offsets = np.zeros(len(enc) + 1, np.int64)
+    offsets[1:] = np.cumsum([len(e) for e in enc])
+    codes = np.ascontiguousarray(codes, np.int64)
+    off, data = gather_strings(codes, offsets, np.frombuffer(bytearray(b"".join(enc)), np.uint8))
+    validity, nulls = None, 0
+    null_codes = [i for i, x in enumerate(names) if x is None]
+    if null_codes:
+        valid = ~np.isin(codes, null_codes)
+        nulls = len(codes) - int(np.count_nonzero(valid))
+        if nulls:
+            validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
+    return pa.StringArray.from_buffers(len(codes), pa.py_buffer(off), pa.py_buffer(data), validity, nulls)
+
+
+def _masked(values: np.ndarray, mask: np.ndarray, typ: pa.DataType) -> pa.Array:
+    if not mask.any():
+        return pa.array(values, type=typ)
+    return pa.array(values, type=typ, mask=mask)
+
+
 @dataclass
 class FileReport:
     """What happened to one file."""
@@ -157,12 +232,20 @@ class _RecentCall:
         self.tuned = False
 
 
+DEFAULT_BLOCK_SIZE = 32 << 20  # bytes read per block by the compiled fast path
+
+
 class _FileParser:
     """Parses one file into the shared sinks."""
 
     TUNE_WINDOW = 256
 
-    def __init__(self, path: Path, name: str, sinks: dict[str, TableSink], known_hosts: set[str]) -> None:
+    def __init__(self, path: Path, name: str, sinks: dict[str, TableSink], known_hosts: set[str], *,
+                 fast: bool = False, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
+        self.fast = fast
+        self.block_size = min(max(int(block_size), 1), 1 << 30)
+        self._defer: list | None = None  # fast path: calls/TUNING lines parsed here, state applied per block
+        self._version_epoch = 0  # bumped by every version line (fast path: datatype tables per pid)
         self.path = path
         self.name = name
         self.sinks = sinks
@@ -248,10 +331,13 @@ class _FileParser:
                                    "this is not a text NCCL log"})
                 return rep
             fh.seek(0)
-            for raw in fh:
-                lineno += 1
-                last_raw = raw
-                self._line(lineno, raw)
+            if self.fast:
+                lineno, last_raw = self._run_fast(fh)
+            else:
+                for raw in fh:
+                    lineno += 1
+                    last_raw = raw
+                    self._line(lineno, raw)
         rep.lines = lineno
         if last_raw and not last_raw.endswith(b"\n"):
             rep.issues.append({"severity": "warning", "line": lineno, "message": "file does not end with a newline: "
@@ -263,6 +349,285 @@ class _FileParser:
             rep.issues.append({"severity": "warning", "line": None, "message": "several NCCL versions in one file: "
                                + ", ".join(sorted({str(v) for v in self.version_by_pid.values()}))})
         return rep
+
+    # --- compiled fast path -----------------------------------------------------------
+    # Blocks of whole lines go through fast_scan.scan_block; the lines it does not take go through
+    # _line exactly as on the line-by-line path, in line order with the prefix resolution of the fast
+    # records (the only state the two share on the Python side: known hosts, prefix cache, versions).
+    # Calls and TUNING lines parsed here are deferred (self._defer) and replayed with the fast records
+    # by fast_scan.apply_state, which owns the duplicate/TUNING state in fast mode.
+    def _host_id(self, host: str | None) -> int:
+        hid = self._host_ids.get(host)
+        if hid is None:
+            hid = self._host_ids[host] = len(self._host_ids)
+        return hid
+
+    def _pid_id(self, pid: int | None) -> int:
+        i = self._pid_ids.get(pid)
+        if i is None:
+            i = self._pid_ids[pid] = len(self._pid_ids)
+        return i
+
+    def _op_code(self, op: str) -> int:
+        code = self._op_codes.get(op)
+        if code is None:
+            code = self._op_codes[op] = len(self._op_codes)
+        return code
+
+    def _dsize_row(self, version: NcclVersion | None) -> int:
+        """Row of self._dsize (datatype value -> size, 0 = unknown in that version) for a version."""
+        row = self._dsize_rows.get(version)
+        if row is None:
+            sizes = np.zeros((1, self._fs.N_DATATYPES), np.int64)
+            for value, (_, size, since) in DATATYPES.items():
+                if value < self._fs.N_DATATYPES and (version is None or version.tuple >= since):
+                    sizes[0, value] = size
+            self._dsize = np.vstack([self._dsize, sizes])
+            row = self._dsize_rows[version] = len(self._dsize) - 1
+        return row
+
+    def _run_fast(self, fh) -> tuple[int, bytes]:
+        from . import fast_scan
+
+        fs = self._fs = fast_scan
+        self._state = fs.FastState(self.TUNE_WINDOW)
+        self._host_ids: dict = {}
+        self._pid_ids: dict = {}
+        self._op_codes = {name: i for i, name in enumerate(fs.OPS)}
+        self._dsize_rows: dict = {}
+        self._dsize = np.zeros((0, fs.N_DATATYPES), np.int64)
+        self._pending: dict[str, list] = {"calls": [], "tuning": []}
+        self._unwritable: dict[str, list] = {"calls": [], "tuning": []}
+        self._fast_counts: collections.Counter = collections.Counter()
+        n_dt = fs.N_DATATYPES
+        self._dt_names = [DATATYPES[v][0] for v in range(n_dt)] + [f"unknown({v})" for v in range(n_dt)]
+        full_ops = np.zeros(len(fs.OPS), np.bool_)
+        full_ops[[fs.OPS.index(o) for o in fs.FULL_BUFFER_OPS]] = True
+        self._full_ops = full_ops
+        # Blocks are read into one buffer; the partial line at the end of a block moves to the front.
+        lineno = 0
+        buf = bytearray(self.block_size + 4096)
+        carry = 0
+        while True:
+            if len(buf) - carry < self.block_size:
+                buf = buf[:carry] + bytearray(self.block_size + 4096)  # a line longer than a block
+            with memoryview(buf) as mv:
+                got = fh.readinto(mv[carry : carry + self.block_size])
+            if not got:
+                break
+            end = carry + got
+            cut = buf.rfind(b"\n", carry, end)
+            if cut < 0:
+                carry = end
+                continue
+            lineno = self._fast_block(buf, cut + 1, lineno)
+            buf[: end - cut - 1] = buf[cut + 1 : end]
+            carry = end - cut - 1
+        last = bytes(buf[:carry])
+        if carry:
+            lineno = self._fast_block(last, carry, lineno)
+        counts = self.report.counts
+        for key, value in zip(("call_duplicate", "call_identical_repeat_kept", "tuning_unattached"),
+                              self._state.counts.tolist()):
+            if value:
+                counts[key] += value
+        for key, value in self._fast_counts.items():
+            if value:
+                counts[key] += value
+        for name, rows in self._unwritable.items():
+            if rows:
+                _rows_table(name, rows)  # raises the error of the line-by-line path
+        for name in self._pending:
+            self._flush_pending(name, force=True)
+        return lineno, (last if carry else b"\n")
+
+    def _flush_pending(self, name: str, force: bool = False) -> None:
+        tables = self._pending[name]
+        if not tables:
+            return
+        sink = self.sinks[name]
+        if force or sum(t.num_rows for t in tables) >= sink.batch_rows:
+            _write_table(sink, pa.concat_tables(tables))
+            self._pending[name] = []
+
+    def _fast_block(self, buf: bytes | bytearray, n: int, lineno0: int) -> int:
+        """Parse the whole lines in buf[:n] (first line number lineno0 + 1); returns the last line number."""
+        fs = self._fs
+        n_lines, S, R, T = fs.scan(np.frombuffer(buf, np.uint8), n, lineno0 + 1)
+        s_start, s_end, s_line = S[:, 0].tolist(), S[:, 1].tolist(), S[:, 2].tolist()
+        data = memoryview(buf)
+        f_line = np.ascontiguousarray(R[:, fs.R_LINE])
+        f_ls, f_ip = R[:, fs.R_LS], R[:, fs.R_IP]
+        nf = len(f_line)
+
+        # Prefix groups: a fast record whose prefix differs from the previous record's, or that follows
+        # Python-side lines which changed what a prefix resolves to, starts a group resolved by
+        # _parse_prefix, in line order with the Python-side lines.
+        g_start: list[int] = []
+        g_host: list = []
+        g_pid: list = []
+        g_tid: list = []
+        g_dev: list = []
+        g_rec: list = []
+        g_hid: list = []
+        g_pidid: list = []
+        g_ver: list = []
+        epoch = [None]
+
+        def resolve(i: int) -> None:
+            if g_start and g_start[-1] == i:
+                return
+            host, pid, tid, dev, _, _, rec = self._parse_prefix(bytes(data[int(f_ls[i]) : int(f_ip[i])]))
+            g_start.append(i)
+            g_host.append(host)
+            g_pid.append(pid)
+            g_tid.append(tid)
+            g_dev.append(dev)
+            g_rec.append(rec)
+            g_hid.append(self._host_id(host))
+            g_pidid.append(self._pid_id(pid))
+            g_ver.append(self._dsize_row(self.version_by_pid.get(pid, self.file_version)))
+            epoch[0] = (len(self.known_hosts), self._version_epoch)
+
+        cps = np.flatnonzero(R[:, fs.R_CHANGE]).tolist()
+        ci, ncp, forced = 0, len(cps), -1
+        self._defer = []
+        try:
+            for k, L in enumerate(s_line):
+                if forced >= 0 and f_line[forced] < L:
+                    resolve(forced)
+                    forced = -1
+                while ci < ncp and f_line[cps[ci]] < L:
+                    resolve(cps[ci])
+                    ci += 1
+                self._line(L, bytes(data[s_start[k] : s_end[k]]))
+                if nf and epoch[0] != (len(self.known_hosts), self._version_epoch):
+                    j = int(np.searchsorted(f_line, L, "right"))
+                    forced = j if j < nf else -1
+            if forced >= 0:
+                resolve(forced)
+            while ci < ncp:
+                resolve(cps[ci])
+                ci += 1
+            deferred = self._defer
+        finally:
+            self._defer = None
+
+        # Per-record values from the groups (vectorised).
+        mark = np.zeros(nf, np.int64)
+        mark[np.asarray(g_start, np.int64)] = 1
+        gid = np.cumsum(mark) - 1
+        R[:, fs.R_HID] = np.asarray(g_hid, np.int64)[gid]
+        R[:, fs.R_PID] = np.asarray(g_pidid, np.int64)[gid]
+        R[:, fs.R_TID] = np.asarray(g_tid, np.int64)[gid]
+        kind = R[:, fs.R_KIND]
+        is_call = kind == fs.KIND_CALL
+        dsize = self._dsize[np.asarray(g_ver, np.int64)[gid], np.where(is_call, R[:, fs.R_DTYPE], 0)]
+        R[:, fs.R_BYTES] = np.where(is_call, R[:, fs.R_COUNT] * dsize, R[:, fs.R_BYTES])
+
+        # Duplicate detection and TUNING attachment over fast records and deferred lines, in line order.
+        ops = [_state_op(d[0], (fs.R_COMM, fs.R_SEND, fs.R_RECV, fs.R_STREAM) if d[1] == "calls" else ())
+               for d in deferred]
+        s_ops = np.asfortranarray(np.array(ops, np.int64).reshape(-1, fs.S_NFIELDS))
+        self._state.ensure_pids(len(self._pid_ids))
+        f_out, s_out = self._state.run(R, s_ops)
+        slow_rows: dict[str, list] = {"calls": [], "tuning": []}
+        for (_, table, row), (a, b) in zip(deferred, s_out.tolist()):
+            if table == "calls":
+                row[23] = a if a >= 0 else None
+            else:
+                row[20] = a if a >= 0 else None
+                row[21] = b or None
+            slow_rows[table].append(row)
+
+        # Tables.
+        fc = self._fast_counts
+        for name, sel in (("calls", is_call), ("tuning", ~is_call)):
+            idx = np.flatnonzero(sel)
+            parts = []
+            if len(idx):
+                gi = gid[idx]
+                wk = R[idx, fs.R_WK]
+                common = [
+                    _strings([self.name], np.zeros(len(idx), np.int64)), pa.array(f_line[idx]),
+                    _strings(g_host, gi), pa.array(np.asarray(g_pid, np.int64)[gi]),
+                    pa.array(np.asarray(g_tid, np.int64)[gi]), pa.array(np.asarray(g_dev, np.int32)[gi]),
+                    _masked(R[idx, fs.R_WALL], wk == fs.WALL_NONE, pa.int64()), _strings([None, "local", "epoch"], wk),
+                ]
+                if name == "calls":
+                    ds = dsize[idx]
+                    parts.append(self._fast_calls_table(R, idx, common, ds, f_out[idx, 0], _strings(g_rec, gi)))
+                    fc["call"] += len(idx)
+                    fc["unknown_datatype"] += int(np.count_nonzero(ds == 0))
+                else:
+                    parts.append(self._fast_tuning_table(R, T, idx, common, f_out[idx, 0], f_out[idx, 1]))
+                    fc["tuning"] += len(idx)
+            if slow_rows[name]:
+                try:
+                    parts.append(_rows_table(name, slow_rows[name]))
+                except (pa.ArrowException, OverflowError, TypeError, ValueError):
+                    # A value the column cannot hold: the line-by-line path fails when it writes the
+                    # table, after reading everything; fail the same way at the end of the file.
+                    self._unwritable[name].extend(slow_rows[name])
+            if not parts:
+                continue
+            if len(parts) > 1:
+                t = pa.concat_tables(parts)
+                t = t.take(pa.array(np.argsort(t.column("line").to_numpy(), kind="stable")))
+            else:
+                t = parts[0]
+            self._pending[name].append(t)
+            self._flush_pending(name)
+        return lineno0 + n_lines
+
+    def _fast_calls_table(self, R: np.ndarray, idx: np.ndarray, common: list, dsize: np.ndarray, dup: np.ndarray,
+                          recovery: pa.Array) -> pa.Table:
+        fs = self._fs
+        op = R[idx, fs.R_OP]
+        dtype = R[idx, fs.R_DTYPE]
+        redop = R[idx, fs.R_REDOP]
+        nranks = R[idx, fs.R_NRANKS]
+        nbytes = R[idx, fs.R_BYTES]
+        lo, hi = int(redop.min()), int(redop.max())
+        if hi - lo < 4096:
+            redop_names = _strings([redop_name(v) for v in range(lo, hi + 1)], redop - lo)
+        else:
+            values, inverse = np.unique(redop, return_inverse=True)
+            redop_names = _strings([redop_name(int(v)) for v in values], inverse)
+        arrays = common + [
+            _strings(list(fs.OPS), op), pa.array(R[idx, fs.R_OPC]), pa.array(R[idx, fs.R_SEND].view(np.uint64)),
+            pa.array(R[idx, fs.R_RECV].view(np.uint64)), pa.array(R[idx, fs.R_COUNT]),
+            pa.array(dtype.astype(np.int8)), _strings(self._dt_names, dtype + np.where(dsize == 0, fs.N_DATATYPES, 0)),
+            pa.array(redop.astype(np.int32)), redop_names, pa.array(R[idx, fs.R_ROOT].astype(np.int32)),
+            pa.array(R[idx, fs.R_COMM].view(np.uint64)), pa.array(nranks.astype(np.int32)),
+            pa.array(R[idx, fs.R_STREAM].view(np.uint64)), pa.array(nbytes),
+            pa.array(np.where(self._full_ops[op], nbytes * nranks, nbytes)), _masked(dup, dup < 0, pa.int64()),
+            recovery,
+        ]
+        return pa.Table.from_arrays(arrays, schema=TABLES["calls"])
+
+    def _fast_tuning_table(self, R: np.ndarray, T: np.ndarray, idx: np.ndarray, common: list, call_line: np.ndarray,
+                           n_calls: np.ndarray) -> pa.Table:
+        fs = self._fs
+        n = len(idx)
+        kind = R[idx, fs.R_KIND]
+        op = R[idx, fs.R_OP]
+        named = kind == fs.KIND_TUNE_NAMED
+        arrays = common + [
+            _strings(["standard"], np.zeros(n, np.int64)),
+            _strings(list(fs.TUNING_FORMATS), kind - 1),
+            _strings(list(fs.OPS) + [None], np.where(op < 0, len(fs.OPS), op)),
+            pa.array(R[idx, fs.R_BYTES]),
+            _strings(ALGORITHMS, R[idx, fs.R_ALGO]),
+            _strings(PROTOCOLS, R[idx, fs.R_PROTO]),
+            _masked(T[idx], named, pa.float64()),
+            _masked(R[idx, fs.R_LO].astype(np.int32), ~named, pa.int32()),
+            _masked(R[idx, fs.R_HI].astype(np.int32), ~named, pa.int32()),
+            pa.nulls(n, pa.string()), pa.nulls(n, pa.int32()), pa.nulls(n, pa.int32()),
+            _masked(call_line, call_line < 0, pa.int64()),
+            _masked(n_calls.astype(np.int32), n_calls == 0, pa.int32()),
+        ]
+        return pa.Table.from_arrays(arrays, schema=TABLES["tuning"])
 
     def _line(self, lineno: int, raw: bytes) -> None:
         line = raw.rstrip(b"\r\n")
@@ -352,6 +717,7 @@ class _FileParser:
         self.report.versions.add(str(v))
         self.version_by_pid[pid] = v
         self.file_version = v
+        self._version_epoch += 1
         self.sinks["versions"].append(
             (self.name, lineno, host, pid, tid, dev, str(v), m.group(4).decode(errors="replace"),
              f"{int(m.group(5))}.{int(m.group(6))}")
@@ -479,6 +845,17 @@ class _FileParser:
         else:
             dtype_name, dsize = entry[0], entry[1]
         nbytes = count * dsize
+        if self._defer is not None:
+            # Fast path: duplicate detection runs over all calls of the block, in line order.
+            counts["call"] += 1
+            row = [self.name, lineno, host, pid, tid, dev, wall_ns, wall_kind, op, op_count, sendbuff, recvbuff,
+                   count, dtype, dtype_name, redop, redop_name(redop), root, comm, nranks, stream, nbytes,
+                   bus_message_bytes(op, count, dsize, nranks), None, recovery]
+            self._defer.append(((lineno, 0, self._host_id(host), self._pid_id(pid), comm, self._op_code(op),
+                                 op_count, sendbuff, recvbuff, count, dtype, redop, root, nranks, stream,
+                                 0 if tid is None else tid, int(tid is None), 0 if wall_ns is None else wall_ns,
+                                 int(wall_ns is None), nbytes), "calls", row))
+            return
         key = (host, pid, comm)
         signature = (op, op_count, sendbuff, recvbuff, count, dtype, redop, root, nranks, stream, tid, wall_ns)
         if op_count > 0:
@@ -582,6 +959,15 @@ class _FileParser:
                     op, nbytes = m.group(1).decode(), int(m.group(2))
                     algo = "CE"
                     full = False
+        if self._defer is not None:
+            # Fast path: attachment runs over all calls/TUNING lines of the block, in line order.
+            counts["tuning"] += 1
+            row = [self.name, lineno, host, pid, tid, dev, wall_ns, wall_kind, kind, fmt, op, nbytes, algo, proto,
+                   time_us, lo, hi, sym, nch, nthr, None, None]
+            self._defer.append(((lineno, 2 if full else 1, 0, self._pid_id(pid), 0,
+                                 -1 if op is None else self._op_code(op), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                 nbytes), "tuning", row))
+            return True
         call_line, n_calls = self._attach_tuning(pid, op, nbytes, full)
         counts["tuning"] += 1
         if call_line is None:
@@ -692,12 +1078,19 @@ def parse_logs(
     batch_rows: int = 200_000,
     progress: Callable[[int], None] | None = None,
     base: Path | None = None,
+    fast: bool = True,
+    block_size: int = DEFAULT_BLOCK_SIZE,
 ) -> ParseReport:
     """Parse NCCL log files (or directories of them) into Parquet tables in ``out_dir``.
 
     Writes one file per table in :data:`TABLE_NAMES` (always, possibly empty) and
     ``parse_report.json``. Files are named relative to ``base`` (default: the common
     parent) in the ``file`` column. ``progress`` is called with bytes consumed per file.
+
+    ``fast`` (default) decodes clean call/TUNING lines with the compiled scanner
+    (:mod:`nccltrace.nccl.fast_scan`), reading ``block_size`` bytes at a time; every other line,
+    and everything with ``fast=False``, goes through the line-by-line parser. Both give the same
+    tables and report.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -715,7 +1108,7 @@ def parse_logs(
                 name = str(f.resolve().relative_to(base))
             except ValueError:
                 name = f.name
-            parser = _FileParser(f, name, sinks, known_hosts)
+            parser = _FileParser(f, name, sinks, known_hosts, fast=fast, block_size=block_size)
             report.files.append(parser.run())
             if progress:
                 progress(report.files[-1].bytes)
