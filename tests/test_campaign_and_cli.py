@@ -108,11 +108,13 @@ def test_tables_doc_covers_every_column():
             assert field.metadata and field.metadata.get(b"doc"), f"{name}.{field.name} lacks a doc"
 
 
-def test_snakemake_lint_is_clean_and_dry_run_shows_the_dag():
+def test_snakemake_lint_is_clean_and_dry_run_shows_the_dag(tmp_path):
     lint = subprocess.run([sys.executable, "-m", "snakemake", "--lint"], cwd=REPO, capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout + lint.stderr
-    dry = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--quiet", "rules"], cwd=REPO,
-                         capture_output=True, text=True)
+    # A fresh working directory, so results of an earlier run in the checkout do not matter.
+    dry = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--quiet", "rules", "--snakefile",
+                          str(REPO / "Snakefile"), "--directory", str(tmp_path), "--configfile", str(EXAMPLE)],
+                         cwd=REPO, capture_output=True, text=True)
     assert dry.returncode == 0, dry.stderr
     assert "acquire" in dry.stdout + dry.stderr
 

@@ -184,9 +184,11 @@ def test_rings_trees_versions_and_warnings(parsed):
     w = t["warnings"]
     ofi = w[w.file.str.contains("g6e_2.27.3")].iloc[0]
     assert "nccl_net_ofi_create_plugin" in ofi.source and ofi.message.startswith("NET/OFI")
-    assert ofi.wall_time_ns is not None and ofi.wall_clock == "local"
+    assert pd.notna(ofi.wall_time_ns) and ofi.wall_clock == "local"
+    assert (ofi.host, ofi.pid, ofi.tid, ofi.cuda_dev) == ("llama-3-8b-node-0-0", 152, 386, 0)
     old = w[w.file == "NVIDIA_nccl_1482.log"].iloc[0]
     assert old.source == "init.cc:1969" and "already been destroyed" in old.message
+    assert (old.host, old.pid, old.cuda_dev) == ("e53955024127", 2088762, 1)
 
 
 def test_every_unclassified_line_has_file_line_and_reason(parsed):

@@ -21,6 +21,8 @@ def cmd_parse_nccl(args: argparse.Namespace) -> int:
     from .provenance import write_manifest
 
     files = find_log_files(Path(p) for p in args.paths)
+    if not files:
+        raise FileNotFoundError(f"no NCCL log files (*.log, *.txt, *.out, *nccl*) in {', '.join(args.paths)}")
     total = sum(f.stat().st_size for f in files)
     with _progress_bar(total, "parse NCCL logs", not args.quiet) as bar:
         report = parse_logs(files, args.out, progress=bar.update)

@@ -257,7 +257,10 @@ class TableSink:
         self.batch_rows = batch_rows
         self._columns: list[list[Any]] = [[] for _ in self.schema.names]
         self._tmp = atomic_path(self.path)
-        self._writer = pq.ParquetWriter(self._tmp, self.schema, compression="zstd")
+        # Dictionary-encode only strings: trying it on all-unique int64 columns (lines, pointers)
+        # costs ~40% of write time for no size gain.
+        strings = [f.name for f in self.schema if pa.types.is_string(f.type)]
+        self._writer = pq.ParquetWriter(self._tmp, self.schema, compression="zstd", use_dictionary=strings)
         self.rows = 0
 
     def append(self, row: tuple) -> None:
@@ -266,6 +269,12 @@ class TableSink:
         self.rows += 1
         if len(self._columns[0]) >= self.batch_rows:
             self.flush()
+
+    def write_table(self, table: pa.Table) -> None:
+        """Append a whole Arrow table with this sink's schema (after any pending rows)."""
+        self.flush()
+        self._writer.write_table(table, row_group_size=self.batch_rows)
+        self.rows += table.num_rows
 
     def flush(self) -> None:
         if not self._columns[0]:
@@ -281,9 +290,11 @@ class TableSink:
         return self.path
 
     def abort(self) -> None:
-        """Discard the partial file (on error)."""
+        """Discard the partial file (on error); safe to call after close()."""
         try:
             self._writer.close()
+        except Exception:  # noqa: BLE001 - the file is being thrown away
+            pass
         finally:
             self._tmp.unlink(missing_ok=True)
 

@@ -38,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..tables import TABLES, TableSink, write_json_atomic
-from .enums import ALGORITHMS, DATATYPES, PROTOCOLS, bus_message_bytes, redop_name
+from .enums import ALGORITHMS, ALL_OPS, DATATYPES, PROTOCOLS, bus_message_bytes, redop_name
 from .versions import NcclVersion
 
 # --- patterns -------------------------------------------------------------------------
@@ -83,7 +83,7 @@ _TOPO_LINK = re.compile(
     rb"(?: \((.*)\))?\s*$"
 )
 _TOPO_RULE = re.compile(rb"=+\s*$")
-_RING = re.compile(rb"Channel (\d+)/(\d+) :((?: +\d+)*)( ?\.\.\.)?\s*$")
+_RING = re.compile(rb"Channel (\d+)(?:/(\d+))? :((?: +\d+)*)( ?\.\.\.)?\s*$")
 _TREES = re.compile(rb"Trees((?: \[\d+\] -?\d+/-?\d+/-?\d+->-?\d+->-?\d+)+)\s*$")
 _TRANSPORT = re.compile(rb"(?:Channel|Ring) \d+(?:/\d+)? : .* via ")
 
@@ -126,9 +126,7 @@ def _state_op(values: tuple, pointers: tuple = ()) -> tuple:
 
 def _write_table(sink: TableSink, table: pa.Table) -> None:
     """Append a whole Arrow table (schema of ``sink``) to a sink, after its pending rows."""
-    sink.flush()
-    sink._writer.write_table(table, row_group_size=sink.batch_rows)
-    sink.rows += table.num_rows
+    sink.write_table(table)
 
 
 def _rows_table(name: str, rows: list) -> pa.Table:
@@ -243,6 +241,9 @@ class _FileParser:
     def __init__(self, path: Path, name: str, sinks: dict[str, TableSink], known_hosts: set[str], *,
                  fast: bool = False, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
         self.fast = fast
+        self.comm_sizes: dict[object, list] = {}  # pid -> [(line, nranks)] of init/comm-info lines
+        self.pending_rings: list[list] = []  # ring rows until their comm size is known (few per comm)
+        self._torn_context = False  # True while parsing the pieces of a line torn by concurrent writers
         self.block_size = min(max(int(block_size), 1), 1 << 30)
         self._defer: list | None = None  # fast path: calls/TUNING lines parsed here, state applied per block
         self._version_epoch = 0  # bumped by every version line (fast path: datatype tables per pid)
@@ -292,20 +293,32 @@ class _FileParser:
         if p:
             host = p.group(1).decode("ascii")
             if host not in self.known_hosts:
-                # Foreign text glued to the host ("... -1h100node-1:...") : prefer a known host that
-                # is a suffix of the candidate.
-                for known in self.known_hosts:
+                # Foreign text glued to the host ("... -1h100node-1:...", or a torn-off message tail
+                # "AllRedunode-1:...") : prefer a known host that is a suffix of the candidate. Only
+                # then: a host name cannot start with '-', '.' or '_', and inside a torn line the
+                # candidate is suspect; otherwise "job-worker-1" is a host of its own.
+                suspect = self._torn_context or not host[:1].isalnum()
+                for known in (self.known_hosts if suspect else ()):
                     if host.endswith(known) and host != known:
                         host = known
                         recovery = "host_suffix"
                         break
                 else:
-                    self.known_hosts.add(host)
+                    if self._torn_context:
+                        # A cut-off op name glued to an unseen host ("AllRedu" + "node2"): strip the
+                        # longest (>= 4 chars) proper prefix of an NCCL op name.
+                        cut = max((k for op in ALL_OPS for k in range(4, len(op))
+                                   if host.startswith(op[:k]) and host[k:k + 1].isalnum()), default=0)
+                        if cut:
+                            host = host[cut:]
+                            recovery = "host_suffix"
+                    else:
+                        self.known_hosts.add(host)
             result = (host, int(p.group(2)), int(p.group(3)), int(p.group(4)), wall_ns, wall_kind, recovery)
         else:
             d = _DEV_ONLY_TAIL.search(soup)
             result = (None, None, None, int(d.group(1)) if d else None, wall_ns, wall_kind, None)
-        if wall_ns is None and len(self.prefix_cache) < 100_000:
+        if wall_ns is None and not self._torn_context and len(self.prefix_cache) < 100_000:
             self.prefix_cache[soup] = result
         return result
 
@@ -342,6 +355,12 @@ class _FileParser:
         if last_raw and not last_raw.endswith(b"\n"):
             rep.issues.append({"severity": "warning", "line": lineno, "message": "file does not end with a newline: "
                                "the last line may be truncated (was the job killed while writing?)"})
+        for row in self.pending_rings:
+            if row[-1] is None:
+                sizes = self.comm_sizes.get(row[3], [])
+                near = min(sizes, key=lambda e: abs(e[0] - row[1]), default=None)
+                row[-1] = near is not None and near[1] > 20
+            self.sinks["rings"].append(tuple(row))
         for pending in self.pending_prefix:
             rep.counts["torn_rejected"] += 1
             self._unclassified(pending[0], "torn line: prefix whose message never appeared", pending[-1])
@@ -668,15 +687,20 @@ class _FileParser:
             segments.append(line[a:b])
         if len(segments) > 1:
             counts["torn_lines"] += 1
-        for i, seg in enumerate(segments):
-            level = "INFO" if _INFO in seg else "WARN"
-            tok = _INFO if level == "INFO" else _WARN
-            idx = seg.find(tok)
-            if idx < 0:
-                self._unclassified(lineno, "torn line: fragment without level token", seg)
-                continue
-            recovery = "split" if len(segments) > 1 else None
-            self._record(lineno, seg, seg[:idx], seg[idx + 10 :], level, recovery, last=(i == len(segments) - 1))
+        self._torn_context = len(segments) > 1
+        try:
+            for i, seg in enumerate(segments):
+                level = "INFO" if _INFO in seg else "WARN"
+                tok = _INFO if level == "INFO" else _WARN
+                idx = seg.find(tok)
+                if idx < 0:
+                    self._unclassified(lineno, "torn line: fragment without level token", seg)
+                    continue
+                recovery = "split" if len(segments) > 1 else None
+                self._record(lineno, seg, seg[:idx], seg[idx + 10 :], level, recovery,
+                             last=(i == len(segments) - 1))
+        finally:
+            self._torn_context = False
 
     def _non_record(self, lineno: int, line: bytes) -> None:
         counts = self.report.counts
@@ -690,18 +714,20 @@ class _FileParser:
             self._version(lineno, line, None, vm)
             return
         # An orphan message: the tail of a record whose prefix was torn off.
-        for soup_end in (0,):
-            msg = stripped[soup_end:]
-            m = _CALL.match(msg)
-            if m:
-                pref = self.pending_prefix.pop() if len(self.pending_prefix) == 1 else None
-                if pref is not None:
-                    _, host, pid, tid, dev = pref[:5]
-                    self._call(lineno, (host, pid, tid, dev, None, None, None), m, "rejoined")
-                else:
-                    self._call(lineno, (None, None, None, None, None, None, None), m, "no_prefix")
-                counts["torn_recovered"] += 1
+        m = _CALL.match(stripped)
+        if m:
+            if m.group(1).decode() not in ALL_OPS:
+                counts["torn_rejected"] += 1
+                self._unclassified(lineno, "torn line: orphan call tail whose op name was cut off", line)
                 return
+            pref = self.pending_prefix.pop() if len(self.pending_prefix) == 1 else None
+            if pref is not None:
+                _, host, pid, tid, dev = pref[:5]
+                self._call(lineno, (host, pid, tid, dev, None, None, None), m, "rejoined")
+            else:
+                self._call(lineno, (None, None, None, None, None, None, None), m, "no_prefix")
+            counts["torn_recovered"] += 1
+            return
         if stripped.startswith(b"#"):
             self._unclassified(lineno, "comment/application output (starts with '#')", line)
         elif b"NCCL" in line:
@@ -745,10 +771,15 @@ class _FileParser:
             return
         c0 = msg[:1]
         # Fast path first: call lines dominate real logs.
+        if prefix[0] is None and not recovery:
+            recovery = "no_prefix"
         if b": opCount " in msg[:40]:
             m = _CALL.match(msg)
-            if m:
+            if m and m.group(1).decode() in ALL_OPS:
                 self._call(lineno, prefix, m, recovery)
+                return
+            if m:
+                self._unclassified(lineno, "call line with an unknown op name (a torn or cut-off line?)", raw)
                 return
             counts["malformed_call"] += 1
             self._unclassified(lineno, "call line does not match the COLL format (truncated or torn?)", raw)
@@ -769,6 +800,7 @@ class _FileParser:
             m = _COMM_INFO.match(msg)
             if m:
                 counts["comm_info"] += 1
+                self.comm_sizes.setdefault(prefix[1], []).append((lineno, int(m.group(3))))
                 self.sinks["comm_info"].append(
                     (self.name, lineno, *prefix[:4], _ptr(m.group(1)), int(m.group(2)), int(m.group(3)),
                      int(m.group(4)), int(m.group(5)), int(m.group(6)))
@@ -803,9 +835,15 @@ class _FileParser:
             if m:
                 counts["ring"] += 1
                 ranks = m.group(3).split()
-                self.sinks["rings"].append(
-                    (self.name, lineno, *prefix[:4], "ring", int(m.group(1)), int(m.group(2)),
-                     b" ".join(ranks).decode(), bool(m.group(4)) or (len(ranks) == 20))
+                cut = m.group(4)
+                if cut and not cut.startswith(b" ") and ranks:
+                    ranks.pop()  # "... 140 14..." : the last number was cut mid-way
+                # <= 2.22 print at most 20 ranks; a 20-rank line is cut only if its comm is larger,
+                # which the nearest init/comm-info line of the process tells (resolved at end of file).
+                self.pending_rings.append(
+                    [self.name, lineno, *prefix[:4], "ring", int(m.group(1)),
+                     int(m.group(2)) if m.group(2) else None, b" ".join(ranks).decode(),
+                     bool(cut) or (len(ranks) == 20 and None)]
                 )
                 return
             if _TRANSPORT.match(msg):
@@ -821,21 +859,40 @@ class _FileParser:
                 return
         if msg.startswith(_MATRIX_HEAD):
             self.in_matrix = True
+        if not last:
+            # A record cut off by another writer's output: its tail is lost or elsewhere.
+            counts["torn_rejected"] += 1
+            self._unclassified(lineno, "torn line: record cut off by another process's output", raw)
+            return
         counts["info_other"] += 1
 
     def _call(self, lineno: int, prefix: tuple, m: re.Match, recovery: str | None) -> None:
         counts = self.report.counts
         op = m.group(1).decode()
-        op_count = int(m.group(2), 16)
-        sendbuff = _ptr(m.group(3))
-        recvbuff = _ptr(m.group(4))
-        count = int(m.group(5))
-        dtype = int(m.group(6))
-        redop = int(m.group(7))
-        root = int(m.group(8))
-        comm = _ptr(m.group(9))
-        nranks = int(m.group(10))
-        stream = _ptr(m.group(11))
+        try:
+            op_count = int(m.group(2), 16)
+            sendbuff = _ptr(m.group(3))
+            recvbuff = _ptr(m.group(4))
+            count = int(m.group(5))
+            dtype = int(m.group(6))
+            redop = int(m.group(7))
+            root = int(m.group(8))
+            comm = _ptr(m.group(9))
+            nranks = int(m.group(10))
+            stream = _ptr(m.group(11))
+        except ValueError:
+            counts["malformed_call"] += 1
+            self._unclassified(lineno, "call line with a malformed number or pointer", m.string)
+            return
+        # Values that do not fit the table's columns (e.g. a size_t -1 printed by %zu) are reported,
+        # never wrapped or truncated into a plausible-looking number.
+        if not (0 <= op_count < 1 << 63 and -(1 << 63) <= count * 8 < 1 << 63 and -128 <= dtype <= 127
+                and -(1 << 31) <= redop < 1 << 31 and -(1 << 31) <= root < 1 << 31 and 0 <= nranks < 1 << 31
+                and max(sendbuff, recvbuff, comm, stream) < 1 << 64):
+            counts["malformed_call"] += 1
+            self._unclassified(lineno, "call line with a value out of range (count, datatype, op, root, "
+                               "nranks or pointer)", m.string)
+            return
         host, pid, tid, dev, wall_ns, wall_kind = prefix[:6]
         entry = DATATYPES.get(dtype)
         version = self.version_by_pid.get(pid, self.file_version)
@@ -984,6 +1041,7 @@ class _FileParser:
         is_split = parent is not None or api == "ncclCommSplit"
         event = "split" if is_split else "init"
         self.report.counts[event] += 1
+        self.comm_sizes.setdefault(prefix[1], []).append((lineno, int(m.group(5))))
         self.sinks["comms"].append(
             (self.name, lineno, *prefix[:4], prefix[4], prefix[5], event, m.group(14).decode(), api,
              _ptr(m.group(3)), int(m.group(4)), int(m.group(5)), int(m.group(6)),
@@ -997,6 +1055,10 @@ class _FileParser:
         self.report.counts["warn"] += 1
         m = _WARN_PREFIX.search(soup.rstrip(b" ") + b" ")
         source = m.group(5).decode(errors="replace").strip() if m else None
+        if m and prefix[0] is None:
+            # A WARN prefix ends with "src:line[ (function)] ", so host:pid:tid [dev] sit before it.
+            head = self._parse_prefix(soup[: m.start(5)])
+            prefix = (*head[:4], prefix[4], prefix[5], head[6])
         self.sinks["warnings"].append(
             (self.name, lineno, *prefix[:4], prefix[4], prefix[5], source, msg.decode(errors="replace").strip())
         )
@@ -1057,15 +1119,24 @@ TABLE_NAMES = ("calls", "comms", "comm_info", "tuning", "topology_links", "topol
                "warnings", "unclassified")
 
 
+def _looks_like_log(path: Path) -> bool:
+    # *.log/*.txt/*.out, and NCCL_DEBUG_FILE names such as "nccl.node1.1234" (any suffix).
+    return path.suffix in (".log", ".txt", ".out") or "nccl" in path.name.lower()
+
+
 def find_log_files(paths: Iterable[Path]) -> list[Path]:
-    """Expand directories into their NCCL log files (``*.log``, ``*.txt``, ``*.out``), sorted."""
+    """Expand directories into their NCCL log files, sorted.
+
+    A directory contributes ``*.log``, ``*.txt``, ``*.out`` and any file whose name contains
+    ``nccl``; files named explicitly are always taken.
+    """
     out: list[Path] = []
     for p in paths:
         p = Path(p)
         if not p.exists():
             raise FileNotFoundError(f"no NCCL log files at {p}: the path does not exist")
         if p.is_dir():
-            out.extend(sorted(q for q in p.rglob("*") if q.is_file() and q.suffix in (".log", ".txt", ".out")))
+            out.extend(sorted(q for q in p.rglob("*") if q.is_file() and _looks_like_log(q)))
         else:
             out.append(p)
     return out
@@ -1094,9 +1165,10 @@ def parse_logs(
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = find_log_files(Path(p) for p in paths)
+    paths = [Path(p) for p in paths]
+    files = find_log_files(paths)
     if not files:
-        raise FileNotFoundError(f"no NCCL log files found in {', '.join(str(p) for p in paths)}")
+        raise FileNotFoundError(f"no NCCL log files found in {', '.join(str(p) for p in paths) or '(nothing given)'}")
     if base is None:
         base = Path(os.path.commonpath([str(f.parent.resolve()) for f in files]))
     sinks = {name: TableSink(name, out_dir / f"{name}.parquet", batch_rows) for name in TABLE_NAMES}
@@ -1116,8 +1188,13 @@ def parse_logs(
         for s in sinks.values():
             s.abort()
         raise
-    for name, s in sinks.items():
-        s.close()
-        report.tables[name] = s.rows
+    try:
+        for name, s in sinks.items():
+            s.close()
+            report.tables[name] = s.rows
+    except BaseException:
+        for s in sinks.values():
+            s.abort()
+        raise
     write_json_atomic(out_dir / "parse_report.json", report.as_dict())
     return report
