@@ -1,0 +1,50 @@
+"""The nsys reader on emulated exports of every supported schema version, against ground truth."""
+
+from __future__ import annotations
+
+import pytest
+
+from nccltrace.emulator.run import emulate_run
+from nccltrace.nsys.reader import NsysExport
+from nccltrace.tables import read_table
+
+BASE = {"model": "tiny", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 64,
+        "vocab_size": 512, "micro_batch_size": 1, "global_batch_size": 4, "iterations": 2, "nodes": 2,
+        "gpus_per_node": 2, "pp": 2, "precision": "bf16", "seed": 11}
+
+
+@pytest.mark.parametrize(
+    "nsys_version, schema, nccl_version, payloads",
+    [
+        ("2022.4", "3.0.0", "2.18.3", "none"),
+        ("2024.6", "3.16.1", "2.21.5", "blob"),
+        ("2026.4", "3.28.1", "2.28.3", "dynamic"),
+        ("2024.6", "3.16.1", "2.24.3", "json"),
+    ],
+)
+def test_emulated_export_reads_back_kernels_launches_and_nccl_ranges(tmp_path, nsys_version, schema, nccl_version,
+                                                                     payloads):
+    res = emulate_run({**BASE, "nsys_version": nsys_version, "nccl_version": nccl_version,
+                       "nvtx_payloads": payloads}, tmp_path)
+    truth_k = read_table(res.ground_truth["kernels"])
+    truth_ops = read_table(res.ground_truth["ops"])
+    for path in res.nsys_files:
+        host = path.stem
+        with NsysExport.open(path) as x:
+            assert x.schema_version == schema and x.hostname == host
+            k = x.kernels()
+            tk = truth_k[(truth_k.host == host) & ~truth_k.dropped.astype(bool)]
+            assert len(k) == len(tk) > 0
+            got = set(zip(k.pid, k.correlation_id, k.start, k.end, k.name))
+            assert got == set(zip(tk.pid, tk.correlation_id, tk.start, tk.end, tk.name))
+            # Every kernel has its launch, on a thread of its own process, before it starts.
+            assert k.launch_tid.notna().all() and (k.launch_end <= k.start).all()
+            nvtx = x.nvtx()
+            sends = nvtx[(nvtx.domain == "NCCL") & (nvtx.text == "ncclSend")]
+            ops = truth_ops[(truth_ops.host == host) & (truth_ops.op == "Send")]
+            assert len(sends) == len(ops) > 0
+            if payloads == "none":
+                assert sends.nccl_message_bytes.isna().all()
+            else:
+                assert sorted(sends.nccl_message_bytes.astype(int)) == sorted(ops["bytes"].astype(int))
+                assert set(sends.payload_source) == {payloads}
