@@ -103,3 +103,26 @@ def test_ring_lines_drop_a_cut_rank_and_know_when_twenty_ranks_is_a_cut(tmp_path
     assert list(rings.truncated) == [True, False, True, False]
     assert rings.ranks.iloc[2] == "0 1 2 139 140" and rings.ranks.iloc[3] == "0 1"
     assert pd.isna(rings.nchannels.iloc[3])
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_tuning_lines_attach_only_to_calls_on_comms_where_the_process_is_rank_0(tmp_path, fast):
+    p = "h:7:7 [0] NCCL INFO "
+    ar = ("AllReduce: opCount {oc:x} sendbuff 0x10 recvbuff 0x10 count {n} datatype 7 op 0 root 0 comm {c} "
+          "[nranks=2] stream 0x99")
+    lines = [
+        "NCCL version 2.21.5+cuda12.4",
+        "ncclCommInitRank comm 0xa0 rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 1a000 commId 0x1 - Init COMPLETE",
+        "ncclCommInitRank comm 0xb0 rank 1 nranks 2 cudaDev 0 nvmlDev 0 busId 1a000 commId 0x2 - Init COMPLETE",
+        ar.format(oc=5, n=512, c="0xa0"),  # line 4: grouped pair on A (2 x 2048 B) ...
+        ar.format(oc=5, n=512, c="0xa0").replace("0x10", "0x20"),
+        ar.format(oc=3, n=1024, c="0xb0"),  # line 6: 4096 B on B, where this process is rank 1
+        "4096 Bytes -> Algo 1 proto 2 time 12.5",
+        ar.format(oc=1, n=8, c="0xc0").replace("nranks=2", "nranks=1"),  # single-rank comm: no algorithm
+        "32 Bytes -> Algo 1 proto 2 time 1.0",
+    ]
+    (tmp_path / "t.log").write_text("".join(f"{p}{x}\n" for x in lines))
+    parse_logs([tmp_path / "t.log"], tmp_path / "o", fast=fast)
+    t = read_table(tmp_path / "o" / "tuning.parquet")
+    assert int(t.call_line.iloc[0]) == 4 and pd.isna(t.call_line.iloc[1])
+    assert int(t.n_calls.iloc[0]) == 2

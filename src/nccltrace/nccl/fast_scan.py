@@ -42,6 +42,9 @@ KIND_CALL = 0
 KIND_TUNE_NAMED = 1  # "%s: %ld Bytes -> Algo %s proto %s channel{Lo..Hi}={%d..%d}" (>= 2.24)
 KIND_TUNE_OP_NUMERIC = 2  # "%s: %ld Bytes -> Algo %d proto %d time %f" (2.23)
 KIND_TUNE_NUMERIC = 3  # "%ld Bytes -> Algo %d proto %d time %f" (2.20 - 2.22)
+# A call no TUNING line can describe (single-rank comm, or this process is not rank 0 of the comm):
+# set by the Python side just for apply_state, so it is not remembered for attachment.
+KIND_CALL_NOTUNE = 4
 TUNING_FORMATS = ("op_bytes_named", "op_bytes_numeric", "bytes_numeric")  # index = kind - 1
 
 # Wall-clock kinds (timestamp found in the prefix).
@@ -775,7 +778,7 @@ def apply_state(F, S, fi, si, ht_used, ht_key, ht_sig, ht_line, ht_has, ht_adv, 
         kind = M[i, R_KIND]
         pid = M[i, R_PID]
         op = M[i, R_OP]
-        if kind == KIND_CALL:
+        if kind == KIND_CALL or kind == KIND_CALL_NOTUNE:
             hid = M[i, R_HID]
             comm = M[i, R_COMM]
             s, found = _find(ht_used, ht_key, hid, pid, comm)
@@ -808,6 +811,7 @@ def apply_state(F, S, fi, si, ht_used, ht_key, ht_sig, ht_line, ht_has, ht_adv, 
                     ht_sig[s, k] = M[i, _SIG_COLS[k]]
                 ht_line[s] = line
                 ht_has[s] = True
+            if dup < 0 and kind == KIND_CALL:
                 # remember it for TUNING attachment (deque of the last W calls of the pid)
                 h = r_head[pid]
                 r_line[pid, h] = line

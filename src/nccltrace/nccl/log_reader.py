@@ -242,6 +242,8 @@ class _FileParser:
                  fast: bool = False, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
         self.fast = fast
         self.comm_sizes: dict[object, list] = {}  # pid -> [(line, nranks)] of init/comm-info lines
+        # (host, pid, comm) -> [(line, rank)] from init lines: only rank 0 of a comm prints TUNING lines.
+        self.comm_ranks: dict[tuple, list[tuple[int, int]]] = {}
         self.pending_rings: list[list] = []  # ring rows until their comm size is known (few per comm)
         self._torn_context = False  # True while parsing the pieces of a line torn by concurrent writers
         self.block_size = min(max(int(block_size), 1), 1 << 30)
@@ -375,6 +377,25 @@ class _FileParser:
     # records (the only state the two share on the Python side: known hosts, prefix cache, versions).
     # Calls and TUNING lines parsed here are deferred (self._defer) and replayed with the fast records
     # by fast_scan.apply_state, which owns the duplicate/TUNING state in fast mode.
+    def _mark_untunable(self, M: np.ndarray) -> None:
+        """Fast path: the rule of :meth:`_tunable`, vectorised over a block's call records."""
+        fs = self._fs
+        if not len(M):
+            return
+        call = M[:, fs.R_KIND] == fs.KIND_CALL
+        not_rank0 = np.zeros(len(M), bool)
+        for (host, pid, comm), entries in self.comm_ranks.items():
+            if host not in self._host_ids or pid not in self._pid_ids:
+                continue
+            c = comm - (1 << 64) if comm >= 1 << 63 else comm
+            key = call & (M[:, fs.R_HID] == self._host_ids[host]) & (M[:, fs.R_PID] == self._pid_ids[pid]) & (
+                M[:, fs.R_COMM] == c)
+            if not key.any():
+                continue
+            for line, rank in sorted(entries):  # the latest init line before a call decides
+                not_rank0 = np.where(key & (M[:, fs.R_LINE] > line), rank != 0, not_rank0)
+        M[call & ((M[:, fs.R_NRANKS] <= 1) | not_rank0), fs.R_KIND] = fs.KIND_CALL_NOTUNE
+
     def _host_id(self, host: str | None) -> int:
         hid = self._host_ids.get(host)
         if hid is None:
@@ -549,7 +570,11 @@ class _FileParser:
                for d in deferred]
         s_ops = np.asfortranarray(np.array(ops, np.int64).reshape(-1, fs.S_NFIELDS))
         self._state.ensure_pids(len(self._pid_ids))
+        kinds = R[:, fs.R_KIND].copy()
+        self._mark_untunable(R)
+        self._mark_untunable(s_ops)
         f_out, s_out = self._state.run(R, s_ops)
+        R[:, fs.R_KIND] = kinds
         slow_rows: dict[str, list] = {"calls": [], "tuning": []}
         for (_, table, row), (a, b) in zip(deferred, s_out.tolist()):
             if table == "calls":
@@ -818,6 +843,7 @@ class _FileParser:
             m = _INIT_LEGACY.match(msg)
             if m:
                 counts["init"] += 1
+                self._note_rank(prefix, _ptr(m.group(1)), int(m.group(2)), lineno)
                 self.sinks["comms"].append(
                     (self.name, lineno, *prefix[:4], prefix[4], prefix[5], "legacy_init", None, None,
                      _ptr(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)),
@@ -935,11 +961,25 @@ class _FileParser:
              dtype, dtype_name, redop, redop_name(redop), root, comm, nranks, stream, nbytes,
              bus_message_bytes(op, count, dsize, nranks), duplicate_of, recovery)
         )
-        if duplicate_of is None:
+        if duplicate_of is None and self._tunable(host, pid, comm, nranks, lineno):
             dq = self.recent.get(pid)
             if dq is None:
                 dq = self.recent[pid] = collections.deque(maxlen=self.TUNE_WINDOW)
             dq.append(_RecentCall(lineno, op, nbytes, nranks, op_count, comm))
+
+    def _tunable(self, host: object, pid: object, comm: int, nranks: int, lineno: int) -> bool:
+        """Can a TUNING line of this process describe this call? Not on single-rank comms (no
+        algorithm is chosen), nor where an earlier init line says this process is not rank 0."""
+        if nranks <= 1:
+            return False
+        rank = None
+        for line, r in self.comm_ranks.get((host, pid, comm), ()):
+            if line < lineno:
+                rank = r
+        return rank is None or rank == 0
+
+    def _note_rank(self, prefix: tuple, comm: int, rank: int, lineno: int) -> None:
+        self.comm_ranks.setdefault((prefix[0], prefix[1], comm), []).append((lineno, rank))
 
     def _attach_tuning(self, pid: object, op: str | None, nbytes: int, full_buffer: bool) -> tuple[int | None, int]:
         """Find the call a TUNING line describes: most recent untuned call with matching bytes."""
@@ -1042,6 +1082,7 @@ class _FileParser:
         event = "split" if is_split else "init"
         self.report.counts[event] += 1
         self.comm_sizes.setdefault(prefix[1], []).append((lineno, int(m.group(5))))
+        self._note_rank(prefix, _ptr(m.group(3)), int(m.group(4)), lineno)
         self.sinks["comms"].append(
             (self.name, lineno, *prefix[:4], prefix[4], prefix[5], event, m.group(14).decode(), api,
              _ptr(m.group(3)), int(m.group(4)), int(m.group(5)), int(m.group(6)),
