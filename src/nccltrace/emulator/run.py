@@ -351,6 +351,7 @@ class _Process:
         self.stream_base = self.ptr_base + 0x4000000
         self.comms: dict[int, _CommState] = {}
         self.version_done = False
+        self._tuning_buf: list = []  # (op, link spec) of the current plan, printed at launch
         self.topo_done = False
         self.corr = 0
         self.domain_id: int | None = None
@@ -629,6 +630,7 @@ class _Process:
             if not u.grouped and tm.launches:
                 end = tm.call_end
             self._nvtx(t_call, end, f"nccl{o.op}", domain=dom, payload=self._payload(o, st))
+        self._flush_tuning(self._at(tm.call_end))
         if u.grouped:
             self._nvtx(tm.group_end_start, tm.call_end, "ncclGroupEnd", domain=dom)
         # --- kernels
@@ -693,6 +695,42 @@ class _Process:
             "dropped": dropped, "without_log": without_log,
         })  # fmt: skip
 
+    def _flush_tuning(self, wall_ns: int | None) -> None:
+        """TUNING lines of one launched plan, in the order and aggregation of the NCCL version.
+
+        2.20-2.21 sum consecutive same (function, op, type) tasks; 2.22-2.23 sort a group's tasks by
+        size and sum same-type tasks within 4x of each other; >= 2.24 print one line per task, tasks
+        binned by (function, op, type) and sorted by size, largest first.
+        """
+        buf, self._tuning_buf = self._tuning_buf, []
+        if not buf:
+            return
+        v = self.ctx.nccl.tuple
+        key = lambda e: (e[0].op, e[0].redop, e[0].dtype, e[0].comm.uid)  # noqa: E731
+        lines: list[tuple] = []  # (op entry, total per-rank bytes, spec)
+        if v < (2, 22, 0):
+            for e in buf:
+                if lines and key(lines[-1][0]) == key(e):
+                    lines[-1] = (lines[-1][0], lines[-1][1] + e[0].nbytes, lines[-1][2])
+                else:
+                    lines.append((e, e[0].nbytes, e[1]))
+        else:
+            bins: dict[tuple, list] = {}
+            for e in buf:
+                bins.setdefault(key(e), []).append(e)
+            for entries in bins.values():
+                entries.sort(key=lambda e: -e[0].nbytes)
+                for e in entries:
+                    if (v < (2, 24, 0) and lines and key(lines[-1][0]) == key(e)
+                            and e[0].nbytes * 4 >= lines[-1][0][0].nbytes):  # fmt: skip
+                        lines[-1] = (lines[-1][0], lines[-1][1] + e[0].nbytes, lines[-1][2])
+                    else:
+                        lines.append((e, e[0].nbytes, e[1]))
+        for (o, _), nbytes, spec in lines:
+            self.w.tuning(self.tid, op=o.op, nbytes=nbytes, algo=spec.algo, proto=spec.proto, channel_lo=0,
+                          channel_hi=spec.nchannels - 1, time_us=spec.duration_ns / 1000.0, nranks=o.comm.size,
+                          wall_ns=wall_ns)
+
     def _payload(self, o: Op, st: _CommState) -> dict | None:
         if not self.ctx.payloads:
             return None
@@ -746,10 +784,9 @@ class _Process:
                 dup_line = w.call(self.tid, **kw)
                 self.n_call_lines += 1
             if st.rank_in_comm == 0 and o.comm.size > 1 and o.op not in P2P_OPS and o.op != "AlltoAll":
+                # Printed when the plan is launched (ncclGroupEnd), after all calls of the group.
                 spec = ctx.link.collective(o.op, o.nbytes, o.comm.size, ctx.link.nnodes(o.comm))
-                w.tuning(self.tid, op=o.op, nbytes=o.nbytes, algo=spec.algo, proto=spec.proto, channel_lo=0,
-                         channel_hi=spec.nchannels - 1, time_us=spec.duration_ns / 1000.0, nranks=o.comm.size,
-                         wall_ns=wall)  # fmt: skip
+                self._tuning_buf.append((o, spec))
         self.n_ops += 1
         self.op_counts[o.op] = self.op_counts.get(o.op, 0) + 1
         return {
