@@ -352,7 +352,6 @@ class _Process:
         self.comms: dict[int, _CommState] = {}
         self.version_done = False
         self._tuning_buf: list = []  # (op, link spec) of the current plan, printed at launch
-        self.topo_done = False
         self.corr = 0
         self.domain_id: int | None = None
         self.kernel_rows: list[dict] = []
@@ -441,11 +440,18 @@ class _Process:
             comm_id_logged = ctx.printed_comm_id(comm)
             api = "ncclCommInitRankConfig"
             w.init(self.tid, comm_id=comm_id_logged, api=api, phase="START", wall_ns=self._at(t0), **common)
-        if not self.topo_done:
-            w.topology(self.tid, ctx.topo, wall_ns=self._at(t0 + 1_000_000))
-            self.topo_done = True
         tm = t0 + (t1 - t0) // 2
         members_here = [r for r in comm.ranks if r // self.cfg.gpus_per_node == self.node]
+        # NCCL dumps the topology in every communicator's init, after trimming it to the GPUs of
+        # that communicator on this node; a GPU's number in parentheses is its rank in the comm.
+        gpn, topo = self.cfg.gpus_per_node, ctx.topo
+        trimmed = TopoSystem(
+            gpus=[TopoGpu(_bus_id(r % gpn), comm.rank_of(r), r % gpn, cpu=topo.gpus[r % gpn].cpu)
+                  for r in members_here],
+            nvlink_bw=topo.nvlink_bw, nvswitch=topo.nvswitch, pci_bw=topo.pci_bw, sys_bw=topo.sys_bw,
+            cpus=topo.cpus, nics=topo.nics,
+        )  # fmt: skip
+        w.topology(self.tid, trimmed, wall_ns=self._at(t0 + (tm - t0) // 2))
         w.comm_info(self.tid, comm=st.ptr, rank=st.rank_in_comm, nranks=comm.size,
                     nnodes=ctx.layout.nodes_of(comm.ranks), local_ranks=len(members_here),
                     local_rank=members_here.index(self.rank), wall_ns=self._at(tm))  # fmt: skip
