@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 
+import pandas as pd
 import pytest
 
 from nccltrace.nccl.log_reader import parse_logs
@@ -138,3 +139,20 @@ def test_mixed_versions_in_one_file_are_flagged(tmp_path):
 def test_missing_input_raises_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no NCCL log files at .*nothing-here"):
         parse_logs([tmp_path / "nothing-here"], tmp_path / "out")
+
+
+@pytest.mark.parametrize("version, stamped, fn", [("2.21.5", False, False), ("2.26.3", True, False),
+                                                 ("2.30.7", True, True)])
+def test_warn_lines_in_each_version_form_parse_back(tmp_path, version, stamped, fn):
+    buf = io.StringIO()
+    w = NcclLogWriter(buf, nccl_version=version, host="node9", pid=77)
+    w.warn(78, src_file="transport/net_ib.cc", src_line=2453, message="NET/IB : got completion with error",
+           function="ncclIbTest", wall_ns=1_760_000_000_000_000_000)
+    text = buf.getvalue()
+    assert text.startswith("\n") and ("[2025-" in text) == stamped and ("(ncclIbTest)" in text) == fn
+    (tmp_path / "w.log").write_text(text)
+    parse_logs([tmp_path / "w.log"], tmp_path / "o")
+    warn = read_table(tmp_path / "o" / "warnings.parquet").iloc[0]
+    assert (warn.host, warn.pid, warn.tid) == ("node9", 77, 78)
+    assert warn.source.startswith("transport/net_ib.cc:2453") and warn.message.startswith("NET/IB")
+    assert pd.notna(warn.wall_time_ns) == stamped

@@ -93,6 +93,7 @@ class NcclLogWriter:
         # Timestamped INFO lines need NCCL_DEBUG_TIMESTAMP_LEVELS, which exists from 2.26.
         self.timestamps = bool(timestamps) and self.nccl.supports_timestamps
         self.lines_written = 0
+        self._last_wall: int | None = None  # for WARN lines written without an explicit time
 
     # --- low level -----------------------------------------------------------------
     def _stamp(self, wall_ns: int | None) -> str:
@@ -104,6 +105,8 @@ class NcclLogWriter:
         return f"[{t:%Y-%m-%d %H:%M:%S}.{ns // 1000:06d}] "
 
     def _line(self, tid: int, message: str, wall_ns: int | None = None) -> None:
+        if wall_ns is not None:
+            self._last_wall = wall_ns
         self.fh.write(
             f"{self._stamp(wall_ns)}{self.host}:{self.pid}:{tid} [{self.cuda_dev}] NCCL INFO {message}\n"
         )
@@ -113,15 +116,25 @@ class NcclLogWriter:
         """Write an arbitrary INFO message."""
         self._line(tid, message, wall_ns)
 
-    def warn(self, tid: int, *, src_file: str, src_line: int, message: str, wall_ns: int | None = None) -> None:
-        """WARN lines start with an empty line; from 2.26 they carry a timestamp by default."""
+    def warn(self, tid: int, *, src_file: str, src_line: int, message: str, function: str | None = None,
+             wall_ns: int | None = None) -> None:
+        """WARN lines start with an empty line; from 2.26 they carry a timestamp by default.
+
+        The default WARN stamp is ``[%F %T] ``; a job that set NCCL_DEBUG_TIMESTAMP_FORMAT for INFO
+        (``timestamps=True`` here) gets that format on WARN too. 2.30.7 adds ``(function)``.
+        """
+        wall_ns = self._last_wall if wall_ns is None else wall_ns
         stamp = ""
-        if self.nccl.supports_timestamps:
-            secs = (wall_ns or 0) // 1_000_000_000
-            stamp = f"[{_dt.datetime.fromtimestamp(secs, tz=_dt.timezone.utc):%Y-%m-%d %H:%M:%S}] "
-        self.fh.write(
-            f"\n{stamp}{self.host}:{self.pid}:{tid} [{self.cuda_dev}] {src_file}:{src_line} NCCL WARN {message}\n"
-        )
+        if self.nccl.supports_timestamps and wall_ns is not None:
+            if self.timestamps:
+                stamp = self._stamp(wall_ns)
+            else:
+                secs = int(wall_ns) // 1_000_000_000
+                stamp = f"[{_dt.datetime.fromtimestamp(secs, tz=_dt.timezone.utc):%Y-%m-%d %H:%M:%S}] "
+        where = f"{src_file}:{src_line}"
+        if function and self.nccl.tuple >= (2, 30, 7):
+            where += f" ({function})"
+        self.fh.write(f"\n{stamp}{self.host}:{self.pid}:{tid} [{self.cuda_dev}] {where} NCCL WARN {message}\n")
         self.lines_written += 2
 
     # --- lifecycle -----------------------------------------------------------------
