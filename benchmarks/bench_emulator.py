@@ -21,15 +21,17 @@ from nccltrace.emulator.run import emulate_run
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ranks", type=int, default=64, choices=[16, 64, 256])
+    ap.add_argument("--ranks", type=int, default=64, choices=[16, 64, 256, 1024])
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--out", help="output directory (default: a temporary directory, removed afterwards)")
     args = ap.parse_args()
-    shapes = {16: (2, 8, 2, 2, 1), 64: (8, 8, 4, 4, 1), 256: (32, 8, 8, 4, 2)}  # nodes, gpn, tp, pp, vpp
+    shapes = {16: (2, 8, 2, 2, 1), 64: (8, 8, 4, 4, 1), 256: (32, 8, 8, 4, 2), 1024: (128, 8, 8, 4, 2)}  # nodes, gpn, tp, pp, vpp
     nodes, gpn, tp, pp, vpp = shapes[args.ranks]
+    dp = args.ranks // (tp * pp)
+    gbs = max(32, 2 * pp * dp)  # enough microbatches per DP rank for the (interleaved) 1F1B schedule
     settings = {
         "model": "bench", "num_layers": 16, "hidden_size": 1024, "num_attention_heads": 16, "seq_length": 2048,
-        "micro_batch_size": 1, "global_batch_size": 32, "iterations": args.iterations, "tp": tp, "pp": pp,
+        "micro_batch_size": 1, "global_batch_size": gbs, "iterations": args.iterations, "tp": tp, "pp": pp,
         "vpp": vpp, "sequence_parallel": True, "precision": "bf16", "nodes": nodes, "gpus_per_node": gpn,
         "nccl_version": "2.24.3", "nsys_version": "2024.6", "seed": 1,
     }
