@@ -126,3 +126,17 @@ def test_ci_runs_exactly_the_readme_test_command():
     commands = [line for line in block.splitlines() if line and not line.startswith("#") and "bash" not in line]
     assert len(commands) == 2, commands
     assert commands[1] in ci.splitlines()
+
+
+def test_emulated_hardware_needs_a_known_node_model():
+    from nccltrace.emulator.config import HARDWARE_PRESETS
+    from nccltrace.campaign import EMULATOR_PRESETS
+
+    assert set(EMULATOR_PRESETS) == set(HARDWARE_PRESETS)
+    cfg = yaml.safe_load(EXAMPLE.read_text())
+    runs = expand_campaign(cfg)
+    assert {r.settings["hardware"] for r in runs} == {"a100"}
+    cfg["hardware"]["A100"].pop("preset")
+    cfg["hardware"]["A100"]["gpu"] = "B200"
+    with pytest.raises(CampaignError, match="no node model for gpu 'B200'; set 'preset'"):
+        expand_campaign(cfg)

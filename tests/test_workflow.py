@@ -20,7 +20,7 @@ SMALL = {
                  "nccl_version": "2.24.3", "nsys_version": "2026.4", "seed": 3},
     "models": {"tiny": {"num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 128,
                         "vocab_size": 1024, "precision": "bf16"}},
-    "hardware": {"T": {"gpu": "T4", "nodes": 2, "gpus_per_node": 2, "nvlink_bw": None}},
+    "hardware": {"T": {"gpu": "T4", "nodes": 2, "gpus_per_node": 2, "preset": "a40"}},
     "matrix": [{"models": ["tiny"], "hardware": ["T"], "parallelism": [{"tp": 2}, {"pp": 2}]}],
 }
 

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 PARALLEL_KEYS = ("tp", "pp", "ep", "cp", "vpp")
+EMULATOR_PRESETS = ("a100", "a40", "h100")  # nccltrace.emulator.config.HARDWARE_PRESETS
 
 
 class CampaignError(ValueError):
@@ -117,6 +118,14 @@ def expand_campaign(config: dict[str, Any]) -> list[RunSpec]:
                 continue
             rid = run_id_for(model, hw.get("gpu", hw_name), settings)
             backend = settings.pop("backend", block.get("backend", "emulate"))
+            if backend == "emulate":
+                preset = hw.get("preset") or str(hw.get("gpu", "")).lower()
+                if preset not in EMULATOR_PRESETS:
+                    raise CampaignError(
+                        f"hardware '{hw_name}': the emulator has no node model for gpu '{hw.get('gpu')}'; "
+                        f"set 'preset' to one of {', '.join(EMULATOR_PRESETS)}"
+                    )
+                settings["hardware"] = preset
             if rid in runs:
                 raise CampaignError(f"matrix[{b}]: run id '{rid}' produced twice; two entries describe the same run")
             runs[rid] = RunSpec(rid, backend, settings, {"name": hw_name, **hw})
