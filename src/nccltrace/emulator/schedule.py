@@ -692,30 +692,28 @@ class RankProgram:
         M = routing_matrix(cfg.seed, self.iteration, mb, layer, epg.index, cfg.ep, tok, cfg.moe_router_topk)
         return int(M[:, epg.rank_of(q)].sum())
 
-    def _gather_v(self, group: Group, sizes: list[int], width: int, dtype: int) -> Iterator[Unit]:
-        """torch.distributed.all_gather into a list of tensors (mappings._gather_along_first_dim
-        with output_split_sizes): an AllGather when all members contribute the same size, else
-        PyTorch's fallback, one grouped Broadcast rooted at every member."""
+    def _sized_collective(self, group: Group, sizes: list[int], width: int, dtype: int, equal_op: str,
+                          fallback_op: str) -> Iterator[Unit]:
+        """A list-based torch.distributed collective: ``equal_op`` when all members' sizes agree,
+        else PyTorch's fallback, one grouped ``fallback_op`` rooted at every member."""
         me = group.rank_of(self.rank)
         if len(set(sizes)) == 1:
-            yield from self._c(group, "AllGather", sizes[me] * width, dtype)
+            yield from self._c(group, equal_op, sizes[me] * width, dtype)
             return
-        specs = [(group, "Broadcast", n * width, dtype, 0, r, -1) for r, n in enumerate(sizes)]
+        specs = [(group, fallback_op, n * width, dtype, 0, r, -1) for r, n in enumerate(sizes)]
         u = self._unit_of(specs, grouped=True)
         if u is not None:
             yield u
 
+    def _gather_v(self, group: Group, sizes: list[int], width: int, dtype: int) -> Iterator[Unit]:
+        """torch.distributed.all_gather into a list of tensors (mappings._gather_along_first_dim
+        with output_split_sizes): AllGather, or grouped Broadcasts for unequal sizes."""
+        yield from self._sized_collective(group, sizes, width, dtype, "AllGather", "Broadcast")
+
     def _reduce_scatter_v(self, group: Group, sizes: list[int], width: int, dtype: int) -> Iterator[Unit]:
-        """torch.distributed.reduce_scatter from a list (input_split_sizes): a ReduceScatter for
-        equal sizes, else one grouped Reduce rooted at every member."""
-        me = group.rank_of(self.rank)
-        if len(set(sizes)) == 1:
-            yield from self._c(group, "ReduceScatter", sizes[me] * width, dtype)
-            return
-        specs = [(group, "Reduce", n * width, dtype, 0, r, -1) for r, n in enumerate(sizes)]
-        u = self._unit_of(specs, grouped=True)
-        if u is not None:
-            yield u
+        """torch.distributed.reduce_scatter from a list (input_split_sizes): ReduceScatter, or
+        grouped Reduces for unequal sizes."""
+        yield from self._sized_collective(group, sizes, width, dtype, "ReduceScatter", "Reduce")
 
     def _moe(self, layer: int, mb: int, backward: bool, phase: str) -> Iterator[Unit]:
         """MoE layer: router aux-loss reduction and token dispatch/combine
