@@ -140,3 +140,13 @@ def test_emulated_hardware_needs_a_known_node_model():
     cfg["hardware"]["A100"]["gpu"] = "B200"
     with pytest.raises(CampaignError, match="no node model for gpu 'B200'; set 'preset'"):
         expand_campaign(cfg)
+
+
+def test_cli_emulates_a_campaign_run_and_parses_its_export(tmp_path, capsys):
+    rc = main(["emulate", "dense_A100_tp1_pp1_ep1_cp1_vpp1_sp0_dp4", "--campaign", str(EXAMPLE), "-o",
+               str(tmp_path / "raw"), "-q"])
+    assert rc == 0 and "4 ranks, 308 logged ops" in capsys.readouterr().out
+    assert main(["parse-nsys", str(tmp_path / "raw" / "nsys" / "node000.sqlite"), "-o", str(tmp_path / "n")]) == 0
+    assert (tmp_path / "n" / "kernels.parquet").exists() and (tmp_path / "n" / "manifest.json").exists()
+    assert main(["emulate", "no_such_run", "--campaign", str(EXAMPLE), "-o", str(tmp_path / "x")]) == 2
+    assert "run 'no_such_run' is not in" in capsys.readouterr().err

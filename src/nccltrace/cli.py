@@ -69,7 +69,10 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     else:
         settings = yaml.safe_load(Path(args.config).read_text())
     result = emulate_run(settings, Path(args.out), progress=not args.quiet)
-    print(f"emulated run -> {args.out}: {result}")
+    print(
+        f"emulated {result.run_id}: {result.n_ranks} ranks, {result.n_ops} logged ops, {result.n_kernels} kernels; "
+        f"{len(result.log_files)} NCCL logs, {len(result.nsys_files)} nsys exports, ground truth -> {args.out}"
+    )
     return 0
 
 
