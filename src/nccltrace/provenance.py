@@ -67,6 +67,29 @@ def code_version() -> dict[str, Any]:
     return info
 
 
+# Package modules each workflow stage's results depend on. Snakemake does not see modules imported by
+# rule scripts, so rules carry these hashes as params: a change re-runs exactly the dependent rules.
+STAGE_MODULES: dict[str, tuple[str, ...]] = {
+    "emulate": ("emulator", "nccl/log_writer.py", "nccl/versions.py", "nccl/enums.py", "nsys/writer.py",
+                "nsys/ddl", "tables.py"),
+    "parse_nccl": ("nccl/log_reader.py", "nccl/fast_scan.py", "nccl/enums.py", "nccl/versions.py", "tables.py"),
+    "parse_nsys": ("nsys/reader.py", "tables.py"),
+}
+
+
+def stage_code_hash(stage: str) -> str:
+    """SHA-256 (16 hex digits) of the package sources a workflow stage depends on."""
+    pkg = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for entry in STAGE_MODULES[stage]:
+        p = pkg / entry
+        files = sorted(q for q in p.rglob("*") if q.is_file() and q.suffix in (".py", ".sql")) if p.is_dir() else [p]
+        for f in files:
+            h.update(str(f.relative_to(pkg)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def tool_versions() -> dict[str, str]:
     """Versions of the libraries the analysis depends on."""
     out = {"python": platform.python_version()}

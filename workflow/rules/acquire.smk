@@ -8,6 +8,7 @@ checkpoint acquire:
         raw=directory(f"{RESULTS}/{{run}}/raw"),
     params:
         settings=run_settings,
+        code=stage_code_hash("emulate"),
     log:
         f"{RESULTS}/{{run}}/logs/acquire.log",
     benchmark:

@@ -4,6 +4,7 @@ from pathlib import Path
 
 from nccltrace.campaign import expand_campaign
 from nccltrace.nccl.log_reader import TABLE_NAMES as NCCL_TABLES
+from nccltrace.provenance import stage_code_hash
 
 RUNS = {run.run_id: run for run in expand_campaign(config)}
 RUN_IDS = sorted(RUNS)

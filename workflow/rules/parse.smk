@@ -11,6 +11,8 @@ rule parse_nccl:
         ),
         report=f"{RESULTS}/{{run}}/parsed/nccl/{{proc}}/parse_report.json",
         manifest=f"{RESULTS}/{{run}}/parsed/nccl/{{proc}}/manifest.json",
+    params:
+        code=stage_code_hash("parse_nccl"),
     log:
         f"{RESULTS}/{{run}}/logs/parse_nccl/{{proc}}.log",
     benchmark:
@@ -31,6 +33,8 @@ rule parse_nsys:
         ),
         session=f"{RESULTS}/{{run}}/parsed/nsys/{{host}}/session.json",
         manifest=f"{RESULTS}/{{run}}/parsed/nsys/{{host}}/manifest.json",
+    params:
+        code=stage_code_hash("parse_nsys"),
     log:
         f"{RESULTS}/{{run}}/logs/parse_nsys/{{host}}.log",
     benchmark:
