@@ -77,7 +77,7 @@ def test_nsys_export_is_readable_and_matches_kernels(small_run):
         "on r.correlationId = k.correlationId and (r.globalTid & -16777216) = k.globalPid "
         "join StringIds rn on rn.id = r.nameId where s.value like 'nccl%'", con)  # fmt: skip
     assert len(k) == len(kernels) == small_run.n_kernels
-    assert set(k.api) == {"cuLaunchKernelEx"} and (k.start > k.api_end).all()
+    assert set(k.api) == {"cudaLaunchKernelExC_v11060"} and (k.start > k.api_end).all()  # NCCL 2.21 default
     assert set(zip(ops.pid, ops.kernel_correlation_id.astype(int))) == set(zip(k.pid, k.cid))
     merged = kernels.merge(k, left_on=["pid", "correlation_id"], right_on=["pid", "cid"])
     assert (merged.start_x == merged.start_y).all() and (merged.name_x == merged.name_y).all()
@@ -159,7 +159,7 @@ def test_split_init_and_new_versions(tmp_path):
         ("2.18.3", "SendRecv", 6, 0, "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)"),
         ("2.21.5", "ReduceScatter", 9, 0, "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"),
         ("2.24.3", "AllGather", 6, 0, "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"),
-        ("2.24.3", "AllReduce", 7, 2, "ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)"),
+        ("2.24.3", "AllReduce", 7, 2, "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"),
         ("2.28.9", "AlltoAll", 9, 0, "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"),
     ],
 )
@@ -181,9 +181,11 @@ def test_64_rank_run(tmp_path):
     assert con.execute("select count(distinct globalPid) from CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0] == 8
 
 
-@pytest.mark.parametrize("version, cuda, api, event_class", [("2.18.3", "12.1", "cudaLaunchKernel_v7000", 0),
-                                                             ("2.21.5", "11.8", "cudaLaunchKernel_v7000", 0),
-                                                             ("2.24.3", "12.4", "cuLaunchKernelEx", 1)])  # fmt: skip
+@pytest.mark.parametrize("version, cuda, api, event_class", [("2.18.3", "12.1", "cudaLaunchKernelExC_v11060", 0),
+                                                             ("2.21.5", "11.8", "cudaLaunchKernelExC_v11060", 0),
+                                                             ("2.21.5", "11.7", "cudaLaunchKernel_v7000", 0),
+                                                             ("2.24.3", "12.4", "cuLaunchKernelEx", 1),
+                                                             ("2.24.3", "11.7", "cuLaunchKernel", 1)])  # fmt: skip
 def test_launch_api_by_stack(tmp_path, version, cuda, api, event_class):
     res = emulate_run({"iterations": 1, "num_layers": 2, "nccl_version": version, "cuda_version": cuda,
                        "compute_kernels": False}, tmp_path)  # fmt: skip
@@ -199,3 +201,13 @@ def test_rerun_into_the_same_directory_leaves_one_run(tmp_path):
     b = emulate_run({"iterations": 1, "num_layers": 2, "nodes": 1, "gpus_per_node": 2, "seed": 3}, tmp_path)
     assert sorted((tmp_path / "nccl").glob("*.log")) == sorted(b.log_files) and len(b.log_files) == 2
     assert a.stdout_log is not None and not (tmp_path / "stdout.log").exists()
+
+
+def test_split_lines_agree_across_the_members_of_each_communicator(tmp_path):
+    res = emulate_run({**SMALL, "iterations": 1, "nodes": 2, "gpus_per_node": 2, "pp": 2, "init_style": "split",
+                       "nccl_version": "2.24.3"}, tmp_path)  # fmt: skip
+    comms = pd.read_parquet(res.ground_truth["communicators"])
+    split = comms[comms.init_api == "ncclCommSplit"]
+    for _, g in split.groupby("comm_uid"):
+        assert g.split_count.nunique() == 1 and g.color.nunique() == 1
+        assert sorted(g.key) == sorted(g.rank_in_comm) == list(range(len(g)))

@@ -156,9 +156,9 @@ def nccl_kernel_name(version: NcclVersion, family: str, dtype: int, redop: int, 
         short = "ncclDevKernel_SendRecv"
     elif family in ("AllGather", "Broadcast"):
         short = f"ncclDevKernel_{family}_RING_LL"
-    elif redop != 0:
-        short = "ncclDevKernel_Generic"
     else:
+        # The specialised kernel depends on function and type only; any reduction op runs in it
+        # (src/device/generate.py), so max/min/avg AllReduces still launch the _Sum_ kernel.
         a = algo if family == "AllReduce" else "RING"
         short = f"ncclDevKernel_{family}_Sum_{_TY19[dtype]}_{a}_LL"
     return short + params, short
@@ -296,11 +296,15 @@ class _Context:
         self.imp = cfg.imperfections
         self.dup_ranks = set(self.imp.duplicate_log_lines.ranks) if self.imp.duplicate_log_lines.active else set()
         self.kernel_params = "(ncclDevComm*" if self.nccl.tuple < (2, 22, 0) else "(ncclDevKernelArgs"
-        # NCCL >= 2.19 launches through the driver's cuLaunchKernelEx on CUDA 12 stacks; older
-        # stacks use the runtime's cudaLaunchKernel (nsys name with its _v7000 version suffix).
-        cuda_major = int(str(cfg.cuda_version).split(".")[0])
-        modern = self.nccl.tuple >= (2, 19, 0) and cuda_major >= 12
-        self.launch_api = ("cuLaunchKernelEx", 1) if modern else ("cudaLaunchKernel_v7000", 0)
+        # How NCCL launches its kernels (src/enqueue.cc): from CUDA 11.8, 2.18.3-2.21 call the
+        # runtime's cudaLaunchKernelExC and >= 2.22.3 the driver's cuLaunchKernelEx; older CUDA
+        # gets cudaLaunchKernel / cuLaunchKernel. nsys names runtime calls with a _vNNNNN suffix.
+        cuda = tuple(int(x) for x in str(cfg.cuda_version).split(".")[:2])
+        driver = self.nccl.tuple >= (2, 22, 0)
+        if cuda >= (11, 8):
+            self.launch_api = ("cuLaunchKernelEx", 1) if driver else ("cudaLaunchKernelExC_v11060", 0)
+        else:
+            self.launch_api = ("cuLaunchKernel", 1) if driver else ("cudaLaunchKernel_v7000", 0)
         self.opcount_needs_proxy = self.nccl.tuple >= (2, 27, 3)
         self.payloads = cfg.nvtx_payloads != "none" and self.nccl.tuple >= (2, 16, 2)
         self.new_payloads = self.nccl.tuple >= (2, 25, 0)
@@ -428,9 +432,11 @@ class _Process:
         color = key = None
         comm_id_logged: int | None
         if split:
-            self.split_count += 1
+            # NCCL counts every ncclCommSplit on the parent, and PyTorch's new_group makes every
+            # rank call it (NOCOLOR for non-members): all members print the group's creation index.
+            self.split_count = comm.order if hasattr(comm, "order") else self.split_count + 1
             color = int(hash_ints(*comm.ranks) & 0x7FFFFFFF)
-            key = self.rank
+            key = st.rank_in_comm  # PyTorch passes the rank within the new group as the split key
             comm_id_logged = (hash_ints(self.ctx.comm_hash(self.layout_world), color) | 1
                               if ctx.nccl.init_style in ("literal_api", "base", "complete_only_no_nvml") else None)  # fmt: skip
             w.split(self.tid, parent=self.world_ptr, color=color, key=key, split_count=self.split_count,
