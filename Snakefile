@@ -2,7 +2,14 @@
 # analyse it. Rules are thin; all logic lives in the `nccltrace` package.
 #   snakemake --cores all                 # embedded example campaign (emulated)
 #   snakemake --profile slurm             # on a SLURM cluster (see README)
+import sys
+from pathlib import Path
+
 from snakemake.utils import min_version, validate
+
+# Use this checkout's package (as the rule scripts do), so the code hashes that trigger re-runs
+# describe the code the jobs actually run, whatever nccltrace is installed.
+sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
 min_version("9.0")
 

@@ -156,3 +156,16 @@ def test_warn_lines_in_each_version_form_parse_back(tmp_path, version, stamped, 
     assert (warn.host, warn.pid, warn.tid) == ("node9", 77, 78)
     assert warn.source.startswith("transport/net_ib.cc:2453") and warn.message.startswith("NET/IB")
     assert pd.notna(warn.wall_time_ns) == stamped
+
+
+def test_output_tables_are_readable_by_group_and_others_like_plain_files(tmp_path):
+    import os
+    import stat
+
+    text, _ = _write_process_log("2.24.3")
+    (tmp_path / "a.log").write_text(text)
+    parse_logs([tmp_path / "a.log"], tmp_path / "out")
+    old = os.umask(0o022)
+    os.umask(old)
+    for f in (tmp_path / "out").iterdir():
+        assert stat.S_IMODE(f.stat().st_mode) == 0o666 & ~old, f.name

@@ -221,10 +221,22 @@ def empty_table(name: str) -> pa.Table:
     return TABLES[name].empty_table()
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_path(path: Path) -> Path:
-    """A temporary sibling of ``path`` for write-then-rename."""
+    """A temporary sibling of ``path`` for write-then-rename.
+
+    mkstemp creates files readable by the owner only; give the file the permissions a plain
+    ``open()`` would (0666 minus the umask) so results stay readable in shared project directories.
+    """
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, 0o666 & ~_umask())
     os.close(fd)
     return Path(tmp)
 

@@ -23,7 +23,6 @@ import os
 import re
 import sqlite3
 import struct
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -247,9 +246,9 @@ def _arrow_schema(spec: list[tuple[str, str]]):
 @contextlib.contextmanager
 def _atomic_path(target: Path) -> Iterator[Path]:
     """Yield a temp path next to ``target``; rename it over ``target`` if the block succeeds."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
+    from ..tables import atomic_path
+
+    tmp_path = atomic_path(target)
     try:
         yield tmp_path
         os.replace(tmp_path, target)
