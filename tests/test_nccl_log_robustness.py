@@ -126,3 +126,11 @@ def test_tuning_lines_attach_only_to_calls_on_comms_where_the_process_is_rank_0(
     t = read_table(tmp_path / "o" / "tuning.parquet")
     assert int(t.call_line.iloc[0]) == 4 and pd.isna(t.call_line.iloc[1])
     assert int(t.n_calls.iloc[0]) == 2
+
+
+def test_a_lost_call_line_makes_the_result_partial_but_foreign_text_does_not(tmp_path):
+    (tmp_path / "ok.log").write_text(f"n:1:1 [0] NCCL INFO {CALL}\nsome application output\n")
+    assert not parse_logs([tmp_path / "ok.log"], tmp_path / "a").partial
+    (tmp_path / "cut.log").write_text(f"n:1:1 [0] NCCL INFO {CALL}\nn:1:1 [0] NCCL INFO {CALL[:60]}\n")
+    report = parse_logs([tmp_path / "cut.log"], tmp_path / "b")
+    assert report.partial and report.counts["lost_records"] == 1

@@ -52,3 +52,14 @@ def test_workflow_emulates_and_parses_every_run_then_has_nothing_to_do(tmp_path)
         assert (base / "logs" / "acquire.log").exists() and (base / "benchmarks" / "acquire.tsv").exists()
     again = _snakemake(tmp_path, "-n")
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+    # A rank's log goes missing: the run's summary says so and is flagged partial.
+    base = tmp_path / "results" / "small" / runs[0]
+    victim = sorted((base / "raw" / "nccl").glob("nccl_*.log"))[1]
+    victim.unlink()
+    third = _snakemake(tmp_path)
+    assert third.returncode == 0, third.stderr[-4000:]
+    summary = json.loads((base / "parsed" / "parse_summary.json").read_text())
+    assert summary["partial"] and summary["processes"] == 3 and summary["expected_processes"] == 4
+    assert any("1 of 4 rank logs are missing" in i["message"] for i in summary["issues"])
+    manifest = json.loads((base / "parsed" / "manifest.json").read_text())
+    assert manifest["partial"] and manifest["config_hash"] and len(manifest["inputs"]) == 3 + 2

@@ -13,6 +13,7 @@ rule parse_nccl:
         manifest=f"{RESULTS}/{{run}}/parsed/nccl/{{proc}}/manifest.json",
     params:
         code=stage_code_hash("parse_nccl"),
+        settings=run_settings,
     log:
         f"{RESULTS}/{{run}}/logs/parse_nccl/{{proc}}.log",
     benchmark:
@@ -35,6 +36,7 @@ rule parse_nsys:
         manifest=f"{RESULTS}/{{run}}/parsed/nsys/{{host}}/manifest.json",
     params:
         code=stage_code_hash("parse_nsys"),
+        settings=run_settings,
     log:
         f"{RESULTS}/{{run}}/logs/parse_nsys/{{host}}.log",
     benchmark:
@@ -49,7 +51,12 @@ rule parse_summary:
     input:
         parsed_outputs,
     output:
-        f"{RESULTS}/{{run}}/parsed/parse_summary.json",
+        summary=f"{RESULTS}/{{run}}/parsed/parse_summary.json",
+        manifest=f"{RESULTS}/{{run}}/parsed/manifest.json",
+    params:
+        expected_processes=lambda wc: RUNS[wc.run].world_size,
+        expected_nodes=lambda wc: int(RUNS[wc.run].settings["nodes"]),
+        settings=run_settings,
     log:
         f"{RESULTS}/{{run}}/logs/parse_summary.log",
     conda:

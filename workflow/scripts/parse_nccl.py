@@ -14,5 +14,6 @@ log_file = Path(snakemake.input.raw) / "nccl" / f"{snakemake.wildcards.proc}.log
 out = Path(snakemake.output.report).parent  # noqa: F821
 report = parse_logs([log_file], out, base=log_file.parent)
 write_manifest(snakemake.output.manifest, stage="parse_nccl", inputs=[log_file],  # noqa: F821
-               outputs=snakemake.output.tables + [snakemake.output.report], partial=report.partial)  # noqa: F821
+               outputs=snakemake.output.tables + [snakemake.output.report], partial=report.partial,  # noqa: F821
+               config=dict(snakemake.params.settings))  # noqa: F821
 print({k: v for k, v in sorted(report.counts.items())})

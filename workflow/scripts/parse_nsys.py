@@ -15,5 +15,5 @@ out = Path(snakemake.output.session).parent  # noqa: F821
 export = NsysExport.open(export_file)
 written = export.export_tables(out)
 write_manifest(snakemake.output.manifest, stage="parse_nsys", inputs=[export_file],  # noqa: F821
-               outputs=list(written.values()))
+               outputs=list(written.values()), config=dict(snakemake.params.settings))  # noqa: F821
 print(f"schema {export.schema_version}, product {export.product_version}: {sorted(written)}")

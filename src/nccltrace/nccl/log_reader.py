@@ -205,8 +205,11 @@ class ParseReport:
 
     @property
     def partial(self) -> bool:
-        """True when some input could not be read completely (a result built on it is partial)."""
-        return any(i.get("severity") == "error" for f in self.files for i in f.issues)
+        """True when some input could not be read completely (a result built on it is partial):
+        a file-level error, or NCCL records that could not be recovered (``lost_records``)."""
+        return any(i.get("severity") == "error" for f in self.files for i in f.issues) or any(
+            f.counts.get("lost_records", 0) for f in self.files
+        )
 
     def as_dict(self) -> dict:
         return {
@@ -267,8 +270,14 @@ class _FileParser:
         self.pending_prefix: list[tuple] = []  # torn prefixes waiting for their message
 
     # --- helpers ---------------------------------------------------------------------
+    _FOREIGN_REASONS = ("comment/", "mentions NCCL but", "not an NCCL log record")
+
     def _unclassified(self, lineno: int, reason: str, raw: bytes) -> None:
         self.report.counts["unclassified"] += 1
+        if not reason.startswith(self._FOREIGN_REASONS):
+            # An NCCL record (or part of one) that could not be read: tables built from this file
+            # are missing it, so the result is partial.
+            self.report.counts["lost_records"] += 1
         self.sinks["unclassified"].append((self.name, lineno, reason, _text(raw)))
 
     def _parse_prefix(self, soup: bytes) -> tuple | None:
