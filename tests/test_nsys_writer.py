@@ -427,8 +427,11 @@ def test_blob_with_unknown_header_layout_is_not_decoded(tmp_path: Path) -> None:
     with sqlite3.connect(path) as conn:  # simulate a 32-byte header instead of nccltrace's 8 bytes
         conn.execute("UPDATE NVTX_EVENTS SET binaryData = zeroblob(24) || binaryData WHERE binaryData IS NOT NULL")
     conn.close()
-    n = NsysExport.open(path).nvtx()
+    x = NsysExport.open(path)
+    with pytest.warns(UserWarning, match=r"h\.sqlite: \d+ NVTX extended-payload blob\(s\) could not be decoded"):
+        n = x.nvtx()
     assert n["payload_source"].isna().all() and n["nccl_comm_id"].isna().all()
+    assert x.undecoded_payload_blobs > 0 and x.session_info()["undecoded_payload_blobs"] == x.undecoded_payload_blobs
 
 
 # --------------------------------------------------------------------------- round trips

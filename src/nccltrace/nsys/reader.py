@@ -288,6 +288,7 @@ class NsysExport:
         self.session_start_utc_ns: int | None = None
         self.time_normalized = False
         self.time_shift_ns: int | None = None
+        self.undecoded_payload_blobs: int | None = None  # set by nvtx(): blobs present but not decodable
         self._tables: set[str] = set()
 
     # ------------------------------------------------------------------ opening
@@ -827,6 +828,18 @@ class NsysExport:
             for i, v in enumerate(values):
                 if v is not None and source[i] is None:
                     fill(i, decode(i, v), src)
+        undecoded = sum(1 for i, b in enumerate(blobs) if b is not None and source[i] is None)
+        self.undecoded_payload_blobs = undecoded
+        if undecoded:
+            # Say so instead of leaving the payload columns silently empty.
+            warnings.warn(
+                NsysSchemaWarning(
+                    f"{self.path}: {undecoded} NVTX extended-payload blob(s) could not be decoded (unknown byte "
+                    "layout); their nccl_* columns are empty - re-export with --dynamic-tables=all or "
+                    "--include-json=true if your nsys supports it"
+                ),
+                stacklevel=3,
+            )
         out["payload_source"] = source
         return out
 
@@ -917,6 +930,7 @@ class NsysExport:
             "time_normalized": self.time_normalized,
             "time_shift_ns": self.time_shift_ns,
             "utc_offset_ns": self.utc_offset_ns,
+            "undecoded_payload_blobs": self.undecoded_payload_blobs,
         }
 
     def export_tables(
