@@ -207,6 +207,13 @@ class EmulationResult:
     kernel_counts: dict[str, int] = field(default_factory=dict)
 
 
+def _capture_ids(node: int) -> tuple[int, int]:
+    """HW and VM bytes of a node's globalPid/globalTid values. They differ between captures (the
+    real 2022.4 sample has VM 1); from node 1 on the HW byte is >= 0x80, so the stored ids are
+    negative int64 and readers must decode them with masks, as on real exports."""
+    return (0x7F + node) & 0xFF, 1
+
+
 # --------------------------------------------------------------------------- clocks
 
 
@@ -343,7 +350,7 @@ class _Process:
         self.clock = ctx.clocks[self.node]
         self.nsys = nsys
         self.sinks = sinks
-        self.gpid = encode_global_pid(self.pid)
+        self.gpid = encode_global_pid(self.pid, *_capture_ids(self.node))
         self.log_name = f"nccl_{self.host}_{self.pid}.log"
         self.log_path = ctx.out_dir / "nccl" / self.log_name
         self.tmp_path = atomic_path(self.log_path)
@@ -899,9 +906,11 @@ def emulate_run(config: EmulatorConfig | dict, out_dir: Path, *, progress: bool 
             clk = ctx.clocks[node]
             nsys_path = out_dir / "nsys" / f"{host}.sqlite"
             payload_mode = cfg.nvtx_payloads if cfg.nvtx_payloads != "none" else "none"
+            hw_id, vm_id = _capture_ids(node)
             with NsysExportWriter(nsys_path, cfg.nsys_schema, hostname=host,
                                   session_start_utc_ns=cfg.start_time_utc_ns + clk.session_local,
-                                  product_version=cfg.nsys_product_version, payload_mode=payload_mode) as nw:  # fmt: skip
+                                  product_version=cfg.nsys_product_version, payload_mode=payload_mode,
+                                  hw_id=hw_id, vm_id=vm_id) as nw:  # fmt: skip
                 for lr in range(cfg.gpus_per_node):
                     rank = node * cfg.gpus_per_node + lr
                     proc = _Process(ctx, rank, nw, sinks, record_times)
