@@ -211,3 +211,19 @@ def test_split_lines_agree_across_the_members_of_each_communicator(tmp_path):
     for _, g in split.groupby("comm_uid"):
         assert g.split_count.nunique() == 1 and g.color.nunique() == 1
         assert sorted(g.key) == sorted(g.rank_in_comm) == list(range(len(g)))
+
+
+def test_opcount_from_2_27_3_counts_only_plans_with_network_work(tmp_path):
+    cfg = {**SMALL, "tp": 1, "pp": 4, "iterations": 1, "nodes": 2, "gpus_per_node": 2, "global_batch_size": 8,
+           "nccl_version": "2.27.3"}
+    ops = pd.read_parquet(emulate_run(cfg, tmp_path / "a").ground_truth["ops"])
+    p2p = ops[ops.op.isin(["Send", "Recv"])]
+    intra = p2p[(p2p.peer_global // 2) == (p2p["rank"] // 2)]
+    inter = p2p[(p2p.peer_global // 2) != (p2p["rank"] // 2)]
+    assert len(intra) and len(inter)
+    # rank 0's pipeline peer (rank 1) is on its own node: its P2P plans never advance opCount
+    r0 = p2p[(p2p["rank"] == 0)]
+    assert (r0.peer_global // 2 == 0).all() and set(r0.op_count) == {0}
+    assert inter.op_count.max() > 0
+    old = pd.read_parquet(emulate_run({**cfg, "nccl_version": "2.26.2"}, tmp_path / "b").ground_truth["ops"])
+    assert old[(old["rank"] == 0) & old.op.isin(["Send", "Recv"])].op_count.max() > 0

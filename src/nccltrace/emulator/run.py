@@ -675,10 +675,18 @@ class _Process:
         self._prev_gpu_end = tm.gpu_free
         self._prev_cpu = tm.call_end
         # --- opCount: plans launched per communicator (>= 2.27.3: only plans with network work)
+        gpn = self.cfg.gpus_per_node
         for uid in {o.comm.uid for o in multi}:
             st = self.comms[uid]
-            if not ctx.opcount_needs_proxy or ctx.link.nnodes(st.comm) > 1:
-                st.op_count += 1
+            if ctx.opcount_needs_proxy:
+                # 2.27.3+: only plans with proxy (network) work for this rank count: P2P with a peer
+                # on another node; collectives on a communicator spanning nodes.
+                ops = [o for o in multi if o.comm.uid == uid]
+                proxy = any(o.peer >= 0 and o.peer // gpn != self.node if o.op in P2P_OPS
+                            else ctx.link.nnodes(st.comm) > 1 for o in ops)  # fmt: skip
+                if not proxy:
+                    continue
+            st.op_count += 1
         # --- ground truth
         for o, row in zip(u.ops, op_rows):
             k = kern_of_op.get(o.seq)
