@@ -25,8 +25,8 @@ def test_example_campaign_expands_to_the_thesis_configurations():
         "dense_A100_tp1_pp1_ep1_cp1_vpp1_sp0_dp4_distopt",
         "dense_A100_tp1_pp4_ep1_cp1_vpp1_sp0_dp1",
         "dense_A100_tp1_pp4_ep1_cp1_vpp2_sp0_dp1",
-        "dense_A100_tp4_pp1_ep1_cp1_vpp1_sp1_dp1",
-        "dense_A100_tp4_pp1_ep1_cp1_vpp1_sp0_dp1",
+        "dense_reduced_A100_tp4_pp1_ep1_cp1_vpp1_sp1_dp1",
+        "dense_reduced_A100_tp4_pp1_ep1_cp1_vpp1_sp0_dp1",
         "dense_moe_A100_tp1_pp1_ep4_cp1_vpp1_sp0_dp4_a2a",
         "dense_moe_A100_tp1_pp1_ep4_cp1_vpp1_sp0_dp4_ag",
     }
@@ -66,7 +66,7 @@ def test_inconsistent_dp_and_undefined_model_are_rejected():
 
 def test_exclude_removes_matching_entries():
     cfg = yaml.safe_load(EXAMPLE.read_text())
-    cfg["exclude"] = [{"model": "dense", "tp": 4}]
+    cfg["exclude"] = [{"model": "dense_reduced", "tp": 4}]
     ids = [r.run_id for r in expand_campaign(cfg)]
     assert len(ids) == 6 and not any("_tp4_" in i for i in ids)
 
@@ -145,7 +145,7 @@ def test_emulated_hardware_needs_a_known_node_model():
 def test_cli_emulates_a_campaign_run_and_parses_its_export(tmp_path, capsys):
     rc = main(["emulate", "dense_A100_tp1_pp1_ep1_cp1_vpp1_sp0_dp4", "--campaign", str(EXAMPLE), "-o",
                str(tmp_path / "raw"), "-q"])
-    assert rc == 0 and "4 ranks, 308 logged ops" in capsys.readouterr().out
+    assert rc == 0 and "4 ranks, 1268 logged ops, 308 kernels" in capsys.readouterr().out  # thesis: 308
     assert main(["parse-nsys", str(tmp_path / "raw" / "nsys" / "node000.sqlite"), "-o", str(tmp_path / "n")]) == 0
     assert (tmp_path / "n" / "kernels.parquet").exists() and (tmp_path / "n" / "manifest.json").exists()
     assert main(["emulate", "no_such_run", "--campaign", str(EXAMPLE), "-o", str(tmp_path / "x")]) == 2
