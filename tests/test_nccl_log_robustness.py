@@ -134,3 +134,14 @@ def test_a_lost_call_line_makes_the_result_partial_but_foreign_text_does_not(tmp
     (tmp_path / "cut.log").write_text(f"n:1:1 [0] NCCL INFO {CALL}\nn:1:1 [0] NCCL INFO {CALL[:60]}\n")
     report = parse_logs([tmp_path / "cut.log"], tmp_path / "b")
     assert report.partial and report.counts["lost_records"] == 1
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_record_glued_to_a_prefix_cut_inside_its_level_token_keeps_its_host(tmp_path, fast):
+    (tmp_path / "g.log").write_text(
+        f"node000:1:1 [0] NCCL INFO {CALL}\nnode000:1:1 [0] NCCL INFnode000:2:2 [1] NCCL INFO {CALL}\n"
+    )
+    parse_logs([tmp_path / "g.log"], tmp_path / "o", fast=fast)
+    calls = read_table(tmp_path / "o" / "calls.parquet")
+    assert list(zip(calls.host, calls.pid)) == [("node000", 1), ("node000", 2)]
+    assert calls.recovery.iloc[1] == "host_suffix"

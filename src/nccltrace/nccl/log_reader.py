@@ -306,16 +306,17 @@ class _FileParser:
             if host not in self.known_hosts:
                 # Foreign text glued to the host ("... -1h100node-1:...", or a torn-off message tail
                 # "AllRedunode-1:...") : prefer a known host that is a suffix of the candidate. Only
-                # then: a host name cannot start with '-', '.' or '_', and inside a torn line the
-                # candidate is suspect; otherwise "job-worker-1" is a host of its own.
-                suspect = self._torn_context or not host[:1].isalnum()
+                # then: a host name cannot start with '-', '.' or '_', and inside a torn line (or
+                # after another record's cut-off prefix, "... NCCL INFnode000:...") the candidate is
+                # suspect; otherwise "job-worker-1" is a host of its own.
+                suspect = self._torn_context or not host[:1].isalnum() or b"NCCL" in soup[: p.start()]
                 for known in (self.known_hosts if suspect else ()):
                     if host.endswith(known) and host != known:
                         host = known
                         recovery = "host_suffix"
                         break
                 else:
-                    if self._torn_context:
+                    if suspect:
                         # A cut-off op name glued to an unseen host ("AllRedu" + "node2"): strip the
                         # longest (>= 4 chars) proper prefix of an NCCL op name.
                         cut = max((k for op in ALL_OPS for k in range(4, len(op))
