@@ -145,3 +145,24 @@ def test_record_glued_to_a_prefix_cut_inside_its_level_token_keeps_its_host(tmp_
     calls = read_table(tmp_path / "o" / "calls.parquet")
     assert list(zip(calls.host, calls.pid)) == [("node000", 1), ("node000", 2)]
     assert calls.recovery.iloc[1] == "host_suffix"
+
+
+def test_stdout_tear_ground_truth_points_at_what_was_written(tmp_path):
+    settings = {"model": "tiny", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 64,
+                "vocab_size": 512, "micro_batch_size": 1, "global_batch_size": 2, "iterations": 2, "tp": 2,
+                "nodes": 1, "gpus_per_node": 4, "nccl_version": "2.24.3", "seed": 9, "precision": "bf16",
+                "imperfections": {"torn_lines": 0.1}}
+    res = emulate_run(settings, tmp_path / "raw")
+    tears = read_table(res.ground_truth["stdout_tears"])
+    assert set(tears.kind) == {"torn", "glued"}
+    out = res.stdout_log.read_text().split("\n")
+    logs = {int(p.stem.split("_")[-1]): p.read_text().split("\n") for p in res.log_files}
+    for row in tears.itertuples():
+        original = logs[row.pid][row.log_line - 1]
+        written = out[row.stdout_line - 1]
+        if row.kind == "torn":  # head + the glued next record on this line, the tail on the next line
+            tail = out[row.stdout_line]
+            assert written.startswith(original[:10]) and tail and original.endswith(tail)
+            assert written[: len(original) - len(tail)] == original[: len(original) - len(tail)]
+        else:
+            assert written.endswith(original)

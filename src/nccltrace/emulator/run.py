@@ -832,9 +832,22 @@ class _Process:
 # --------------------------------------------------------------------------- combined stdout
 
 
-def _write_combined_stdout(out: Path, logs: list[tuple[Path, Path, int]], cfg: EmulatorConfig) -> None:
+STDOUT_TEARS_SCHEMA = pa.schema([("pid", pa.int64()), ("log_line", pa.int64()), ("stdout_line", pa.int64()),
+                                 ("kind", pa.string())])
+
+
+def _write_combined_stdout(out: Path, logs: list[tuple[Path, Path, int]], cfg: EmulatorConfig,
+                           tears_path: Path) -> None:
     """Interleave all processes' lines by time into one stdout log and tear the chosen call lines
-    (first part of the line, then the next line of another process, then the orphan tail)."""
+    (first part of the line, then the next line of another process, then the orphan tail).
+
+    What actually happened to each damaged line is written to ``tears_path`` (ground truth):
+    ``torn`` = head on one physical line, tail on the next; ``glued`` = an intact record written
+    right after a torn head, on the same physical line. A line chosen for tearing that arrives
+    while a tail is pending is written whole (glued), and recorded as such.
+    """
+    tears: list[tuple[int, int, int, str]] = []
+    stdout_line = 1
     frac = cfg.imperfections.torn_lines
     tmp = atomic_path(out)
     files = []
@@ -858,19 +871,28 @@ def _write_combined_stdout(out: Path, logs: list[tuple[Path, Path, int]], cfg: E
             text = line.rstrip("\n")
             if pending_tail is not None:
                 outf.write(text + "\n" + pending_tail + "\n")
+                tears.append((pid, lineno, stdout_line, "glued"))
+                stdout_line += 2
                 pending_tail = None
                 continue
             if ": opCount " in text and u01(cfg.seed, pid, lineno, 0x7E) < frac and heap:
                 cut = 10 + int((len(text) - 20) * u01(cfg.seed, pid, lineno, 0x7F))
                 outf.write(text[:cut])
+                tears.append((pid, lineno, stdout_line, "torn"))
                 pending_tail = text[cut:]
                 continue
             outf.write(text + "\n")
+            stdout_line += 1
         if pending_tail is not None:
             outf.write("\n" + pending_tail + "\n")
     for fh, _ts, _pid in files:
         fh.close()
     _publish(tmp, out)
+    cols = list(zip(*tears)) if tears else [[], [], [], []]
+    tt = atomic_path(tears_path)
+    pq.write_table(pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(cols, STDOUT_TEARS_SCHEMA)],
+                                        schema=STDOUT_TEARS_SCHEMA), tt)
+    _publish(tt, tears_path)
 
 
 # --------------------------------------------------------------------------- entry point
@@ -958,7 +980,8 @@ def emulate_run(config: EmulatorConfig | dict, out_dir: Path, *, progress: bool 
     if record_times:
         res.stdout_log = out_dir / "stdout.log"
         try:
-            _write_combined_stdout(res.stdout_log, line_time_files, cfg)
+            res.ground_truth["stdout_tears"] = gt / "stdout_tears.parquet"
+            _write_combined_stdout(res.stdout_log, line_time_files, cfg, res.ground_truth["stdout_tears"])
         finally:
             for _log, tpath, _pid in line_time_files:
                 tpath.unlink(missing_ok=True)
@@ -994,3 +1017,4 @@ def _remove_stale(res: EmulationResult) -> None:
                 p.unlink()
     if res.stdout_log is None:
         (res.out_dir / "stdout.log").unlink(missing_ok=True)
+        (res.out_dir / "ground_truth" / "stdout_tears.parquet").unlink(missing_ok=True)
