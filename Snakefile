@@ -29,4 +29,5 @@ rule all:
     localrule: True
     input:
         expand(f"{RESULTS}/{{run}}/parsed/parse_summary.json", run=RUN_IDS),
+        expand(f"{RESULTS}/{{run}}/communicators/communicators.parquet", run=RUN_IDS),
     default_target: True

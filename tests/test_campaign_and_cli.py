@@ -74,7 +74,7 @@ def test_exclude_removes_matching_entries():
 def test_every_cli_subcommand_has_help(capsys):
     parser = build_parser()
     subcommands = parser._subparsers._group_actions[0].choices  # noqa: SLF001
-    assert {"parse-nccl", "parse-nsys", "emulate", "runs", "tables-doc"} <= set(subcommands)
+    assert {"parse-nccl", "parse-nsys", "emulate", "communicators", "runs", "tables-doc"} <= set(subcommands)
     for name in subcommands:
         with pytest.raises(SystemExit) as exc:
             parser.parse_args([name, "--help"])
@@ -148,5 +148,8 @@ def test_cli_emulates_a_campaign_run_and_parses_its_export(tmp_path, capsys):
     assert rc == 0 and "4 ranks, 1268 logged ops, 308 kernels" in capsys.readouterr().out  # thesis: 308
     assert main(["parse-nsys", str(tmp_path / "raw" / "nsys" / "node000.sqlite"), "-o", str(tmp_path / "n")]) == 0
     assert (tmp_path / "n" / "kernels.parquet").exists() and (tmp_path / "n" / "manifest.json").exists()
+    assert main(["parse-nccl", str(tmp_path / "raw" / "nccl"), "-o", str(tmp_path / "p"), "-q"]) == 0
+    assert main(["communicators", str(tmp_path / "p"), "-o", str(tmp_path / "c")]) == 0
+    assert "world size 4, 0 incomplete" in capsys.readouterr().out
     assert main(["emulate", "no_such_run", "--campaign", str(EXAMPLE), "-o", str(tmp_path / "x")]) == 2
     assert "run 'no_such_run' is not in" in capsys.readouterr().err

@@ -49,6 +49,8 @@ def test_workflow_emulates_and_parses_every_run_then_has_nothing_to_do(tmp_path)
             manifest = json.loads((proc_dir / "manifest.json").read_text())
             assert manifest["stage"] == "parse_nccl" and manifest["inputs"]
         assert (base / "raw" / "manifest.json").exists()
+        comms = read_table(base / "communicators" / "communicators.parquet")
+        assert len(comms) > 0 and comms.complete.all()
         assert (base / "logs" / "acquire.log").exists() and (base / "benchmarks" / "acquire.tsv").exists()
     again = _snakemake(tmp_path, "-n")
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr

@@ -76,6 +76,22 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_communicators(args: argparse.Namespace) -> int:
+    from .communicators import infer_run_communicators
+
+    dirs = [Path(p) for p in args.parsed]
+    for d in dirs:
+        if not (d / "comms.parquet").exists():
+            raise FileNotFoundError(f"{d}: no comms.parquet (pass directories written by `nccltrace parse-nccl`)")
+    result = infer_run_communicators(dirs, Path(args.out))
+    bad = result.communicators[~result.communicators["complete"].astype(bool)]
+    print(f"{len(result.communicators)} communicators, world size {result.world_size}, {len(bad)} incomplete "
+          f"-> {args.out}")
+    for row in bad.itertuples():
+        print(f"incomplete communicator {row.logical_id}: {row.problem}", file=sys.stderr)
+    return 0
+
+
 def cmd_runs(args: argparse.Namespace) -> int:
     from .campaign import expand_campaign, load_campaign
 
@@ -128,6 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--campaign", help="campaign config YAML; CONFIG is then a run id of it")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_emulate)
+
+    s = sub.add_parser("communicators", help="logical communicators and global ranks from init/split lines",
+                       description="Group the init/split lines of parsed NCCL logs (one directory per process, or "
+                                   "one for all) into logical communicators with member global ranks.")
+    s.add_argument("parsed", nargs="+", help="directories written by `nccltrace parse-nccl`")
+    s.add_argument("-o", "--out", required=True, help="output directory")
+    s.set_defaults(func=cmd_communicators)
 
     s = sub.add_parser("runs", help="list the run ids a campaign config expands to",
                        description="Validate a campaign config against the schema and list its runs.")

@@ -75,6 +75,7 @@ STAGE_MODULES: dict[str, tuple[str, ...]] = {
                 "nsys/ddl"),
     "parse_nccl": ("nccl/log_reader.py", "nccl/fast_scan.py", "nccl/enums.py", "nccl/versions.py", "tables.py"),
     "parse_nsys": ("nsys/reader.py", "tables.py"),
+    "communicators": ("communicators.py", "tables.py"),
 }
 
 

@@ -335,4 +335,11 @@ def read_table(path: Path | str, columns: list[str] | None = None):
     """
     import pandas as pd
 
-    return pd.read_parquet(path, columns=columns, dtype_backend="numpy_nullable")
+    nullable = {
+        pa.int8(): pd.Int8Dtype(), pa.int16(): pd.Int16Dtype(), pa.int32(): pd.Int32Dtype(),
+        pa.int64(): pd.Int64Dtype(), pa.uint8(): pd.UInt8Dtype(), pa.uint16(): pd.UInt16Dtype(),
+        pa.uint32(): pd.UInt32Dtype(), pa.uint64(): pd.UInt64Dtype(), pa.bool_(): pd.BooleanDtype(),
+        pa.float32(): pd.Float32Dtype(), pa.float64(): pd.Float64Dtype(), pa.string(): pd.StringDtype(),
+    }
+    # List columns (e.g. communicator members) stay Python lists.
+    return pq.read_table(path, columns=columns).to_pandas(types_mapper=nullable.get)

@@ -63,3 +63,23 @@ rule parse_summary:
         "../../envs/analysis.yaml"
     script:
         "../scripts/parse_summary.py"
+
+
+rule communicators:
+    input:
+        reports=lambda wc: [
+            f"{RESULTS}/{wc.run}/parsed/nccl/{proc}/parse_report.json"
+            for proc in nccl_processes(wc)
+        ],
+    output:
+        communicators=f"{RESULTS}/{{run}}/communicators/communicators.parquet",
+        members=f"{RESULTS}/{{run}}/communicators/communicator_members.parquet",
+        manifest=f"{RESULTS}/{{run}}/communicators/manifest.json",
+    params:
+        code=stage_code_hash("communicators"),
+    log:
+        f"{RESULTS}/{{run}}/logs/communicators.log",
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/communicators.py"

@@ -1,0 +1,212 @@
+"""Logical communicators and global ranks, exactly, from NCCL init and split lines.
+
+Every process logs one init line per communicator it joins (``comms`` table of the log
+reader). Lines of different processes that belong to one communicator are grouped by what
+NCCL prints for that version:
+
+* plain inits: the ``commId`` all members print (2.16.2+; it is a hash of the unique id);
+* splits from 2.21.5: the parent communicator (resolved recursively to its logical id),
+  the split ``color`` and, from 2.24, the ``splitCount`` all members print; before 2.24 the
+  k-th split with the same (parent, color) of each process is taken to be the same one,
+  since members create communicators collectively, in the same order;
+* splits before 2.21.5 print the plain form with a commId mixed from parent and color, so
+  repeated splits with the same color repeat the commId: the k-th occurrence rule separates
+  them.
+
+A process's global rank is its rank in the world communicator: the parent of its splits, or
+else its first-initialised communicator spanning every process. A logical communicator whose
+members do not cover ranks 0..nranks-1 exactly once is kept but marked incomplete with the
+reason (e.g. a missing rank log), never silently completed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import pandas as pd
+import pyarrow as pa
+
+from .tables import write_table_atomic
+
+COMMUNICATOR_SCHEMA = pa.schema(
+    [
+        pa.field("logical_id", pa.int32(), metadata={"doc": "logical communicator id in this run (0-based)"}),
+        pa.field("kind", pa.string(), metadata={"doc": "'init' (ncclCommInitRank*) or 'split' (ncclCommSplit)"}),
+        pa.field("nranks", pa.int32(), metadata={"doc": "communicator size printed by its init lines"}),
+        pa.field("comm_id", pa.uint64(), metadata={"doc": "commId printed by the members (null when not printed)"}),
+        pa.field("parent_logical_id", pa.int32(), metadata={"doc": "logical id of the parent of a split comm"}),
+        pa.field("color", pa.int64(), metadata={"doc": "split color"}),
+        pa.field("split_count", pa.int32(), metadata={"doc": "splitCount/childCount printed (>= 2.24)"}),
+        pa.field("members", pa.list_(pa.int32()), metadata={"doc": "global rank of each member, by rank in comm "
+                                                                     "(-1 where the member's log is missing)"}),
+        pa.field("complete", pa.bool_(), metadata={"doc": "every rank 0..nranks-1 present exactly once"}),
+        pa.field("problem", pa.string(), metadata={"doc": "why the communicator is incomplete (null if complete)"}),
+    ]
+)
+MEMBER_SCHEMA = pa.schema(
+    [
+        pa.field("logical_id", pa.int32(), metadata={"doc": "logical communicator"}),
+        pa.field("host", pa.string(), metadata={"doc": "host of the member process"}),
+        pa.field("pid", pa.int64(), metadata={"doc": "process id"}),
+        pa.field("comm", pa.uint64(), metadata={"doc": "process-local communicator pointer (join key for calls)"}),
+        pa.field("rank_in_comm", pa.int32(), metadata={"doc": "rank of this process in the communicator"}),
+        pa.field("global_rank", pa.int32(), metadata={"doc": "rank of this process in the world communicator"}),
+        pa.field("file", pa.string(), metadata={"doc": "log file of the init line"}),
+        pa.field("line", pa.int64(), metadata={"doc": "line of the init line"}),
+    ]
+)
+
+
+@dataclass
+class CommunicatorTables:
+    """Result of :func:`infer_communicators`."""
+
+    communicators: pd.DataFrame
+    members: pd.DataFrame
+    world_size: int | None
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.communicators["complete"].all()) if len(self.communicators) else False
+
+
+def _init_lines(comms: pd.DataFrame) -> pd.DataFrame:
+    """One line per (host, pid, comm): COMPLETE if logged, else START (or legacy)."""
+    df = comms[comms["event"].isin(["init", "split", "legacy_init"])].copy()
+    df["_prio"] = df["phase"].map({"COMPLETE": 0, "START": 1}).fillna(2)
+    df = df.sort_values(["host", "pid", "comm", "_prio", "line"], na_position="first")
+    df = df.drop_duplicates(["host", "pid", "comm"], keep="first")
+    return df.sort_values(["host", "pid", "line"]).reset_index(drop=True)
+
+
+def infer_communicators(comms: pd.DataFrame) -> CommunicatorTables:
+    """Group the init/split lines of all processes of a run into logical communicators."""
+    lines = _init_lines(comms)
+    if lines.empty:
+        return CommunicatorTables(
+            COMMUNICATOR_SCHEMA.empty_table().to_pandas(), MEMBER_SCHEMA.empty_table().to_pandas(), None
+        )
+    proc = list(zip(lines["host"], lines["pid"]))
+    ptr_key = list(zip(lines["host"], lines["pid"], lines["comm"]))
+    is_split = (lines["event"] == "split").to_numpy()
+    logical: dict[tuple, int] = {}  # (host, pid, comm) -> logical id
+    keys: list[tuple] = []
+    key_index: dict[tuple, int] = {}
+    seen: dict[tuple, int] = {}  # (process, base key) -> occurrences so far (k-th rule)
+
+    def resolve(i: int) -> tuple:
+        row = lines.iloc[i]
+        if is_split[i]:
+            parent = logical.get((row["host"], row["pid"], row["parent"]))
+            split_count = None if pd.isna(row["split_count"]) else int(row["split_count"])
+            # Without the parent's init line (an excerpt), the printed commId (2.21-2.22) still
+            # identifies the communicator; otherwise color/splitCount/nranks under an unknown parent.
+            comm_id = None if parent is not None or pd.isna(row["comm_id"]) else int(row["comm_id"])
+            base = ("split", parent, int(row["color"]) if not pd.isna(row["color"]) else None, split_count,
+                    comm_id, int(row["nranks"]))
+        elif not pd.isna(row["comm_id"]):
+            base = ("init", int(row["comm_id"]), int(row["nranks"]))
+        else:
+            base = ("anon", int(row["nranks"]))  # pre-2.16: no commId; the k-th rule alone
+        k = seen.get((proc[i], base), 0)
+        seen[(proc[i], base)] = k + 1
+        return (*base, k)
+
+    # Parents are initialised before their children in every process, so resolving in line
+    # order per process sees each parent's logical id first.
+    order = sorted(range(len(lines)), key=lambda i: (lines.at[i, "line"], proc[i]))
+    pending = list(order)
+    for attempt in range(4):  # a split whose parent line came later in another file order: retry
+        retry = []
+        last = attempt == 3  # parents that never appear (excerpts): resolve without them
+        for i in pending:
+            if (not last and is_split[i]
+                    and (lines.at[i, "host"], lines.at[i, "pid"], lines.at[i, "parent"]) not in logical):
+                retry.append(i)
+                continue
+            key = resolve(i)
+            lid = key_index.setdefault(key, len(keys))
+            if lid == len(keys):
+                keys.append(key)
+            logical[ptr_key[i]] = lid
+        pending = retry
+        if not pending:
+            break
+    lines["logical_id"] = [logical.get(k, -1) for k in ptr_key]
+    orphans = lines[lines["logical_id"] < 0]
+
+    # World communicator: parent of splits, else the first communicator spanning all processes.
+    n_proc = len(set(proc))
+    world_rank: dict[tuple, int] = {}
+    parents = lines[is_split]["parent"]
+    for (host, pid), g in lines.groupby(["host", "pid"], sort=False):
+        world = g[g["comm"].isin(set(parents[(lines[is_split]["host"] == host) & (lines[is_split]["pid"] == pid)]))]
+        if world.empty:
+            # A split communicator is never the world (its parent is); without any plain init
+            # spanning all processes the global rank stays unknown (-1).
+            plain = g[g["event"] != "split"]
+            world = plain[plain["nranks"] >= max(n_proc, int(g["nranks"].max()))]
+        if not world.empty:
+            world_rank[(host, pid)] = int(world.iloc[0]["rank"])
+    world_size = int(lines["nranks"].max())
+
+    comm_rows, member_rows = [], []
+    for lid, g in lines[lines["logical_id"] >= 0].groupby("logical_id", sort=True):
+        nranks = int(g["nranks"].iloc[0])
+        members = [-1] * nranks
+        present = [False] * nranks
+        problems = []
+        for row in g.itertuples(index=False):
+            gr = world_rank.get((row.host, row.pid), -1)
+            r = int(row.rank)
+            if not 0 <= r < nranks:
+                problems.append(f"rank {r} outside 0..{nranks - 1} ({row.file}:{row.line})")
+            elif present[r]:
+                problems.append(f"rank {r} claimed twice ({row.file}:{row.line})")
+            else:
+                members[r] = gr
+                present[r] = True
+            member_rows.append((lid, row.host, row.pid, row.comm, r, gr, row.file, row.line))
+        missing = [r for r, p in enumerate(present) if not p]
+        if missing:
+            problems.append(f"no init line for rank(s) {missing[:8]}{'...' if len(missing) > 8 else ''} "
+                            "(missing or truncated rank logs?)")
+        key = keys[lid]
+        first = g.iloc[0]
+        comm_rows.append((
+            lid, "split" if key[0] == "split" else "init", nranks,
+            None if pd.isna(first["comm_id"]) else int(first["comm_id"]),
+            key[1] if key[0] == "split" else None,
+            None if pd.isna(first["color"]) else int(first["color"]),
+            None if pd.isna(first["split_count"]) else int(first["split_count"]),
+            members, not problems, "; ".join(problems) or None,
+        ))
+    for row in orphans.itertuples(index=False):
+        member_rows.append((-1, row.host, row.pid, row.comm, int(row.rank), world_rank.get((row.host, row.pid), -1),
+                            row.file, row.line))
+
+    def frame(rows, schema):
+        cols = list(zip(*rows)) if rows else [[] for _ in schema]
+        return pa.Table.from_arrays([pa.array(list(c), type=f.type) for c, f in zip(cols, schema)],
+                                    schema=schema).to_pandas(types_mapper=pd.ArrowDtype)
+
+    return CommunicatorTables(frame(comm_rows, COMMUNICATOR_SCHEMA), frame(member_rows, MEMBER_SCHEMA), world_size)
+
+
+def infer_run_communicators(parsed_dirs: Iterable[Path], out_dir: Path) -> CommunicatorTables:
+    """Read the ``comms.parquet`` of each parsed process and write ``communicators.parquet`` and
+    ``communicator_members.parquet`` to ``out_dir``."""
+    from .tables import read_table
+
+    frames = [read_table(Path(d) / "comms.parquet") for d in parsed_dirs]
+    comms = pd.concat([f for f in frames if len(f)], ignore_index=True) if frames else pd.DataFrame()
+    result = infer_communicators(comms)
+    out_dir = Path(out_dir)
+    for frame, schema, name in ((result.communicators, COMMUNICATOR_SCHEMA, "communicators"),
+                                (result.members, MEMBER_SCHEMA, "communicator_members")):
+        # Written from Arrow with the documented schema only (no pandas dtype metadata to restore).
+        table = pa.Table.from_pandas(frame, schema=schema, preserve_index=False).replace_schema_metadata(None)
+        write_table_atomic(table, out_dir / f"{name}.parquet")
+    return result
