@@ -603,32 +603,14 @@ class RankProgram:
                 if tp and sp:
                     yield from self._c(self.g["tp"], "AllGather", self.sp_act, act)  # backward of the fc2 RS
                 self._flop(self.flops.mlp)
-                if tp:
-                    if sp:
-                        yield from self._c(self.g["tp"], "AllGather", self.sp_act, act)  # fc1 input re-gather
-                        self._flop(self.flops.mlp)
-                        yield from self._c(self.g["tp"], "ReduceScatter", self.sp_act, act)
-                    else:
-                        self._flop(self.flops.mlp)
-                        yield from self._ar("tp", self.full_act, act)
-                else:
-                    self._flop(self.flops.mlp)
+                yield from self._column_parallel_input_grad(self.flops.mlp, act)
             self.phase = "bwd/attention"
             if tp and sp:
                 yield from self._c(self.g["tp"], "AllGather", self.sp_act, act)  # backward of the proj RS
             self._flop(self.flops.attention)
             if cfg.cp > 1:
                 yield from self._cp_ring(backward=True)
-            if tp:
-                if sp:
-                    yield from self._c(self.g["tp"], "AllGather", self.sp_act, act)
-                    self._flop(self.flops.attention)
-                    yield from self._c(self.g["tp"], "ReduceScatter", self.sp_act, act)
-                else:
-                    self._flop(self.flops.attention)
-                    yield from self._ar("tp", self.full_act, act)
-            else:
-                self._flop(self.flops.attention)
+            yield from self._column_parallel_input_grad(self.flops.attention, act)
         if vfirst:
             self.phase = "bwd/embedding"
             if tp and sp:
@@ -691,6 +673,21 @@ class RankProgram:
         epg = self.L.group_of("ep", q)
         M = routing_matrix(cfg.seed, self.iteration, mb, layer, epg.index, cfg.ep, tok, cfg.moe_router_topk)
         return int(M[:, epg.rank_of(q)].sum())
+
+    def _column_parallel_input_grad(self, flops: float, act: int) -> Iterator[Unit]:
+        """Backward of a column-parallel input (fc1 / QKV): with SP the input is re-gathered
+        (AllGather) and its gradient reduce-scattered; without SP the gradient is all-reduced
+        over TP (tensor_parallel/layers.py); without TP only compute."""
+        if self.cfg.tp > 1:
+            if self.cfg.sequence_parallel:
+                yield from self._c(self.g["tp"], "AllGather", self.sp_act, act)
+                self._flop(flops)
+                yield from self._c(self.g["tp"], "ReduceScatter", self.sp_act, act)
+            else:
+                self._flop(flops)
+                yield from self._ar("tp", self.full_act, act)
+        else:
+            self._flop(flops)
 
     def _sized_collective(self, group: Group, sizes: list[int], width: int, dtype: int, equal_op: str,
                           fallback_op: str) -> Iterator[Unit]:
