@@ -1,0 +1,222 @@
+"""One process's correlation table: every call line and every NCCL kernel, matched or not, with why.
+
+Modes: ``default`` (:mod:`.default`), ``thesis`` (:mod:`.thesis`, names only, GPU start order)
+and ``exact`` (:mod:`.exact`, NCCL NVTX payload ranges). The table (``ALIGNMENT_SCHEMA``) has
+one row per call line (``row_kind = 'call'``) and one per kernel no call was matched to
+(``row_kind = 'kernel'``); a kernel that runs a fused group appears on each of its calls.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from .default import AlignParams, align_units
+from .sequences import FAMILIES, GENERIC, build_kernel_sequence, build_log_units, is_nccl_kernel
+
+MODES = ("default", "thesis", "exact")
+
+
+def _f(name: str, typ: pa.DataType, unit: str, doc: str) -> pa.Field:
+    return pa.field(name, typ, metadata={"unit": unit, "doc": doc})
+
+
+ALIGNMENT_SCHEMA = pa.schema(
+    [
+        _f("row_kind", pa.string(), "", "'call' (a call line of the log) or 'kernel' (a kernel no call matched)"),
+        _f("file", pa.string(), "", "log file of the call (null for kernel rows)"),
+        _f("line", pa.int64(), "", "1-based line of the call in that file"),
+        _f("host", pa.string(), "", "host of the process"),
+        _f("pid", pa.int64(), "", "process id"),
+        _f("op", pa.string(), "", "logged NCCL function"),
+        _f("comm", pa.uint64(), "address", "process-local communicator pointer of the call"),
+        _f("op_count", pa.int64(), "", "opCount of the call"),
+        _f("unit", pa.int64(), "", "launch unit (calls of one kernel launch share it; per process, 0-based)"),
+        _f("kernel_global_pid", pa.int64(), "", "nsys globalPid of the kernel's process (provenance)"),
+        _f("kernel_correlation_id", pa.int64(), "", "CUPTI correlationId of the kernel (with globalPid: unique)"),
+        _f("kernel_name", pa.string(), "", "short kernel name"),
+        _f("kernel_stream_id", pa.int64(), "", "CUDA stream id the kernel ran on"),
+        _f("kernel_start", pa.int64(), "ns", "kernel start on the node's nsys timeline"),
+        _f("kernel_end", pa.int64(), "ns", "kernel end on the node's nsys timeline"),
+        _f("launch_start", pa.int64(), "ns", "start of the API call that launched the kernel (nsys timeline)"),
+        _f("status", pa.string(), "", "'matched' or 'unmatched'"),
+        _f("reason", pa.string(), "", "why unmatched: 'duplicate_line', 'single_rank_communicator' (NCCL launches "
+           "no kernel), 'no_kernel' (gap: kernel missing from the export or line order), 'ambiguous' (several "
+           "equally good alignments disagree; left unmatched rather than guessed), 'no_log_line' (kernel rows), "
+           "'unparsed' (thesis mode: not an op it aligns); null when matched"),
+        _f("confidence", pa.float64(), "", "0..1: share of the available evidence (family, dtype, stream, time) "
+           "that confirms the match; 1.0 for exact matches; null when unmatched"),
+        _f("method", pa.string(), "", "'alignment', 'opcount' (fixed by opCount arithmetic), 'thesis-nw', "
+           "'nvtx' (exact)"),
+        _f("duplicate_of", pa.int64(), "", "for duplicate lines: the line they repeat"),
+    ]
+)
+
+
+def _kernel_cols(k: pd.DataFrame, idx: np.ndarray) -> dict[str, np.ndarray]:
+    """Kernel provenance columns for kernel row indices ``idx`` (-1 = none)."""
+    ok = idx >= 0
+    safe = np.where(ok, idx, 0)
+
+    def col(name: str, default=pd.NA):
+        if name not in k or len(k) == 0:
+            return pd.array([default] * len(idx), dtype="object")
+        v = k[name].to_numpy(dtype=object)[safe]
+        v[~ok] = None
+        return v
+
+    return {
+        "kernel_global_pid": col("global_pid"),
+        "kernel_correlation_id": col("correlation_id"),
+        "kernel_name": col("short_name"),
+        "kernel_stream_id": col("stream_id"),
+        "kernel_start": col("start"),
+        "kernel_end": col("end"),
+        "launch_start": col("launch_start"),
+    }
+
+
+def _frame(rows: dict[str, object], n: int) -> pd.DataFrame:
+    out = {}
+    for field in ALIGNMENT_SCHEMA:
+        v = rows.get(field.name)
+        out[field.name] = [None] * n if v is None else v
+    return pd.DataFrame(out)
+
+
+def _to_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Coerce to the documented dtypes (nullable)."""
+    types = {"string": "string", "int64": "Int64", "uint64": "UInt64", "double": "Float64"}
+    for field in ALIGNMENT_SCHEMA:
+        df[field.name] = df[field.name].astype(types[str(field.type)])
+    return df
+
+
+def _assemble(calls: pd.DataFrame, call_kernel: np.ndarray, call_unit: np.ndarray, reason: np.ndarray,
+              conf: np.ndarray, method: np.ndarray, kernels: pd.DataFrame, mode: str) -> pd.DataFrame:  # fmt: skip
+    n = len(calls)
+    rows = {
+        "row_kind": ["call"] * n,
+        "file": calls["file"].to_numpy(object),
+        "line": calls["line"].to_numpy(object),
+        "host": calls["host"].to_numpy(object),
+        "pid": calls["pid"].to_numpy(object),
+        "op": calls["op"].to_numpy(object),
+        "comm": calls["comm"].to_numpy(object),
+        "op_count": calls["op_count"].to_numpy(object),
+        "unit": np.where(call_unit >= 0, call_unit, None).astype(object),
+        "status": np.where(call_kernel >= 0, "matched", "unmatched").astype(object),
+        "reason": reason,
+        "confidence": np.where(call_kernel >= 0, conf, None).astype(object),
+        "method": np.where(call_kernel >= 0, method, None).astype(object),
+        "duplicate_of": calls["duplicate_of"].to_numpy(object) if "duplicate_of" in calls else None,
+        **_kernel_cols(kernels, call_kernel),
+    }
+    call_rows = _frame(rows, n)
+    used = np.zeros(len(kernels), bool)
+    used[call_kernel[call_kernel >= 0]] = True
+    free = np.flatnonzero(~used)
+    host = calls["host"].dropna().iloc[0] if n and calls["host"].notna().any() else None
+    krows = {
+        "row_kind": ["kernel"] * len(free),
+        "host": [host] * len(free),
+        "pid": kernels["pid"].to_numpy(object)[free] if len(kernels) else [],
+        "status": ["unmatched"] * len(free),
+        "reason": ["no_log_line"] * len(free),
+        **_kernel_cols(kernels, free),
+    }
+    out = pd.concat([call_rows, _frame(krows, len(free))], ignore_index=True)
+    return _to_table(out)
+
+
+def align_process(
+    calls: pd.DataFrame,
+    kernels: pd.DataFrame,
+    *,
+    mode: str = "default",
+    utc_offset_ns: int | None = None,
+    nvtx: pd.DataFrame | None = None,
+    params: AlignParams | None = None,
+) -> pd.DataFrame:
+    """Correlate one process's call lines (``calls`` table) with its kernels (nsys ``kernels`` rows of
+    the same pid). ``utc_offset_ns`` (the export's session UTC start) enables the time signal
+    when the log has timestamps. Returns a table with ``ALIGNMENT_SCHEMA``."""
+    if mode not in MODES:
+        raise ValueError(f"unknown alignment mode {mode!r}; use one of {', '.join(MODES)}")
+    kernels = kernels[is_nccl_kernel(kernels["short_name"].astype(object))]
+    if mode == "default":
+        return _align_default(calls, kernels, utc_offset_ns, params or AlignParams())
+    if mode == "thesis":
+        return _align_thesis(calls, kernels)
+    return _align_exact(calls, kernels, nvtx)
+
+
+def _align_default(calls, kernels, utc_offset_ns, params) -> pd.DataFrame:
+    units = build_log_units(calls)
+    ks = build_kernel_sequence(kernels, utc_offset_ns=utc_offset_ns)
+    res = align_units(units, ks, params)
+    cu = units.call_unit
+    has_unit = cu >= 0
+    call_kernel = np.full(len(cu), -1, np.int64)
+    call_kernel[has_unit] = res.kernel[cu[has_unit]]
+    reason = units.call_reason.copy()
+    amb = np.zeros(len(cu), bool)
+    amb[has_unit] = res.ambiguous[cu[has_unit]]
+    reason[has_unit & (call_kernel < 0)] = "no_kernel"
+    reason[amb] = "ambiguous"
+    conf = np.zeros(len(cu))
+    conf[has_unit] = res.confidence[cu[has_unit]]
+    method = np.full(len(cu), None, object)
+    method[has_unit] = res.method[cu[has_unit]]
+    return _assemble(units.calls, call_kernel, cu, reason, conf, method, ks.kernels, "default")
+
+
+def _align_thesis(calls, kernels) -> pd.DataFrame:
+    from .thesis import align_thesis
+
+    calls = calls.sort_values(["file", "line"], kind="stable").reset_index(drop=True)
+    k = kernels.sort_values(["start", "correlation_id"], kind="stable").reset_index(drop=True)  # GPU start order
+    fam = k["short_name"].astype(object).str.extract(r"nccl(?:Dev)?Kernel_([a-zA-Z0-9]+)[_(]?", expand=False)
+    k_ops = fam.fillna("unknown").tolist()
+    res = align_thesis(k_ops, calls["op"].astype(object).fillna("unknown").tolist())
+    call_kernel = np.full(len(calls), -1, np.int64)
+    for kj, li in res.matched_pairs():
+        call_kernel[li] = kj
+    reason = np.where(call_kernel >= 0, None, "no_kernel").astype(object)
+    conf = np.ones(len(calls))
+    method = np.full(len(calls), "thesis-nw", object)
+    return _assemble(calls, call_kernel, np.full(len(calls), -1, np.int64), reason, conf, method, k, "thesis")
+
+
+def _align_exact(calls, kernels, nvtx) -> pd.DataFrame:
+    from .exact import exact_correlation
+
+    if nvtx is None:
+        raise ValueError("exact mode needs the export's NVTX ranges with NCCL payloads (nvtx table)")
+    calls = calls.sort_values(["file", "line"], kind="stable").reset_index(drop=True)
+    k = kernels.reset_index(drop=True)
+    ex = exact_correlation(calls, k, nvtx)
+    m = ex.call_matches
+    key = dict(zip(zip(k["global_pid"].astype("Int64"), k["correlation_id"].astype("Int64")), range(len(k))))
+    lookup = m.set_index(["file", "line"])
+    call_kernel = np.full(len(calls), -1, np.int64)
+    reason = np.full(len(calls), None, object)
+    for r, (f, ln) in enumerate(zip(calls["file"], calls["line"])):
+        if (f, ln) not in lookup.index:
+            reason[r] = "no_nvtx_range"
+            continue
+        row = lookup.loc[(f, ln)]
+        if isinstance(row, pd.DataFrame):
+            row = row.iloc[0]
+        if pd.notna(row["kernel_correlation_id"]):
+            call_kernel[r] = key.get((row["kernel_global_pid"], row["kernel_correlation_id"]), -1)
+        reason[r] = None if call_kernel[r] >= 0 else row["reason"]
+    conf = np.ones(len(calls))
+    method = np.full(len(calls), "nvtx", object)
+    return _assemble(calls, call_kernel, np.full(len(calls), -1, np.int64), reason, conf, method, k, "exact")
+
+
+def family_name(code: int) -> str:
+    """Name of a kernel family code."""
+    return "Generic" if code == GENERIC else FAMILIES[code]

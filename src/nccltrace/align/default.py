@@ -1,0 +1,573 @@
+"""The default aligner: windowed Needleman-Wunsch over launch units and kernels, compiled.
+
+Improvements over the thesis's alignment (section 4.2.2), each using a signal it ignores:
+
+* the kernel sequence is in *launch* order (CUPTI correlation ids follow the API calls of the
+  process), not GPU start order, so it has the order of the log;
+* launch units: calls of one NCCL group on one communicator (same ``opCount``) are one unit
+  and run as one kernel; where ``opCount`` is not informative, consecutive P2P calls of one
+  communicator may be fused into one ``SendRecv`` kernel by a many-to-one move;
+* calls that launch nothing (duplicate lines, single-rank communicators) are taken out first;
+* pair scores use the kernel family *and* the element type in reduction kernel names as hard
+  constraints, then (second pass) the stream each communicator launches on and, when the log
+  has timestamps, the log-line-to-launch delay, both learned from the first pass;
+* a match is only reported when it is the same in the two extreme co-optimal alignments
+  (gaps placed as early and as late as possible); otherwise the unit is ``ambiguous`` unless
+  opCount arithmetic between two confident neighbours on the same communicator and stream
+  fixes it. A wrong match corrupts bandwidths; a gap only loses one sample.
+
+The dynamic programme runs on a window of ``window`` units by ``window + slack`` kernels that
+moves along the alignment: it commits the path up to a cell shared by both extreme tracebacks
+in the first half of the window and restarts there. Time is O((n + m) * window) and memory
+O(window^2), independent of the sequence length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numba as nb
+import numpy as np
+
+from .sequences import NO_TIME, KernelSeq, LogUnits
+
+NEG = -(10**8)  # forbidden pair
+GAP_LOG = -4  # a unit without kernel
+GAP_KERNEL = -4  # a kernel without unit
+BASE = 10  # family compatible
+BASE_GENERIC = 3  # kernel name says nothing (ncclDevKernel_Generic)
+DTYPE_OK = 4
+STREAM_OK = 6
+TIME_OK = 6
+FUSE_EXTRA = 2  # each extra unit absorbed by a fused SendRecv kernel
+MAX_SCORE = BASE + DTYPE_OK + STREAM_OK + TIME_OK
+
+
+@dataclass(frozen=True)
+class AlignParams:
+    """Tuning of the windowed alignment (defaults suit every tested workload)."""
+
+    window: int = 256  # units per window of the guide pass
+    slack: int = 256  # extra kernels per window (kernels without log line, dropped lines)
+    band: int = 64  # half-width of the global alignment's band around the guide path
+
+
+@nb.njit(cache=True, inline="always")
+def _pair(i, j, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time, smap, t_off, t_tol):
+    kf = k_fam[j]
+    if kf >= 0:
+        if (u_fam[i] >> kf) & 1 == 0:
+            return NEG
+        s = BASE
+    else:
+        s = BASE_GENERIC
+    kd = k_dt[j]
+    if kd >= 0 and u_dt[i] != 0:
+        if (u_dt[i] >> kd) & 1 == 0:
+            return NEG
+        s += DTYPE_OK
+    ms = smap[u_stream[i]]
+    if ms >= 0:
+        if ms != k_stream[j]:
+            return NEG
+        s += STREAM_OK
+    if t_tol > 0 and u_time[i] != NO_TIME and k_time[j] != NO_TIME:
+        d = k_time[j] - u_time[i] - t_off
+        if d < 0:
+            d = -d
+        if d <= t_tol:
+            s += TIME_OK
+        elif d > 20 * t_tol:
+            return NEG
+    return s
+
+
+@nb.njit(cache=True)
+def _fill(H, i0, j0, nw, mw, u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time, smap, t_off,
+          t_tol):  # fmt: skip
+    H[0, 0] = 0
+    for a in range(1, nw + 1):
+        H[a, 0] = H[a - 1, 0] + GAP_LOG
+    for b in range(1, mw + 1):
+        H[0, b] = H[0, b - 1] + GAP_KERNEL
+    for a in range(1, nw + 1):
+        i = i0 + a - 1
+        run = u_run[i]
+        run = min(run, a)
+        for b in range(1, mw + 1):
+            j = j0 + b - 1
+            best = H[a - 1, b] + GAP_LOG
+            v = H[a, b - 1] + GAP_KERNEL
+            best = max(best, v)
+            p = _pair(i, j, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time, smap, t_off, t_tol)
+            if p > NEG:
+                v = H[a - 1, b - 1] + p
+                best = max(best, v)
+                for r in range(2, run + 1):
+                    v = H[a - r, b - 1] + p + FUSE_EXTRA * (r - 1)
+                    best = max(best, v)
+            H[a, b] = best
+
+
+@nb.njit(cache=True)
+def _traceback(H, ea, eb, i0, j0, late, u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time, smap,
+               t_off, t_tol, path_a, path_b, path_r):  # fmt: skip
+    """Walk back from (ea, eb); ``late`` prefers gaps (so matches sit as late as possible).
+
+    Writes the visited cells (end first) and, per cell, the number of units the step out of it
+    matched to its kernel (0 = gap); returns the number of cells."""
+    a = ea
+    b = eb
+    k = 0
+    path_a[k] = a
+    path_b[k] = b
+    path_r[k] = 0
+    k += 1
+    while a > 0 or b > 0:
+        h = H[a, b]
+        step_a = -1
+        step_b = -1
+        step_r = 0
+        if a > 0 and b > 0:
+            i = i0 + a - 1
+            j = j0 + b - 1
+            p = _pair(i, j, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time, smap, t_off, t_tol)
+            diag_ok = p > NEG and H[a - 1, b - 1] + p == h
+        else:
+            diag_ok = False
+            p = NEG
+        up_ok = a > 0 and H[a - 1, b] + GAP_LOG == h
+        left_ok = b > 0 and H[a, b - 1] + GAP_KERNEL == h
+        if late:
+            if up_ok:
+                step_a, step_b = a - 1, b
+            elif left_ok:
+                step_a, step_b = a, b - 1
+            elif diag_ok:
+                step_a, step_b, step_r = a - 1, b - 1, 1
+        else:
+            if diag_ok:
+                step_a, step_b, step_r = a - 1, b - 1, 1
+            elif left_ok:
+                step_a, step_b = a, b - 1
+            elif up_ok:
+                step_a, step_b = a - 1, b
+        if step_a < 0 and a > 0 and b > 0 and p > NEG:
+            i = i0 + a - 1
+            run = u_run[i]
+            run = min(run, a)
+            for r in range(2, run + 1):
+                if H[a - r, b - 1] + p + FUSE_EXTRA * (r - 1) == h:
+                    step_a, step_b, step_r = a - r, b - 1, r
+                    break
+        if step_a < 0:  # cannot happen with exact integer scores; guard against an endless loop
+            if a > 0:
+                step_a, step_b = a - 1, b
+            else:
+                step_a, step_b = a, b - 1
+        path_r[k - 1] = step_r  # units consumed by the step out of cell k - 1
+        a = step_a
+        b = step_b
+        path_a[k] = a
+        path_b[k] = b
+        path_r[k] = 0
+        k += 1
+    return k
+
+
+@nb.njit(cache=True)
+def _align_windows(u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time, smap, t_off, t_tol, window,
+                   slack):  # fmt: skip
+    """Align the whole sequences window by window; returns per-unit kernel (early and late
+    extreme alignments; -1 = gap) and per-kernel unit of the early alignment."""
+    n = u_fam.shape[0]
+    m = k_fam.shape[0]
+    early = np.full(n, -1, np.int64)
+    late = np.full(n, -1, np.int64)
+    wk = window + slack
+    H = np.empty((window + 1, wk + 1), np.int32)
+    cap = window + wk + 2
+    ea_a = np.empty(cap, np.int64)
+    ea_b = np.empty(cap, np.int64)
+    ea_r = np.empty(cap, np.int64)
+    la_a = np.empty(cap, np.int64)
+    la_b = np.empty(cap, np.int64)
+    la_r = np.empty(cap, np.int64)
+    i0 = 0
+    j0 = 0
+    while i0 < n and j0 < m:
+        nw = min(window, n - i0)
+        mw = min(wk, m - j0)
+        final = i0 + nw == n and j0 + mw == m
+        _fill(H, i0, j0, nw, mw, u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time, smap, t_off,
+              t_tol)  # fmt: skip
+        # End cell: the true corner for the last window, else the best cell on the far edges
+        # (the rest of the sequences is aligned by the next window).
+        ea, eb = nw, mw
+        if not final:
+            best = H[nw, mw]
+            for b in range(mw + 1):
+                if H[nw, b] > best:
+                    best = H[nw, b]
+                    ea, eb = nw, b
+            for a in range(nw + 1):
+                if H[a, mw] > best:
+                    best = H[a, mw]
+                    ea, eb = a, mw
+        ne = _traceback(H, ea, eb, i0, j0, False, u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time,
+                        smap, t_off, t_tol, ea_a, ea_b, ea_r)  # fmt: skip
+        nl = _traceback(H, ea, eb, i0, j0, True, u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time,
+                        smap, t_off, t_tol, la_a, la_b, la_r)  # fmt: skip
+        # Commit point: a cell on both paths, the furthest one within the first half of the
+        # window (or the end for the last window / when the paths only meet there).
+        ca, cb = ea, eb
+        if not final:
+            fa, fb = -1, -1  # first shared cell after the origin
+            ba, bb = -1, -1  # furthest shared cell within the first half of both axes
+            x = ne - 1
+            y = nl - 1
+            # both paths are stored end -> start; walk them from the start, by anti-diagonal
+            while x >= 0 and y >= 0:
+                pa, pb = ea_a[x], ea_b[x]
+                qa, qb = la_a[y], la_b[y]
+                if pa == qa and pb == qb:
+                    if pa > 0 or pb > 0:
+                        if fa < 0:
+                            fa, fb = pa, pb
+                        if pa <= nw // 2 and pb <= mw // 2:
+                            ba, bb = pa, pb
+                    x -= 1
+                    y -= 1
+                elif pa + pb < qa + qb:
+                    x -= 1
+                elif pa + pb > qa + qb:
+                    y -= 1
+                else:
+                    x -= 1
+                    y -= 1
+            if ba >= 0:
+                ca, cb = ba, bb
+            elif fa >= 0:
+                ca, cb = fa, fb
+        # Record matches on the committed part of each path (cells with a <= ca, b <= cb).
+        for x in range(ne - 1):
+            r = ea_r[x]
+            if r > 0:
+                a, b = ea_a[x], ea_b[x]
+                if a <= ca and b <= cb:
+                    for q in range(r):
+                        early[i0 + a - 1 - q] = j0 + b - 1
+        for y in range(nl - 1):
+            r = la_r[y]
+            if r > 0:
+                a, b = la_a[y], la_b[y]
+                if a <= ca and b <= cb:
+                    for q in range(r):
+                        late[i0 + a - 1 - q] = j0 + b - 1
+        i0 += ca
+        j0 += cb
+    return early, late
+
+
+NEG_INF = -(2**30)
+MAX_FUSE = 16
+
+
+@nb.njit(cache=True)
+def _forward(u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time, smap, t_off, t_tol, lo, hi, off):
+    """Best score of every band cell (a units and b kernels consumed) from the start: int32 per cell."""
+    n = u_fam.shape[0]
+    F = np.full(off[n + 1], NEG_INF, np.int32)
+    for b in range(lo[0], hi[0] + 1):
+        F[off[0] + b - lo[0]] = b * GAP_KERNEL
+    for a in range(1, n + 1):
+        la, ha = lo[a], hi[a]
+        lp, hp = lo[a - 1], hi[a - 1]
+        i = a - 1
+        run = min(u_run[i], a)
+        for b in range(la, ha + 1):
+            best = NEG_INF
+            if lp <= b <= hp and F[off[a - 1] + b - lp] > NEG_INF:
+                best = F[off[a - 1] + b - lp] + GAP_LOG
+            if b - 1 >= la and F[off[a] + b - 1 - la] > NEG_INF:
+                v = F[off[a] + b - 1 - la] + GAP_KERNEL
+                best = max(best, v)
+            if b >= 1:
+                p = _pair(i, b - 1, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time, smap, t_off, t_tol)
+                if p > NEG:
+                    if lp <= b - 1 <= hp and F[off[a - 1] + b - 1 - lp] > NEG_INF:
+                        v = F[off[a - 1] + b - 1 - lp] + p
+                        best = max(best, v)
+                    for r in range(2, run + 1):
+                        lr, hr = lo[a - r], hi[a - r]
+                        if lr <= b - 1 <= hr and F[off[a - r] + b - 1 - lr] > NEG_INF:
+                            # a fused group scores its weaker end, so the reversed DP scores it alike
+                            pr = min(p, _pair(a - r, b - 1, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream,
+                                              k_time, smap, t_off, t_tol))  # fmt: skip
+                            if pr > NEG:
+                                v = F[off[a - r] + b - 1 - lr] + pr + FUSE_EXTRA * (r - 1)
+                                best = max(best, v)
+            F[off[a] + b - la] = best
+    return F
+
+
+@nb.njit(cache=True)
+def _certain(F, R, lo, hi, off, roff, m, u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time, smap,
+             t_off, t_tol):  # fmt: skip
+    """Per unit: the kernel every optimal alignment matches it to (-1 if none), and whether the
+    optimal alignments disagree about it (ambiguous).
+
+    ``R`` is the forward DP of the reversed sequences: the best score from cell (a, b) to the end
+    is R at (n - a, m - b). An edge lies on an optimal alignment iff prefix + edge + suffix
+    equals the optimum; every alignment consumes each unit by exactly one edge."""
+    n = u_fam.shape[0]
+    opt = F[off[n] + m - lo[n]]
+    kernel = np.full(n, -1, np.int64)
+    amb = np.zeros(n, np.bool_)
+
+    def suffix(a, b):
+        ra = n - a
+        rb = m - b
+        rlo = m - hi[a]
+        return R[roff[ra] + rb - rlo]
+
+    for a in range(1, n + 1):
+        i = a - 1
+        cand = -2
+        can_gap = False
+        many = False
+        la, ha = lo[a], hi[a]
+        lp, hp = lo[a - 1], hi[a - 1]
+        for b in range(la, ha + 1):
+            sfx = suffix(a, b)
+            if sfx <= NEG_INF:
+                continue
+            if lp <= b <= hp:
+                f = F[off[a - 1] + b - lp]
+                if f > NEG_INF and f + GAP_LOG + sfx == opt:
+                    can_gap = True
+            if b >= 1 and lp <= b - 1 <= hp:
+                f = F[off[a - 1] + b - 1 - lp]
+                if f > NEG_INF:
+                    p = _pair(i, b - 1, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time, smap, t_off,
+                              t_tol)  # fmt: skip
+                    if p > NEG and f + p + sfx == opt:
+                        if cand == -2:
+                            cand = b - 1
+                        elif cand != b - 1:
+                            many = True
+        # fused edges (a2 - r, b - 1) -> (a2, b) with a2 - r < a <= a2 also consume unit i
+        for a2 in range(a, min(n, a + MAX_FUSE - 1) + 1):
+            run = min(u_run[a2 - 1], a2)
+            if run < a2 - a + 1 or run < 2:
+                continue
+            for b in range(lo[a2], hi[a2] + 1):
+                if b < 1:
+                    continue
+                sfx = suffix(a2, b)
+                if sfx <= NEG_INF:
+                    continue
+                p = _pair(a2 - 1, b - 1, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time, smap, t_off,
+                          t_tol)  # fmt: skip
+                if p <= NEG:
+                    continue
+                for r in range(max(2, a2 - a + 1), run + 1):
+                    lr, hr = lo[a2 - r], hi[a2 - r]
+                    if lr <= b - 1 <= hr:
+                        f = F[off[a2 - r] + b - 1 - lr]
+                        pr = min(p, _pair(a2 - r, b - 1, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time,
+                                          smap, t_off, t_tol))  # fmt: skip
+                        if pr > NEG and f > NEG_INF and f + pr + FUSE_EXTRA * (r - 1) + sfx == opt:
+                            if cand == -2:
+                                cand = b - 1
+                            elif cand != b - 1:
+                                many = True
+        if cand >= 0 and not can_gap and not many:
+            kernel[i] = cand
+        elif cand >= 0:
+            amb[i] = True
+    return kernel, amb
+
+
+def _fuse_runs(adjacent: np.ndarray) -> np.ndarray:
+    """Run lengths of fusable units ending at each unit, from 'fusable with the previous' flags."""
+    run = np.ones(len(adjacent), np.int64)
+    for i in range(1, len(adjacent)):
+        if adjacent[i]:
+            run[i] = min(run[i - 1] + 1, MAX_FUSE)
+    return run
+
+
+def _band(guide: np.ndarray, m: int, half: int) -> tuple[np.ndarray, np.ndarray]:
+    """Band rows around a guide alignment (per-unit kernel or -1), connected and ending at (n, m)."""
+    n = len(guide)
+    c = np.zeros(n + 1, np.int64)
+    consumed = np.where(guide >= 0, guide + 1, 0)
+    c[1:] = np.maximum.accumulate(consumed) if n else consumed
+    lo = np.clip(c - half, 0, m)
+    hi = np.clip(c + half, 0, m)
+    lo[0] = 0
+    hi[n] = m
+    # each row must reach the next row's first column (diagonal or vertical move)
+    for a in range(n, 0, -1):
+        hi[a - 1] = max(hi[a - 1], lo[a])
+        lo[a - 1] = min(lo[a - 1], hi[a - 1])
+    return lo.astype(np.int64), hi.astype(np.int64)
+
+
+@dataclass
+class UnitAlignment:
+    """Result per unit: matched kernel index (-1 none), whether ambiguous, confidence, how."""
+
+    kernel: np.ndarray  # int64 per unit
+    ambiguous: np.ndarray  # bool per unit
+    confidence: np.ndarray  # float64 per unit
+    method: np.ndarray  # object per unit: 'alignment', 'opcount', None
+    stream_map: dict[int, int]  # log stream pointer -> kernel stream id (learned)
+    time_offset_ns: int | None  # learned launch - log-line delay (None without timestamps)
+    time_tolerance_ns: int | None
+
+
+def _run(units: LogUnits, ks: KernelSeq, smap: np.ndarray, t_off: int, t_tol: int, p: AlignParams):
+    """Windowed pass for a guide path, then the exact set of certain matches within a band
+    around it (forward DP and the forward DP of the reversed sequences)."""
+    args = (units.fam_mask, units.dt_mask, units.stream, units.time, units.fuse_run, ks.family, ks.dtype_class,
+            ks.stream, ks.time, smap, np.int64(t_off), np.int64(t_tol))  # fmt: skip
+    guide, _ = _align_windows(*args, p.window, p.slack)
+    lo, hi = _band(guide, ks.m, p.band)
+    n, m = units.n, ks.m
+    off = np.zeros(n + 2, np.int64)
+    off[1:] = np.cumsum(hi - lo + 1)
+    F = _forward(*args, lo, hi, off)
+    # reversed problem: unit n-1-i, kernel m-1-j, mirrored band
+    adjacent = units.fuse_run > 1
+    rev_adjacent = np.zeros(n, bool)
+    rev_adjacent[1:] = adjacent[1:][::-1]
+    rlo = (m - hi)[::-1].copy()
+    rhi = (m - lo)[::-1].copy()
+    roff = np.zeros(n + 2, np.int64)
+    roff[1:] = np.cumsum(rhi - rlo + 1)
+    rsmap = smap
+    rargs = (units.fam_mask[::-1].copy(), units.dt_mask[::-1].copy(), units.stream[::-1].copy(),
+             units.time[::-1].copy(), _fuse_runs(rev_adjacent), ks.family[::-1].copy(), ks.dtype_class[::-1].copy(),
+             ks.stream[::-1].copy(), ks.time[::-1].copy(), rsmap, np.int64(t_off), np.int64(t_tol))  # fmt: skip
+    R = _forward(*rargs, rlo, rhi, roff)
+    kernel, amb = _certain(F, R, lo, hi, off, roff, m, *args)
+    del F, R
+    return kernel, amb
+
+
+def _timestamp_resolution(t: np.ndarray) -> int:
+    """Largest power of ten (<= 1 s) dividing every timestamp: the log's time resolution."""
+    res = 1
+    for r in (10**9, 10**6, 10**3, 1):
+        if np.all(t % r == 0):
+            res = r
+            break
+    return res
+
+
+def _learn(units: LogUnits, ks: KernelSeq, early: np.ndarray):
+    """Stream map and log-to-launch delay from the certain matches of the first pass."""
+    sure = early >= 0
+    smap = np.full(len(units.streams), -1, np.int64)
+    for s in range(len(units.streams)):
+        sel = sure & (units.stream == s)
+        if sel.sum() < 3:
+            continue
+        vals, counts = np.unique(ks.stream[early[sel]], return_counts=True)
+        top = counts.argmax()
+        if counts[top] >= 0.95 * sel.sum():
+            smap[s] = vals[top]
+    t_off, t_tol = 0, 0
+    has_t = sure & (units.time != NO_TIME)
+    if has_t.sum() >= 8:
+        kt = ks.time[early[has_t]]
+        ok = kt != NO_TIME
+        if ok.sum() >= 8:
+            d = kt[ok] - units.time[has_t][ok]
+            med = int(np.median(d))
+            mad = float(np.median(np.abs(d - med))) * 1.4826
+            res = _timestamp_resolution(units.time[has_t])
+            t_off = med
+            t_tol = int(max(5 * mad, 2 * res, 50_000))
+    return smap, t_off, t_tol
+
+
+def _opcount_fix(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, amb: np.ndarray, method: np.ndarray,
+                 smap: np.ndarray) -> None:  # fmt: skip
+    """Resolve ambiguous units by opCount arithmetic between confident neighbours.
+
+    On a communicator whose opCount is informative and whose kernels all run on one stream
+    that carries nothing else, the k-th launch after a confident anchor is the k-th kernel
+    after the anchor's kernel, provided the opCount and kernel-index differences between two
+    confident anchors agree (no kernel missing and none extra in between)."""
+    kstream_pos = np.empty(ks.m, np.int64)
+    for s in range(len(ks.streams)):
+        idx = np.flatnonzero(ks.stream == s)
+        kstream_pos[idx] = np.arange(len(idx))
+    # a kernel stream used by several log streams cannot be reasoned about per communicator
+    mapped = smap[smap >= 0]
+    shared = {int(v) for v, c in zip(*np.unique(mapped, return_counts=True)) if c > 1}
+    taken = np.zeros(ks.m, bool)
+    taken[kernel[kernel >= 0]] = True
+    for c in np.flatnonzero(units.informative_comm):
+        us = np.flatnonzero(units.comm == c)
+        if len(us) == 0:
+            continue
+        streams_c = np.unique(units.stream[us])
+        if len(streams_c) != 1 or smap[streams_c[0]] < 0 or int(smap[streams_c[0]]) in shared:
+            continue
+        kstream = smap[streams_c[0]]
+        stream_kernels = np.flatnonzero(ks.stream == kstream)
+        anchors = us[(kernel[us] >= 0) & ~amb[us]]
+        if len(anchors) < 2:
+            continue
+        a_opc = units.op_count[anchors]
+        a_pos = kstream_pos[kernel[anchors]]
+        for u in us[amb[us]]:
+            o = units.op_count[u]
+            k = np.searchsorted(a_opc, o)
+            if k == 0 or k >= len(anchors):
+                continue
+            lo, hi = k - 1, k
+            if a_opc[hi] - a_opc[lo] != a_pos[hi] - a_pos[lo]:
+                continue
+            pos = a_pos[lo] + (o - a_opc[lo])
+            j = stream_kernels[pos]
+            if taken[j]:
+                continue
+            kf = ks.family[j]
+            if kf >= 0 and (units.fam_mask[u] >> kf) & 1 == 0:
+                continue
+            kernel[u] = j
+            amb[u] = False
+            method[u] = "opcount"
+            taken[j] = True
+
+
+def align_units(units: LogUnits, ks: KernelSeq, params: AlignParams = AlignParams()) -> UnitAlignment:
+    """Align launch units with kernels (two passes: plain, then with learned stream map and delay)."""
+    n = units.n
+    if n == 0 or ks.m == 0:
+        return UnitAlignment(np.full(n, -1, np.int64), np.zeros(n, bool), np.zeros(n), np.full(n, None, object),
+                             {}, None, None)  # fmt: skip
+    smap = np.full(len(units.streams), -1, np.int64)
+    kernel, amb = _run(units, ks, smap, 0, 0, params)
+    smap, t_off, t_tol = _learn(units, ks, kernel)
+    if (smap >= 0).any() or t_tol > 0:
+        kernel, amb = _run(units, ks, smap, t_off, t_tol, params)
+    method = np.where(kernel >= 0, "alignment", None).astype(object)
+    _opcount_fix(units, ks, kernel, amb, method, smap)
+    # Confidence: the share of the evidence available for the pair that confirmed it.
+    conf = np.zeros(n)
+    for u in np.flatnonzero(kernel >= 0):
+        j = kernel[u]
+        s = _pair(u, j, units.fam_mask, units.dt_mask, units.stream, units.time, ks.family, ks.dtype_class,
+                  ks.stream, ks.time, smap, np.int64(t_off), np.int64(t_tol))  # fmt: skip
+        avail = BASE + (DTYPE_OK if ks.dtype_class[j] >= 0 and units.dt_mask[u] else 0)
+        avail += STREAM_OK if smap[units.stream[u]] >= 0 else 0
+        avail += TIME_OK if t_tol > 0 and units.time[u] != NO_TIME and ks.time[j] != NO_TIME else 0
+        conf[u] = max(s, 0) / avail
+    stream_map = {int(units.streams[s]): int(ks.streams[smap[s]]) for s in range(len(smap)) if smap[s] >= 0}
+    return UnitAlignment(kernel, amb, conf, method, stream_map, t_off if t_tol else None, t_tol or None)

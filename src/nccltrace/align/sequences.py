@@ -1,0 +1,252 @@
+"""Per-process sequences to align: launch units from the NCCL log, NCCL kernels from nsys.
+
+A *launch unit* is what NCCL turns into one kernel launch: a lone call, or the calls of one
+``ncclGroupStart/End`` on one communicator. The log tells units apart by ``opCount``, which
+counts kernel plans per communicator and is shared by every call of one group, as long as it
+is informative (it stays 0 on single-rank communicators and, from 2.27.3, on single-node
+ones). Where it is not, every call is its own unit and the aligner may fuse consecutive P2P
+units of one communicator into one ``SendRecv`` kernel (a many-to-one match).
+
+Kernel names are decoded into a family (the collective they implement) and, for reduction
+kernels, the element type (reference/nccl/log-formats.md section 8): signed integer types run
+on the unsigned kernels from 2.19, so types are compared by class (width and kind).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+# Kernel families (codes index bit masks of units).
+FAMILIES: tuple[str, ...] = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce", "SendRecv", "Other")
+FAMILY_CODE = {name: i for i, name in enumerate(FAMILIES)}
+GENERIC = -1  # ncclDevKernel_Generic or an unparsable name: says nothing about the collective
+
+# Logged op -> kernel family that runs it (AlltoAll/Gather/Scatter run as grouped P2P).
+OP_FAMILY: dict[str, str] = {
+    "AllReduce": "AllReduce", "AllGather": "AllGather", "AllGatherV": "AllGather",
+    "ReduceScatter": "ReduceScatter", "Broadcast": "Broadcast", "Reduce": "Reduce",
+    "Send": "SendRecv", "Recv": "SendRecv", "AlltoAll": "SendRecv", "Gather": "SendRecv", "Scatter": "SendRecv",
+}  # fmt: skip
+P2P_OPS = frozenset({"Send", "Recv", "AlltoAll", "Gather", "Scatter"})
+REDUCTION_FAMILIES = frozenset({"AllReduce", "ReduceScatter", "Reduce"})
+
+# Element-type classes; ncclDataType_t value -> class, kernel name token -> class.
+DTYPE_CLASSES: tuple[str, ...] = ("i8", "i32", "i64", "f16", "f32", "f64", "bf16", "f8e4m3", "f8e5m2")
+_DTYPE_CLASS_OF_VALUE = {0: 0, 1: 0, 2: 1, 3: 1, 4: 2, 5: 2, 6: 3, 7: 4, 8: 5, 9: 6, 10: 7, 11: 8}
+_DTYPE_TOKEN_CLASS = {
+    "u8": 0, "i8": 0, "int8_t": 0, "uint8_t": 0, "u32": 1, "i32": 1, "int32_t": 1, "uint32_t": 1,
+    "u64": 2, "i64": 2, "int64_t": 2, "uint64_t": 2, "f16": 3, "half": 3, "f32": 4, "float": 4,
+    "f64": 5, "double": 5, "bf16": 6, "__nv_bfloat16": 6, "f8e4m3": 7, "f8e5m2": 8,
+}  # fmt: skip
+_KERNEL_RE = re.compile(r"^nccl(?:Sym|Symk)?(?:Dev)?Kernel_([A-Za-z]+)(.*)$")
+
+
+@dataclass(frozen=True)
+class KernelName:
+    """What a NCCL kernel name says: family code (GENERIC if nothing) and dtype class (-1 if none)."""
+
+    family: int
+    dtype_class: int
+
+
+def decode_kernel_name(short_name: str | None) -> KernelName:
+    """Decode a (short) NCCL kernel name such as ``ncclDevKernel_AllReduce_Sum_f32_RING_LL``."""
+    if not short_name:
+        return KernelName(GENERIC, -1)
+    m = _KERNEL_RE.match(short_name.split("(", 1)[0])
+    if not m:
+        return KernelName(GENERIC, -1)
+    coll, rest = m.group(1), m.group(2)
+    if coll == "AllGatherV":
+        coll = "AllGather"
+    if coll not in FAMILY_CODE or coll == "Other":
+        return KernelName(GENERIC, -1)
+    dtype = -1
+    if coll in REDUCTION_FAMILIES:
+        for tok in rest.split("_"):
+            if tok in _DTYPE_TOKEN_CLASS:
+                dtype = _DTYPE_TOKEN_CLASS[tok]
+                break
+        # the ≤2.18 names end in the C type, which may contain underscores (__nv_bfloat16)
+        if dtype < 0 and rest.endswith("__nv_bfloat16"):
+            dtype = _DTYPE_TOKEN_CLASS["__nv_bfloat16"]
+    return KernelName(FAMILY_CODE[coll], dtype)
+
+
+def is_nccl_kernel(short_name: pd.Series) -> pd.Series:
+    """Boolean mask of NCCL kernels (``ncclKernel_*``, ``ncclDevKernel_*``, symmetric kernels)."""
+    return short_name.fillna("").str.match(r"^nccl(?:Sym|Symk)?(?:Dev)?Kernel_")
+
+
+@dataclass
+class LogUnits:
+    """Launch units of one process, in log order, plus per-call bookkeeping.
+
+    ``call_unit[c]`` is the unit of collapsed call ``c`` (-1 for calls that launch nothing);
+    ``call_reason[c]`` says why a call is outside every unit.
+    """
+
+    calls: pd.DataFrame  # the process's calls in line order (all rows, duplicates included)
+    call_unit: np.ndarray  # int64 per call row
+    call_reason: np.ndarray  # object per call row: None, 'duplicate_line', 'single_rank_communicator'
+    fam_mask: np.ndarray  # int64 per unit: bit f = family f can run this unit
+    dt_mask: np.ndarray  # int64 per unit: bit d = dtype class d appears in the unit (0 = unknown)
+    stream: np.ndarray  # int64 per unit: index into ``streams``
+    comm: np.ndarray  # int64 per unit: index into ``comms``
+    op_count: np.ndarray  # int64 per unit (-1 when the comm's opCount is not informative)
+    time: np.ndarray  # int64 per unit: wall-clock ns of the first call (INT64_MIN when absent)
+    fuse_run: np.ndarray  # int64 per unit: consecutive fusable P2P units ending here (>= 1)
+    first_call: np.ndarray  # int64 per unit: row of its first call in ``calls``
+    streams: np.ndarray  # uint64 stream pointers
+    comms: np.ndarray  # uint64 comm pointers
+    informative_comm: np.ndarray  # bool per comm: opCount separates launches
+
+    @property
+    def n(self) -> int:
+        return len(self.fam_mask)
+
+
+NO_TIME = np.iinfo(np.int64).min
+_RECENT_UNITS = 64  # a group's calls on one comm are logged close together
+
+
+def build_log_units(calls: pd.DataFrame, *, max_fuse: int = 16) -> LogUnits:
+    """Group one process's call lines into launch units (see module docstring)."""
+    calls = calls.sort_values(["file", "line"], kind="stable").reset_index(drop=True)
+    n = len(calls)
+    op = calls["op"].astype(object).to_numpy()
+    comm = calls["comm"].astype("UInt64").fillna(0).to_numpy(dtype=np.uint64)
+    nranks = calls["nranks"].astype("Int64").fillna(-1).to_numpy(dtype=np.int64)
+    op_count = calls["op_count"].astype("Int64").fillna(-1).to_numpy(dtype=np.int64)
+    dtype = calls["datatype"].astype("Int64").fillna(-1).to_numpy(dtype=np.int64)
+    stream = calls["stream"].astype("UInt64").fillna(0).to_numpy(dtype=np.uint64)
+    dup = calls["duplicate_of"].notna().to_numpy() if "duplicate_of" in calls else np.zeros(n, bool)
+    wall = (
+        calls["wall_time_ns"].astype("Int64").fillna(NO_TIME).to_numpy(dtype=np.int64)
+        if "wall_time_ns" in calls
+        else np.full(n, NO_TIME, np.int64)
+    )
+
+    comms, comm_idx = np.unique(comm, return_inverse=True)
+    streams, stream_idx = np.unique(stream, return_inverse=True)
+    live = ~dup & (nranks != 1)
+    # opCount is informative on a comm when it takes more than one value over >= 2 launches.
+    informative = np.zeros(len(comms), bool)
+    for c in range(len(comms)):
+        vals = op_count[live & (comm_idx == c)]
+        informative[c] = len(vals) <= 1 or len(np.unique(vals)) > 1
+
+    reason = np.full(n, None, dtype=object)
+    reason[dup] = "duplicate_line"
+    reason[~dup & (nranks == 1)] = "single_rank_communicator"
+    call_unit = np.full(n, -1, np.int64)
+    fam_mask: list[int] = []
+    dt_mask: list[int] = []
+    u_stream: list[int] = []
+    u_comm: list[int] = []
+    u_opc: list[int] = []
+    u_time: list[int] = []
+    u_first: list[int] = []
+    open_units: dict[tuple[int, int], int] = {}
+    for r in range(n):
+        if not live[r]:
+            continue
+        c = int(comm_idx[r])
+        fam = OP_FAMILY.get(op[r], "Other")
+        bit = 1 << FAMILY_CODE[fam]
+        dbit = 1 << _DTYPE_CLASS_OF_VALUE[int(dtype[r])] if int(dtype[r]) in _DTYPE_CLASS_OF_VALUE else 0
+        u = -1
+        if informative[c]:
+            key = (c, int(op_count[r]))
+            prev = open_units.get(key)
+            if prev is not None and prev >= len(fam_mask) - _RECENT_UNITS:
+                u = prev
+        if u < 0:
+            u = len(fam_mask)
+            fam_mask.append(0)
+            dt_mask.append(0)
+            u_stream.append(int(stream_idx[r]))
+            u_comm.append(c)
+            u_opc.append(int(op_count[r]) if informative[c] else -1)
+            u_time.append(int(wall[r]))
+            u_first.append(r)
+            if informative[c]:
+                open_units[(c, int(op_count[r]))] = u
+        fam_mask[u] |= bit
+        dt_mask[u] |= dbit
+        call_unit[r] = u
+
+    nu = len(fam_mask)
+    fuse_run = np.ones(nu, np.int64)
+    is_p2p_unit = np.array([op[f] in P2P_OPS for f in u_first], dtype=bool) if nu else np.zeros(0, bool)
+    for u in range(1, nu):
+        c = u_comm[u]
+        if (
+            is_p2p_unit[u]
+            and is_p2p_unit[u - 1]
+            and u_comm[u - 1] == c
+            and not informative[c]
+            and u_stream[u - 1] == u_stream[u]
+        ):
+            fuse_run[u] = min(fuse_run[u - 1] + 1, max_fuse)
+    return LogUnits(
+        calls=calls,
+        call_unit=call_unit,
+        call_reason=reason,
+        fam_mask=np.asarray(fam_mask, np.int64),
+        dt_mask=np.asarray(dt_mask, np.int64),
+        stream=np.asarray(u_stream, np.int64),
+        comm=np.asarray(u_comm, np.int64),
+        op_count=np.asarray(u_opc, np.int64),
+        time=np.asarray(u_time, np.int64),
+        fuse_run=fuse_run,
+        first_call=np.asarray(u_first, np.int64),
+        streams=streams,
+        comms=comms,
+        informative_comm=informative,
+    )
+
+
+@dataclass
+class KernelSeq:
+    """NCCL kernels of one process in launch order."""
+
+    kernels: pd.DataFrame  # rows in launch order
+    family: np.ndarray  # int64 family code or GENERIC
+    dtype_class: np.ndarray  # int64 (-1 when the name carries none)
+    stream: np.ndarray  # int64 index into ``streams``
+    time: np.ndarray  # int64 launch time in UTC ns (NO_TIME when unknown)
+    streams: np.ndarray  # stream ids
+
+    @property
+    def m(self) -> int:
+        return len(self.family)
+
+
+def build_kernel_sequence(kernels: pd.DataFrame, *, utc_offset_ns: int | None = None) -> KernelSeq:
+    """NCCL kernels of one process ordered by launch (CUPTI correlation ids follow API call order)."""
+    k = kernels[is_nccl_kernel(kernels["short_name"].astype(object))].copy()
+    launch = k["launch_start"].astype("Int64") if "launch_start" in k else pd.Series(pd.NA, index=k.index)
+    k["_launch"] = launch.fillna(k["start"].astype("Int64"))
+    order = ["correlation_id", "_launch"] if k["correlation_id"].notna().all() else ["_launch"]
+    k = k.sort_values(order, kind="stable").reset_index(drop=True)
+    names = k["short_name"].astype(object).to_numpy()
+    cache: dict[str, KernelName] = {}
+    fam = np.empty(len(k), np.int64)
+    dt = np.empty(len(k), np.int64)
+    for i, nm in enumerate(names):
+        d = cache.get(nm)
+        if d is None:
+            d = cache[nm] = decode_kernel_name(nm)
+        fam[i], dt[i] = d.family, d.dtype_class
+    streams, sidx = np.unique(k["stream_id"].astype("Int64").fillna(-1).to_numpy(np.int64), return_inverse=True)
+    if utc_offset_ns is None:
+        t = np.full(len(k), NO_TIME, np.int64)
+    else:
+        t = k["_launch"].to_numpy(np.int64) + np.int64(utc_offset_ns)
+    return KernelSeq(kernels=k.drop(columns="_launch"), family=fam, dtype_class=dt,
+                     stream=sidx.astype(np.int64), time=t, streams=streams)  # fmt: skip
