@@ -23,6 +23,7 @@ validate(config, "workflow/schemas/config.schema.yaml")
 include: "workflow/rules/common.smk"
 include: "workflow/rules/acquire.smk"
 include: "workflow/rules/parse.smk"
+include: "workflow/rules/correlate.smk"
 
 
 rule all:
@@ -30,4 +31,6 @@ rule all:
     input:
         expand(f"{RESULTS}/{{run}}/parsed/parse_summary.json", run=RUN_IDS),
         expand(f"{RESULTS}/{{run}}/communicators/communicators.parquet", run=RUN_IDS),
+        aligned_outputs,
+        expand(f"{RESULTS}/{{run}}/ops/ops.parquet", run=RUN_IDS),
     default_target: True

@@ -50,3 +50,22 @@ def test_emulated_export_reads_back_kernels_launches_and_nccl_ranges(tmp_path, n
             else:
                 assert sorted(sends.nccl_message_bytes.astype(int)) == sorted(ops["bytes"].astype(int))
                 assert set(sends.payload_source) == {payloads}
+
+
+def test_launches_whose_kernel_record_is_missing_are_listed(tmp_path):
+    """A dropped kernel record leaves its launch call: the reader lists exactly those launches."""
+    from nccltrace.emulator.run import emulate_run
+    from nccltrace.nsys.reader import NsysExport
+    from nccltrace.tables import read_table
+
+    res = emulate_run({"model": "t", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 64,
+                       "vocab_size": 512, "micro_batch_size": 1, "global_batch_size": 4, "iterations": 1,
+                       "gpus_per_node": 2, "tp": 2, "seed": 4, "imperfections": {"drop_kernels": 0.3}}, tmp_path)
+    truth = read_table(res.ground_truth["kernels"])
+    with NsysExport.open(next((tmp_path / "nsys").glob("*.sqlite"))) as ex:
+        lost = ex.launches_without_kernel()
+        kept = ex.kernels()
+    dropped = truth[truth["dropped"].astype(bool)]
+    assert len(dropped) > 0
+    assert sorted(zip(lost["pid"], lost["correlation_id"])) == sorted(zip(dropped["pid"], dropped["correlation_id"]))
+    assert not set(zip(kept["pid"], kept["correlation_id"])) & set(zip(lost["pid"], lost["correlation_id"]))

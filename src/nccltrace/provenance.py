@@ -76,6 +76,9 @@ STAGE_MODULES: dict[str, tuple[str, ...]] = {
     "parse_nccl": ("nccl/log_reader.py", "nccl/fast_scan.py", "nccl/enums.py", "nccl/versions.py", "tables.py"),
     "parse_nsys": ("nsys/reader.py", "tables.py"),
     "communicators": ("communicators.py", "tables.py"),
+    "align": ("align", "tables.py"),
+    "ops": ("ops.py", "align/correlate.py", "parallelism.py", "clocksync.py", "emulator/layout.py",
+            "emulator/config.py", "tables.py"),
 }
 
 

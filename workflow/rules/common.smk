@@ -9,7 +9,7 @@ from nccltrace.provenance import stage_code_hash
 RUNS = {run.run_id: run for run in expand_campaign(config)}
 RUN_IDS = sorted(RUNS)
 RESULTS = f"results/{config['campaign']}"
-NSYS_TABLES = ["kernels", "nvtx", "processes"]
+NSYS_TABLES = ["kernels", "nvtx", "processes", "launches_without_kernel"]
 
 
 wildcard_constraints:
@@ -27,10 +27,24 @@ def raw_dir(wildcards):
     return checkpoints.acquire.get(run=wildcards.run).output.raw
 
 
-def nccl_processes(wildcards):
+def processes_of(run):
     """Per-process NCCL logs of a run; known once acquisition has finished (checkpoint)."""
-    raw = Path(raw_dir(wildcards))
+    raw = Path(checkpoints.acquire.get(run=run).output.raw)
     return sorted(p.stem for p in (raw / "nccl").glob("nccl_*.log"))
+
+
+def nccl_processes(wildcards):
+    return processes_of(wildcards.run)
+
+
+def aligned_outputs(wildcards):
+    """Alignment tables of every process of every run (rule all)."""
+    return [f"{RESULTS}/{run}/aligned/{proc}/alignment.parquet" for run in RUN_IDS for proc in processes_of(run)]
+
+
+def nsys_hosts_of(run):
+    raw = Path(checkpoints.acquire.get(run=run).output.raw)
+    return sorted(p.stem for p in (raw / "nsys").glob("*.sqlite"))
 
 
 def nsys_hosts(wildcards):

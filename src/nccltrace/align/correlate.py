@@ -43,7 +43,9 @@ ALIGNMENT_SCHEMA = pa.schema(
         _f("status", pa.string(), "", "'matched' or 'unmatched'"),
         _f("reason", pa.string(), "", "why unmatched: 'duplicate_line', 'single_rank_communicator' (NCCL launches "
            "no kernel), 'no_kernel' (gap: kernel missing from the export or line order), 'ambiguous' (several "
-           "equally good alignments disagree; left unmatched rather than guessed), 'no_log_line' (kernel rows), "
+           "equally good alignments disagree; left unmatched rather than guessed), 'kernel_record_missing' (the launch "
+           "call is in the export, its kernel record is not; kernel columns name the launch), 'no_log_line' (kernel "
+           "rows), "
            "'unparsed' (thesis mode: not an op it aligns); null when matched"),
         _f("confidence", pa.float64(), "", "0..1: share of the available evidence (family, dtype, stream, time) "
            "that confirms the match; 1.0 for exact matches; null when unmatched"),
@@ -94,8 +96,14 @@ def _to_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _assemble(calls: pd.DataFrame, call_kernel: np.ndarray, call_unit: np.ndarray, reason: np.ndarray,
-              conf: np.ndarray, method: np.ndarray, kernels: pd.DataFrame, mode: str) -> pd.DataFrame:  # fmt: skip
+              conf: np.ndarray, method: np.ndarray, kernels: pd.DataFrame, mode: str, *,
+              lost: np.ndarray | None = None, placeholder: np.ndarray | None = None) -> pd.DataFrame:  # fmt: skip
+    """Call rows (matched or not) and rows for kernels no call was matched to. ``lost`` marks
+    calls whose launch was found but whose kernel record is missing (not a match)."""
     n = len(calls)
+    matched = call_kernel >= 0
+    if lost is not None:
+        matched &= ~lost
     rows = {
         "row_kind": ["call"] * n,
         "file": calls["file"].to_numpy(object),
@@ -106,16 +114,18 @@ def _assemble(calls: pd.DataFrame, call_kernel: np.ndarray, call_unit: np.ndarra
         "comm": calls["comm"].to_numpy(object),
         "op_count": calls["op_count"].to_numpy(object),
         "unit": np.where(call_unit >= 0, call_unit, None).astype(object),
-        "status": np.where(call_kernel >= 0, "matched", "unmatched").astype(object),
+        "status": np.where(matched, "matched", "unmatched").astype(object),
         "reason": reason,
-        "confidence": np.where(call_kernel >= 0, conf, None).astype(object),
-        "method": np.where(call_kernel >= 0, method, None).astype(object),
+        "confidence": np.where(matched, conf, None).astype(object),
+        "method": np.where(matched, method, None).astype(object),
         "duplicate_of": calls["duplicate_of"].to_numpy(object) if "duplicate_of" in calls else None,
         **_kernel_cols(kernels, call_kernel),
     }
     call_rows = _frame(rows, n)
     used = np.zeros(len(kernels), bool)
     used[call_kernel[call_kernel >= 0]] = True
+    if placeholder is not None:
+        used |= placeholder  # lost launches are not kernels (and may be compute kernels)
     free = np.flatnonzero(~used)
     host = calls["host"].dropna().iloc[0] if n and calls["host"].notna().any() else None
     krows = {
@@ -137,6 +147,7 @@ def align_process(
     mode: str = "default",
     utc_offset_ns: int | None = None,
     nvtx: pd.DataFrame | None = None,
+    launches_without_kernel: pd.DataFrame | None = None,
     params: AlignParams | None = None,
 ) -> pd.DataFrame:
     """Correlate one process's call lines (``calls`` table) with its kernels (nsys ``kernels`` rows of
@@ -146,15 +157,15 @@ def align_process(
         raise ValueError(f"unknown alignment mode {mode!r}; use one of {', '.join(MODES)}")
     kernels = kernels[is_nccl_kernel(kernels["short_name"].astype(object))]
     if mode == "default":
-        return _align_default(calls, kernels, utc_offset_ns, params or AlignParams())
+        return _align_default(calls, kernels, utc_offset_ns, params or AlignParams(), launches_without_kernel)
     if mode == "thesis":
         return _align_thesis(calls, kernels)
     return _align_exact(calls, kernels, nvtx)
 
 
-def _align_default(calls, kernels, utc_offset_ns, params) -> pd.DataFrame:
+def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kernel=None) -> pd.DataFrame:
     units = build_log_units(calls)
-    ks = build_kernel_sequence(kernels, utc_offset_ns=utc_offset_ns)
+    ks = build_kernel_sequence(kernels, utc_offset_ns=utc_offset_ns, launches_without_kernel=launches_without_kernel)
     res = align_units(units, ks, params)
     cu = units.call_unit
     has_unit = cu >= 0
@@ -169,7 +180,11 @@ def _align_default(calls, kernels, utc_offset_ns, params) -> pd.DataFrame:
     conf[has_unit] = res.confidence[cu[has_unit]]
     method = np.full(len(cu), None, object)
     method[has_unit] = res.method[cu[has_unit]]
-    return _assemble(units.calls, call_kernel, cu, reason, conf, method, ks.kernels, "default")
+    lost = np.zeros(len(cu), bool)
+    lost[call_kernel >= 0] = ks.placeholder[call_kernel[call_kernel >= 0]]
+    reason[lost] = "kernel_record_missing"
+    return _assemble(units.calls, call_kernel, cu, reason, conf, method, ks.kernels, "default", lost=lost,
+                     placeholder=ks.placeholder)
 
 
 def _align_thesis(calls, kernels) -> pd.DataFrame:
@@ -220,3 +235,48 @@ def _align_exact(calls, kernels, nvtx) -> pd.DataFrame:
 def family_name(code: int) -> str:
     """Name of a kernel family code."""
     return "Generic" if code == GENERIC else FAMILIES[code]
+
+
+def process_key(log_stem: str) -> tuple[str, int]:
+    """(host, pid) of a per-process log named ``nccl_<host>_<pid>`` (``NCCL_DEBUG_FILE=nccl_%h_%p.log``)."""
+    body = log_stem.removeprefix("nccl_")
+    host, _, pid = body.rpartition("_")
+    if not host or not pid.isdigit():
+        raise ValueError(f"log name {log_stem!r} is not nccl_<host>_<pid>; name per-process logs with "
+                         "NCCL_DEBUG_FILE=<dir>/nccl_%h_%p.log")
+    return host, int(pid)
+
+
+def align_files(calls_path, kernels_path, session_path, out_path, *, mode: str = "default",
+                nvtx_path=None, launches_path=None, pid: int | None = None) -> pd.DataFrame:  # fmt: skip
+    """Stage entry point: align one process's parsed calls with its node's parsed kernels and
+    write the correlation table atomically. ``pid`` defaults to the pid of the calls."""
+    import json
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    from ..tables import read_table, write_table_atomic
+
+    calls = read_table(calls_path)
+    if pid is None:
+        pids = calls["pid"].dropna().unique()
+        if len(pids) != 1:
+            raise ValueError(f"{calls_path}: expected the calls of one process, found pids {sorted(pids)[:5]}")
+        pid = int(pids[0])
+    kernels = pq.read_table(kernels_path, filters=[("pid", "=", pid)]).to_pandas(
+        types_mapper={pa.int64(): pd.Int64Dtype(), pa.uint64(): pd.UInt64Dtype()}.get
+    )
+    utc = None
+    if session_path is not None and Path(session_path).exists():
+        utc = json.loads(Path(session_path).read_text()).get("utc_offset_ns")
+    nvtx = None
+    if nvtx_path is not None:
+        nvtx = pq.read_table(nvtx_path, filters=[("pid", "=", pid)]).to_pandas()
+    launches = None
+    if launches_path is not None and Path(launches_path).exists():
+        launches = read_table(launches_path)
+        launches = launches[launches["pid"] == pid]
+    table = align_process(calls, kernels, mode=mode, utc_offset_ns=utc, nvtx=nvtx, launches_without_kernel=launches)
+    write_table_atomic(pa.Table.from_pandas(table, schema=ALIGNMENT_SCHEMA, preserve_index=False), out_path)
+    return table

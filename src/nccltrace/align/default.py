@@ -67,7 +67,7 @@ def _pair(i, j, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time, sm
             return NEG
         s += DTYPE_OK
     ms = smap[u_stream[i]]
-    if ms >= 0:
+    if ms >= 0 and k_stream[j] >= 0:  # placeholders (lost kernel records) have no stream
         if ms != k_stream[j]:
             return NEG
         s += STREAM_OK
@@ -469,7 +469,8 @@ def _timestamp_resolution(t: np.ndarray) -> int:
 
 def _learn(units: LogUnits, ks: KernelSeq, early: np.ndarray):
     """Stream map and log-to-launch delay from the certain matches of the first pass."""
-    sure = early >= 0
+    sure = (early >= 0) & ~units.placeholder
+    sure[sure] &= ~ks.placeholder[early[sure]]
     smap = np.full(len(units.streams), -1, np.int64)
     for s in range(len(units.streams)):
         sel = sure & (units.stream == s)
@@ -502,7 +503,7 @@ def _opcount_fix(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, amb: np.nda
     that carries nothing else, the k-th launch after a confident anchor is the k-th kernel
     after the anchor's kernel, provided the opCount and kernel-index differences between two
     confident anchors agree (no kernel missing and none extra in between)."""
-    kstream_pos = np.empty(ks.m, np.int64)
+    kstream_pos = np.full(ks.m, -1, np.int64)
     for s in range(len(ks.streams)):
         idx = np.flatnonzero(ks.stream == s)
         kstream_pos[idx] = np.arange(len(idx))
@@ -521,11 +522,12 @@ def _opcount_fix(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, amb: np.nda
         kstream = smap[streams_c[0]]
         stream_kernels = np.flatnonzero(ks.stream == kstream)
         anchors = us[(kernel[us] >= 0) & ~amb[us]]
+        anchors = anchors[~ks.placeholder[kernel[anchors]] & ~units.placeholder[anchors]]
         if len(anchors) < 2:
             continue
         a_opc = units.op_count[anchors]
         a_pos = kstream_pos[kernel[anchors]]
-        for u in us[amb[us]]:
+        for u in us[amb[us] & ~units.placeholder[us]]:
             o = units.op_count[u]
             k = np.searchsorted(a_opc, o)
             if k == 0 or k >= len(anchors):

@@ -14,6 +14,7 @@ on the unsigned kernels from 2.19, so types are compared by class (width and kin
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 
@@ -100,10 +101,11 @@ class LogUnits:
     op_count: np.ndarray  # int64 per unit (-1 when the comm's opCount is not informative)
     time: np.ndarray  # int64 per unit: wall-clock ns of the first call (INT64_MIN when absent)
     fuse_run: np.ndarray  # int64 per unit: consecutive fusable P2P units ending here (>= 1)
-    first_call: np.ndarray  # int64 per unit: row of its first call in ``calls``
+    first_call: np.ndarray  # int64 per unit: row of its first call in ``calls`` (-1 for placeholders)
     streams: np.ndarray  # uint64 stream pointers
     comms: np.ndarray  # uint64 comm pointers
     informative_comm: np.ndarray  # bool per comm: opCount separates launches
+    placeholder: np.ndarray  # bool per unit: a launch whose call line is missing (opCount gap)
 
     @property
     def n(self) -> int:
@@ -180,9 +182,41 @@ def build_log_units(calls: pd.DataFrame, *, max_fuse: int = 16) -> LogUnits:
         dt_mask[u] |= dbit
         call_unit[r] = u
 
+    # A gap in an informative comm's opCounts is a launch whose line is missing: insert a
+    # placeholder unit (any family, the comm's stream) right after the comm's previous unit, so
+    # that launch's kernel is not free for a neighbouring unit whose own kernel is missing.
+    placeholder = [False] * len(fam_mask)
+    order_key = [float(f) for f in u_first]
+    all_fams = (1 << len(FAMILIES)) - 1
+    for c in np.flatnonzero(informative):
+        us = [u for u in range(len(fam_mask)) if u_comm[u] == c]
+        us.sort(key=lambda u: u_opc[u])
+        for prev, nxt in itertools.pairwise(us):
+            missing = u_opc[nxt] - u_opc[prev] - 1
+            for q in range(min(missing, 64)):
+                fam_mask.append(all_fams)
+                dt_mask.append(0)
+                u_stream.append(u_stream[prev])
+                u_comm.append(int(c))
+                u_opc.append(u_opc[prev] + 1 + q)
+                u_time.append(int(NO_TIME))
+                u_first.append(-1)
+                placeholder.append(True)
+                order_key.append(u_first[prev] + (q + 1) / 128.0)
+    perm = np.argsort(np.asarray(order_key), kind="stable")
+    inv = np.empty(len(perm), np.int64)
+    inv[perm] = np.arange(len(perm))
+    call_unit = np.where(call_unit >= 0, inv[np.maximum(call_unit, 0)], -1)
+
+    def _p(x, dt=np.int64):
+        return np.asarray(x, dt)[perm] if len(perm) else np.asarray(x, dt)
+
+    fam_mask, dt_mask, u_stream, u_comm = _p(fam_mask), _p(dt_mask), _p(u_stream), _p(u_comm)
+    u_opc, u_time, u_first, placeholder = _p(u_opc), _p(u_time), _p(u_first), _p(placeholder, bool)
+
     nu = len(fam_mask)
     fuse_run = np.ones(nu, np.int64)
-    is_p2p_unit = np.array([op[f] in P2P_OPS for f in u_first], dtype=bool) if nu else np.zeros(0, bool)
+    is_p2p_unit = np.array([f >= 0 and op[f] in P2P_OPS for f in u_first], dtype=bool) if nu else np.zeros(0, bool)
     for u in range(1, nu):
         c = u_comm[u]
         if (
@@ -208,6 +242,7 @@ def build_log_units(calls: pd.DataFrame, *, max_fuse: int = 16) -> LogUnits:
         streams=streams,
         comms=comms,
         informative_comm=informative,
+        placeholder=placeholder,
     )
 
 
@@ -221,17 +256,34 @@ class KernelSeq:
     stream: np.ndarray  # int64 index into ``streams``
     time: np.ndarray  # int64 launch time in UTC ns (NO_TIME when unknown)
     streams: np.ndarray  # stream ids
+    placeholder: np.ndarray  # bool: a launch whose kernel record is missing from the export
 
     @property
     def m(self) -> int:
         return len(self.family)
 
 
-def build_kernel_sequence(kernels: pd.DataFrame, *, utc_offset_ns: int | None = None) -> KernelSeq:
-    """NCCL kernels of one process ordered by launch (CUPTI correlation ids follow API call order)."""
+def build_kernel_sequence(kernels: pd.DataFrame, *, utc_offset_ns: int | None = None,
+                          launches_without_kernel: pd.DataFrame | None = None) -> KernelSeq:  # fmt: skip
+    """NCCL kernels of one process ordered by launch (CUPTI correlation ids follow API call order).
+
+    Launch calls whose kernel record is missing (``launches_without_kernel``) are kept as
+    placeholders in launch order: a unit matched to one launched a kernel whose record is lost,
+    and no unit has to slide onto a neighbour's kernel to fill the hole."""
     k = kernels[is_nccl_kernel(kernels["short_name"].astype(object))].copy()
+    k["_placeholder"] = False
+    if launches_without_kernel is not None and len(launches_without_kernel):
+        lw = launches_without_kernel
+        ph = pd.DataFrame({
+            "correlation_id": lw["correlation_id"].astype("Int64"), "launch_start": lw["start"].astype("Int64"),
+            "launch_end": lw["end"].astype("Int64"), "launch_tid": lw["tid"].astype("Int64"),
+            "launch_api": lw["api"], "pid": lw["pid"].astype("Int64"), "_placeholder": True,
+        })  # fmt: skip
+        if "global_tid" in lw:
+            ph["global_pid"] = (lw["global_tid"].astype("Int64") // (1 << 24)) * (1 << 24)
+        k = pd.concat([k, ph], ignore_index=True)
     launch = k["launch_start"].astype("Int64") if "launch_start" in k else pd.Series(pd.NA, index=k.index)
-    k["_launch"] = launch.fillna(k["start"].astype("Int64"))
+    k["_launch"] = launch.fillna(k["start"].astype("Int64") if "start" in k else pd.NA)
     order = ["correlation_id", "_launch"] if k["correlation_id"].notna().all() else ["_launch"]
     k = k.sort_values(order, kind="stable").reset_index(drop=True)
     names = k["short_name"].astype(object).to_numpy()
@@ -239,14 +291,21 @@ def build_kernel_sequence(kernels: pd.DataFrame, *, utc_offset_ns: int | None = 
     fam = np.empty(len(k), np.int64)
     dt = np.empty(len(k), np.int64)
     for i, nm in enumerate(names):
+        if not isinstance(nm, str):
+            fam[i], dt[i] = GENERIC, -1
+            continue
         d = cache.get(nm)
         if d is None:
             d = cache[nm] = decode_kernel_name(nm)
         fam[i], dt[i] = d.family, d.dtype_class
-    streams, sidx = np.unique(k["stream_id"].astype("Int64").fillna(-1).to_numpy(np.int64), return_inverse=True)
+    sid = k["stream_id"].astype("Int64").fillna(-1).to_numpy(np.int64) if len(k) else np.zeros(0, np.int64)
+    streams = np.unique(sid[sid >= 0])
+    sidx = np.where(sid >= 0, np.searchsorted(streams, sid), -1).astype(np.int64)
     if utc_offset_ns is None:
         t = np.full(len(k), NO_TIME, np.int64)
     else:
-        t = k["_launch"].to_numpy(np.int64) + np.int64(utc_offset_ns)
-    return KernelSeq(kernels=k.drop(columns="_launch"), family=fam, dtype_class=dt,
-                     stream=sidx.astype(np.int64), time=t, streams=streams)  # fmt: skip
+        t = k["_launch"].astype("Int64").fillna(NO_TIME - np.int64(utc_offset_ns)).to_numpy(np.int64)
+        t = np.where(t == NO_TIME - np.int64(utc_offset_ns), NO_TIME, t + np.int64(utc_offset_ns))
+    placeholder = k["_placeholder"].to_numpy(bool)
+    return KernelSeq(kernels=k.drop(columns=["_launch", "_placeholder"]), family=fam, dtype_class=dt, stream=sidx,
+                     time=t, streams=streams, placeholder=placeholder)  # fmt: skip

@@ -24,20 +24,21 @@ import re
 import sqlite3
 import struct
 import warnings
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 __all__ = [
-    "NsysFormatError",
-    "NsysSchemaWarning",
-    "NsysExport",
+    "KERNEL_COLUMNS",
     "KNOWN_SCHEMA_VERSIONS",
     "NCCL_ENTRY_COLUMNS",
-    "KERNEL_COLUMNS",
     "NVTX_COLUMNS",
+    "NsysExport",
+    "NsysFormatError",
+    "NsysSchemaWarning",
     "decode_pid",
     "decode_tid",
     "strip_api_version",
@@ -294,7 +295,7 @@ class NsysExport:
     # ------------------------------------------------------------------ opening
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, integrity_check: bool = False) -> "NsysExport":
+    def open(cls, path: str | os.PathLike[str], *, integrity_check: bool = False) -> NsysExport:
         """Open and validate an export.
 
         Checks, each failing with :class:`NsysFormatError`: the file exists and is non-empty, has
@@ -406,7 +407,7 @@ class NsysExport:
         """Close the underlying SQLite connection."""
         self._conn.close()
 
-    def __enter__(self) -> "NsysExport":
+    def __enter__(self) -> NsysExport:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -627,6 +628,30 @@ class NsysExport:
         cols["api"] = [strip_api_version(v) for v in cols["name"]]
         return _frame(cols, RUNTIME_COLUMNS)
 
+    def launches_without_kernel(self) -> pd.DataFrame:
+        """Kernel launch API calls whose kernel record is missing from the export (lost CUPTI
+        activity records). Their position in the launch order is evidence for alignment: the
+        launch happened, only the kernel's timing is unknown. Columns as :meth:`runtime`."""
+        t = "CUPTI_ACTIVITY_KIND_RUNTIME"
+        names = [c for c, _ in RUNTIME_COLUMNS]
+        if t not in self._tables:
+            return _frame(_rows_to_columns([], names), RUNTIME_COLUMNS)
+        exists = ""
+        if "CUPTI_ACTIVITY_KIND_KERNEL" in self._tables:
+            exists = f"""AND NOT EXISTS (SELECT 1 FROM CUPTI_ACTIVITY_KIND_KERNEL k WHERE k.correlationId = r.correlationId
+                              AND (k.globalPid & {_GPID_MASK}) = (r.globalTid & {_GPID_MASK}))"""
+        rows = self._query(
+            f"""SELECT r.start, r.end, {self._col(t, 'r', 'eventClass')}, r.globalTid, (r.globalTid >> 24) & 16777215,
+                       r.globalTid & 16777215, r.correlationId, s.value, NULL, {self._col(t, 'r', 'returnValue')}
+                FROM {t} r JOIN StringIds s ON s.id = r.nameId
+                WHERE (s.value LIKE 'cudaLaunch%Kernel%' OR s.value LIKE 'cuLaunch%Kernel%') {exists}
+                ORDER BY r.start, r.rowid""",
+            what=t,
+        )
+        cols = _rows_to_columns(rows, names)
+        cols["api"] = [strip_api_version(v) for v in cols["name"]]
+        return _frame(cols, RUNTIME_COLUMNS)
+
     # ------------------------------------------------------------------ NVTX
 
     def nvtx(
@@ -647,7 +672,7 @@ class NsysExport:
         spec_names = [c for c, _ in NVTX_COLUMNS]
         if t not in self._tables:
             return _frame(_rows_to_columns([], spec_names), NVTX_COLUMNS)
-        c = lambda name: self._col(t, "e", name)  # noqa: E731
+        c = lambda name: self._col(t, "e", name)
         json_expr = c("jsonText")
         json_join = ""
         if "jsonTextId" in self.columns(t):
@@ -936,9 +961,9 @@ class NsysExport:
     def export_tables(
         self, out_dir: str | os.PathLike[str], *, kernel_name_like: str | None = "nccl%"
     ) -> dict[str, Path]:
-        """Write ``kernels.parquet`` (streamed), ``nvtx.parquet``, ``processes.parquet`` and
-        ``session.json`` into ``out_dir``; each file appears atomically (temp file + rename).
-        Returns {"kernels", "nvtx", "processes", "session"} -> path."""
+        """Write ``kernels.parquet`` (streamed), ``nvtx.parquet``, ``processes.parquet``,
+        ``launches_without_kernel.parquet`` and ``session.json`` into ``out_dir``; each file
+        appears atomically (temp file + rename). Returns table name -> path."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -948,14 +973,15 @@ class NsysExport:
             "kernels": out / "kernels.parquet",
             "nvtx": out / "nvtx.parquet",
             "processes": out / "processes.parquet",
+            "launches_without_kernel": out / "launches_without_kernel.parquet",
             "session": out / "session.json",
         }
         schema = _arrow_schema(KERNEL_COLUMNS)
-        with _atomic_path(paths["kernels"]) as tmp:
-            with pq.ParquetWriter(tmp, schema) as pw:
-                for batch in self.iter_kernels(kernel_name_like):
-                    pw.write_table(pa.Table.from_pandas(batch, schema=schema, preserve_index=False))
-        for key, frame, spec in (("nvtx", self.nvtx(), NVTX_COLUMNS), ("processes", self.processes(), PROCESS_COLUMNS)):
+        with _atomic_path(paths["kernels"]) as tmp, pq.ParquetWriter(tmp, schema) as pw:
+            for batch in self.iter_kernels(kernel_name_like):
+                pw.write_table(pa.Table.from_pandas(batch, schema=schema, preserve_index=False))
+        for key, frame, spec in (("nvtx", self.nvtx(), NVTX_COLUMNS), ("processes", self.processes(), PROCESS_COLUMNS),
+                                 ("launches_without_kernel", self.launches_without_kernel(), RUNTIME_COLUMNS)):
             with _atomic_path(paths[key]) as tmp:
                 s = _arrow_schema(spec)
                 pq.write_table(pa.Table.from_pandas(frame, schema=s, preserve_index=False), tmp)

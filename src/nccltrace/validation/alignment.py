@@ -64,6 +64,7 @@ class RunInputs:
     nvtx: dict[tuple[str, int], pd.DataFrame]
     utc_offset: dict[str, int]
     truth: pd.DataFrame
+    launches: dict[tuple[str, int], pd.DataFrame]
 
 
 def load_emulated(raw: Path, work: Path, *, need_nvtx: bool = False) -> RunInputs:
@@ -78,6 +79,7 @@ def load_emulated(raw: Path, work: Path, *, need_nvtx: bool = False) -> RunInput
     kernels: dict[tuple[str, int], pd.DataFrame] = {}
     nvtx: dict[tuple[str, int], pd.DataFrame] = {}
     utc: dict[str, int] = {}
+    launches: dict[tuple[str, int], pd.DataFrame] = {}
     for db in sorted((raw / "nsys").glob("*.sqlite")):
         with NsysExport.open(db) as ex:
             host = db.stem
@@ -85,12 +87,14 @@ def load_emulated(raw: Path, work: Path, *, need_nvtx: bool = False) -> RunInput
             k = ex.kernels()
             for pid, g in k.groupby("pid"):
                 kernels[(host, int(pid))] = g.reset_index(drop=True)
+            for pid, g in ex.launches_without_kernel().groupby("pid"):
+                launches[(host, int(pid))] = g.reset_index(drop=True)
             if need_nvtx:
                 nv = ex.nvtx()
                 for pid, g in nv.groupby("pid"):
                     nvtx[(host, int(pid))] = g.reset_index(drop=True)
     truth = read_table(raw / "ground_truth" / "ops.parquet")
-    return RunInputs(calls, kernels, nvtx, utc, truth)
+    return RunInputs(calls, kernels, nvtx, utc, truth, launches)
 
 
 def _truth_pairs(truth: pd.DataFrame) -> pd.DataFrame:
@@ -129,6 +133,7 @@ def align_run(inputs: RunInputs, mode: str, *, max_calls: int | None = None) -> 
     truth = _truth_pairs(inputs.truth)
     for key, calls in inputs.calls.items():
         kernels = inputs.kernels.get(key, pd.DataFrame(columns=["short_name", "correlation_id", "start", "pid"]))
+        launches = inputs.launches.get(key)
         if max_calls is not None:
             t = inputs.truth[(inputs.truth["host"] == key[0]) & (inputs.truth["pid"] == key[1])]
             keep_seq = t.sort_values("seq")["seq"].iloc[:max_calls]
@@ -137,8 +142,10 @@ def align_run(inputs: RunInputs, mode: str, *, max_calls: int | None = None) -> 
             calls = calls[calls["line"].isin(lines)]
             corr = set(t["kernel_correlation_id"].dropna().astype(int))
             kernels = kernels[kernels["correlation_id"].isin(corr)]
+            if launches is not None:
+                launches = launches[launches["correlation_id"].isin(corr)]
         tables.append(align_process(calls, kernels, mode=mode, utc_offset_ns=inputs.utc_offset.get(key[0]),
-                                    nvtx=inputs.nvtx.get(key)))  # fmt: skip
+                                    nvtx=inputs.nvtx.get(key), launches_without_kernel=launches))  # fmt: skip
     del truth
     return pd.concat(tables, ignore_index=True)
 

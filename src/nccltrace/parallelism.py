@@ -1,0 +1,582 @@
+"""Which Megatron-LM parallelism each logical communicator serves.
+
+With the run's declared sizes (:class:`ParallelSizes`) the groups Megatron creates are known
+exactly: :class:`~nccltrace.emulator.layout.MegatronLayout` generates them (core_r0.13 rank
+ordering ``tp-cp-ep-dp-pp``) and every observed communicator is matched to them by its member
+set (global ranks). Labels are the layout's group kinds: ``world``, ``dp-cp``, ``dp``, ``cp``,
+``mp`` (tp-pp), ``tp``, ``pp``, ``embd`` (embedding), ``pos-embd`` (position embedding),
+``tp-dp-cp``, ``tp-dp``, ``tp-cp``, ``ep``, ``etp`` (expert tp), ``tp-ep``, ``tp-ep-pp``,
+``edp`` (expert dp), ``intra-distopt`` (distributed-optimizer instance).
+
+Ambiguity. Several kinds can have identical member sets (cp = 1: ``dp-cp`` = ``dp``; tp = pp = 1:
+``world`` = ``dp``; pp = 2: ``pp`` = ``embd``; etp = tp: ``tp`` = ``etp``; ...). A member set
+cannot tell them apart, so every such communicator gets a canonical label (first in
+:data:`KIND_PREFERENCE`) and ``parallelism_candidates`` lists all kinds still possible. The
+ambiguity is resolved only by evidence that is exact:
+
+* **creation order of eager splits.** With eager initialisation PyTorch splits every new group
+  from the world communicator, all ranks in the same order (Megatron's creation order, which the
+  layout reproduces); non-members take part with NOCOLOR. So the communicators of one member set
+  that were split from the world communicator, ordered by creation, are the layout's groups of
+  that member set in layout order. Creation order is each member's init-line order (and
+  ``splitCount`` where NCCL >= 2.24 prints it); it is used only when all members agree, the
+  number of split communicators equals the number of expected groups, and every one of them is
+  recognisably a split (``kind == 'split'`` with the world as parent, or - NCCL < 2.21.5 printing
+  splits as plain inits - a commId repeated by another communicator, which only splits do).
+  The world communicator itself is the parent of the splits.
+* **pair communicators.** PyTorch gives each un-coalesced isend/irecv between two ranks its own
+  two-rank communicator (never a split, never used for collectives). Such a communicator is
+  labelled by the single parallel dimension both ranks share (``pp`` for pipeline neighbours,
+  ``cp`` for the ring attention, ...). Its owning process group is not in the logs: Megatron's
+  pipeline code uses the world group for one direction when pp = 2, so ``world`` is a candidate
+  there. A two-rank communicator that carries collectives, or is a split, is not a pair.
+
+With lazy initialisation (PyTorch's default without a bound device) creation order is first-use
+order and says nothing about the kind: identical member sets stay ambiguous.
+
+Without sizes the thesis's heuristic (section 4.2.3) is used and reported as such
+(``label_source = 'heuristic'``): a communicator carrying only Send/Recv is ``pp``, the
+communicators with the most ranks are ``dp``, any other one with calls is ``collective``, one
+without calls ``unknown``. With sizes, a member set matching no expected group is ``unknown``
+with ``label_source = 'unmatched'``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from .emulator.config import ConfigError, EmulatorConfig
+from .emulator.layout import GROUP_KINDS, Group, MegatronLayout
+
+__all__ = [
+    "KIND_PREFERENCE",
+    "LABEL_SCHEMA",
+    "P2P_OPS",
+    "PAIR_DIMS",
+    "ParallelSizes",
+    "expected_member_sets",
+    "kind_description",
+    "label_communicators",
+    "label_ops",
+    "pair_kinds",
+    "truth_label",
+    "with_logical_ids",
+]
+
+P2P_OPS = frozenset({"Send", "Recv"})
+
+# Canonical label among kinds with identical member sets: single dimensions first (what users
+# think in), dense before expert, then combined groups, the special groups and the world last.
+KIND_PREFERENCE: tuple[str, ...] = (
+    "tp", "pp", "dp", "cp", "ep", "etp", "edp", "dp-cp", "tp-cp", "tp-dp", "tp-dp-cp", "mp", "tp-ep",
+    "tp-ep-pp", "embd", "pos-embd", "world", "intra-distopt",
+)  # fmt: skip
+_RANK = {k: i for i, k in enumerate(KIND_PREFERENCE)}
+# Dimensions a two-rank pair communicator can belong to (the groups un-coalesced P2P runs on).
+PAIR_DIMS: tuple[str, ...] = ("pp", "cp", "tp", "dp", "ep", "etp", "edp")
+
+LABEL_SCHEMA = pa.schema(
+    [
+        pa.field("logical_id", pa.int32(), metadata={"doc": "logical communicator (communicators.parquet)"}),
+        pa.field("nranks", pa.int32(), metadata={"doc": "communicator size"}),
+        pa.field("members", pa.list_(pa.int32()), metadata={"doc": "global rank of each member by rank in comm "
+                                                                     "(-1 unknown), as in communicators.parquet"}),
+        pa.field("parallelism", pa.string(), metadata={"doc": "canonical label: a Megatron group kind (layout names, "
+                                                              "e.g. 'tp', 'dp-cp', 'mp'), or 'collective'/'unknown'"}),
+        pa.field("parallelism_candidates", pa.string(), metadata={
+            "doc": "comma-separated kinds the data cannot exclude (identical member sets), canonical first"}),
+        pa.field("label_source", pa.string(), metadata={
+            "doc": "'megatron-groups' (member set matched to the declared sizes), 'heuristic' (thesis 4.2.3 rules, "
+                   "sizes unknown) or 'unmatched' (sizes known, no expected group has this member set)"}),
+        pa.field("expected_group_index", pa.int32(), metadata={
+            "doc": "index of the matched group among the layout's groups of the canonical kind (pairs: of the group "
+                   "both ranks share); null when not matched"}),
+        pa.field("resolution", pa.string(), metadata={
+            "doc": "how the label was decided: 'member-set' (unique kind), 'ambiguous' (several candidates), "
+                   "'creation-order' / 'split-parent' (eager split evidence), 'pair', 'partial' (some members "
+                   "unknown), 'no-match'; heuristic: 'p2p-only', 'largest', 'other', 'no-calls'"}),
+    ]
+)
+
+
+# --------------------------------------------------------------------------- sizes
+
+
+def _int(settings: Mapping[str, Any], *names: str) -> int | None:
+    for n in names:
+        v = settings.get(n)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+            raise ConfigError(n, f"expected an integer, got {v!r}")
+        try:
+            f = float(v)
+        except ValueError:
+            raise ConfigError(n, f"expected an integer, got {v!r}") from None
+        if not f.is_integer():
+            raise ConfigError(n, f"expected an integer, got {v!r}")
+        return int(f)
+    return None
+
+
+def _bool(settings: Mapping[str, Any], *names: str) -> bool:
+    for n in names:
+        v = settings.get(n)
+        if v is None:
+            continue
+        if isinstance(v, str):
+            return v.strip().lower() in ("1", "true", "yes", "on")
+        return bool(v)
+    return False
+
+
+@dataclass(frozen=True)
+class ParallelSizes:
+    """Declared parallel sizes of a Megatron-LM run.
+
+    ``world_size`` or ``dp`` must be given (the other is derived: dp = world / (tp·pp·cp)).
+    ``etp`` defaults to ``tp`` (Megatron's default); expert dp = world / (etp·ep·pp). Invalid
+    combinations raise :class:`~nccltrace.emulator.config.ConfigError` (a ``ValueError``) naming
+    the field.
+    """
+
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    etp: int | None = None
+    vpp: int = 1
+    dp: int | None = None
+    world_size: int | None = None
+    distributed_optimizer: bool = False
+    gpus_per_node: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "cp", "ep", "vpp"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(name, f"must be a positive integer, got {v!r}")
+        for name in ("etp", "dp", "world_size", "gpus_per_node"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ConfigError(name, f"must be a positive integer (or omitted), got {v!r}")
+        mp = self.tp * self.pp * self.cp
+        world, dp = self.world_size, self.dp
+        if world is None and dp is None:
+            raise ConfigError("world_size", "give the world size (or nodes and gpus_per_node) or dp")
+        if world is None:
+            world = dp * mp
+        if world % mp:
+            raise ConfigError("world_size", f"world size {world} is not divisible by tp*pp*cp = "
+                                            f"{self.tp}*{self.pp}*{self.cp} = {mp}")
+        if dp is not None and dp != world // mp:
+            raise ConfigError("dp", f"dp={dp} does not match world size {world} / (tp*pp*cp = {mp}) = {world // mp}")
+        emp = self.expert_tp * self.ep * self.pp
+        if world % emp:
+            raise ConfigError("ep", f"world size {world} is not divisible by etp*ep*pp = {emp} "
+                                    "(expert parallelism is carved out of dp*cp*tp)")
+        if self.vpp > 1 and self.pp == 1:
+            raise ConfigError("vpp", "virtual pipeline stages (vpp > 1) need pp > 1")
+        object.__setattr__(self, "world_size", world)
+        object.__setattr__(self, "dp", world // mp)
+
+    @property
+    def expert_tp(self) -> int:
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_dp(self) -> int:
+        return int(self.world_size) // (self.expert_tp * self.ep * self.pp)
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> ParallelSizes:
+        """Sizes from run settings: an emulator config dict, a campaign run's settings, a
+        ``run.yaml`` mapping (``config`` + ``derived``), or Megatron argument names
+        (``tensor_model_parallel_size``, ...). Unrelated keys are ignored."""
+        s: dict[str, Any] = {}
+        if isinstance(settings.get("derived"), Mapping):
+            s.update(settings["derived"])
+        if isinstance(settings.get("config"), Mapping):
+            s.update(settings["config"])
+        s.update({k: v for k, v in settings.items() if k not in ("config", "derived")})
+        world = _int(s, "world_size", "world")
+        nodes, gpn = _int(s, "nodes", "num_nodes"), _int(s, "gpus_per_node", "nproc_per_node")
+        if nodes is not None and gpn is not None:
+            if world is not None and world != nodes * gpn:
+                raise ConfigError("world_size", f"world_size={world} but nodes*gpus_per_node = {nodes}*{gpn}")
+            world = nodes * gpn
+        return cls(
+            tp=_int(s, "tp", "tensor_model_parallel_size") or 1,
+            pp=_int(s, "pp", "pipeline_model_parallel_size") or 1,
+            cp=_int(s, "cp", "context_parallel_size") or 1,
+            ep=_int(s, "ep", "expert_model_parallel_size") or 1,
+            etp=_int(s, "etp", "expert_tp", "expert_tensor_parallel_size"),
+            vpp=_int(s, "vpp", "virtual_pipeline_model_parallel_size") or 1,
+            dp=_int(s, "dp", "data_parallel_size"),
+            world_size=world,
+            distributed_optimizer=_bool(s, "distributed_optimizer", "use_distributed_optimizer"),
+            gpus_per_node=gpn,
+        )
+
+    def emulator_config(self) -> EmulatorConfig:
+        """A minimal valid :class:`EmulatorConfig` with these sizes (model dimensions are chosen
+        only to satisfy Megatron's divisibility rules; the layout depends on the sizes alone)."""
+        world = int(self.world_size)
+        gpn = self.gpus_per_node if self.gpus_per_node and world % self.gpus_per_node == 0 else world
+        etp = self.expert_tp
+        moe = self.ep > 1 or etp != self.tp
+        width = math.lcm(self.tp, etp)
+        d: dict[str, Any] = {
+            "name": "layout", "nodes": world // gpn, "gpus_per_node": gpn, "tp": self.tp, "pp": self.pp,
+            "cp": self.cp, "ep": self.ep, "etp": self.etp, "vpp": self.vpp,
+            "num_layers": self.pp * self.vpp, "num_attention_heads": self.tp, "hidden_size": 64 * self.tp,
+            "ffn_hidden_size": 64 * width, "seq_length": 2 * self.cp * self.tp * width, "micro_batch_size": 1,
+            "global_batch_size": int(self.dp) * self.pp, "iterations": 1,
+            "distributed_optimizer": self.distributed_optimizer,
+        }  # fmt: skip
+        if moe:
+            d.update(num_experts=self.ep, precision="bf16", sequence_parallel=self.tp > 1)
+        return EmulatorConfig.from_dict(d)
+
+    def layout(self) -> MegatronLayout:
+        """Megatron's groups for these sizes (cached per sizes)."""
+        return _layout(self)
+
+
+@lru_cache(maxsize=32)
+def _layout(sizes: ParallelSizes) -> MegatronLayout:
+    return MegatronLayout(sizes.emulator_config())
+
+
+# --------------------------------------------------------------------------- expected groups
+
+
+def _pref(kinds: Iterable[str]) -> list[str]:
+    return sorted(set(kinds), key=lambda k: (_RANK.get(k, len(_RANK)), k))
+
+
+def expected_member_sets(layout: MegatronLayout) -> dict[frozenset[int], list[Group]]:
+    """Member set -> the layout's groups with exactly those ranks, in creation order."""
+    out: dict[frozenset[int], list[Group]] = {}
+    for g in layout.groups:
+        out.setdefault(frozenset(g.ranks), []).append(g)
+    return out
+
+
+def pair_kinds(layout: MegatronLayout, a: int, b: int) -> list[tuple[str, Group]]:
+    """(kind, group) of the single parallel dimensions whose group holds both ranks ``a`` and
+    ``b`` - what a two-rank pair communicator between them can belong to - plus the world group
+    for pipeline neighbours when pp = 2 (Megatron core_r0.13 ``_p2p_ops`` sends one direction
+    over the default group then)."""
+    out: list[tuple[str, Group]] = []
+    for kind in PAIR_DIMS:
+        if kind not in layout.by_kind:
+            continue
+        ga, gb = layout.group_of(kind, a), layout.group_of(kind, b)
+        if ga is not None and ga is gb and ga.size >= 2:
+            out.append((kind, ga))
+    if layout.pp == 2 and any(k == "pp" for k, _ in out):
+        out.append(("world", layout.by_kind["world"][0]))
+    return out
+
+
+# --------------------------------------------------------------------------- labelling
+
+
+def with_logical_ids(calls: pd.DataFrame, members: pd.DataFrame) -> pd.DataFrame:
+    """``calls`` with the ``logical_id`` of each call's (host, pid, comm) from
+    ``communicator_members`` (-1 where the pointer has no known communicator)."""
+    key = members[["host", "pid", "comm", "logical_id"]].drop_duplicates(["host", "pid", "comm"])
+    key = key.astype({"host": object, "pid": "int64", "comm": "uint64", "logical_id": "int64"})
+    left = calls.astype({"host": object, "pid": "int64", "comm": "uint64"})
+    out = left.merge(key, on=["host", "pid", "comm"], how="left")
+    out["logical_id"] = out["logical_id"].fillna(-1).astype("int64")
+    out.index = calls.index
+    return out
+
+
+def _member_lists(communicators: pd.DataFrame) -> dict[int, list[int]]:
+    """Per logical id: global rank by rank in comm (-1 unknown)."""
+    out: dict[int, list[int]] = {}
+    for lid, mem, n in zip(communicators["logical_id"], communicators["members"], communicators["nranks"]):
+        out[int(lid)] = [int(x) for x in (mem if mem is not None else [])] or [-1] * int(n)
+    return out
+
+
+def _known_set(lid: int, nranks: int, lst: list[int], by_lid: dict[int, list[int]] | None
+               ) -> tuple[frozenset[int], bool]:  # fmt: skip
+    """(known global ranks, whether all ``nranks`` are known). Ranks missing from the member list
+    (e.g. the sequence fallback, whose ranks in the communicator may be unknown) are taken from
+    the members table's global ranks."""
+    known = {r for r in lst if r >= 0}
+    if len(known) < nranks and by_lid is not None:
+        known |= {r for r in by_lid.get(lid, []) if r >= 0}
+    return frozenset(known), len(known) == nranks
+
+
+def _order_key(members: pd.DataFrame | None) -> dict[int, dict[tuple, int]]:
+    """logical id -> {(host, pid): init line} (creation position in each member process)."""
+    out: dict[int, dict[tuple, int]] = {}
+    if members is None or members.empty:
+        return out
+    for lid, host, pid, line in zip(members["logical_id"], members["host"], members["pid"], members["line"]):
+        if pd.isna(line) or int(lid) < 0:
+            continue
+        out.setdefault(int(lid), {})[(host, int(pid))] = int(line)
+    return out
+
+
+def _creation_order(lids: list[int], lines: dict[int, dict[tuple, int]], split_count: dict[int, int | None]
+                    ) -> list[int] | None:  # fmt: skip
+    """``lids`` in creation order if every member process (and splitCount, when printed for all)
+    agrees on it, else None."""
+    procs = set.intersection(*(set(lines.get(lid, {})) for lid in lids)) if lids else set()
+    if not procs:
+        return None
+    order = None
+    for p in procs:
+        o = sorted(lids, key=lambda lid: lines[lid][p])
+        if order is None:
+            order = o
+        elif o != order:
+            return None
+    counts = [split_count.get(lid) for lid in lids]
+    if (order is not None and all(c is not None for c in counts)
+            and sorted(lids, key=lambda lid: split_count[lid]) != order):
+        return None
+    return order
+
+
+def label_communicators(
+    communicators: pd.DataFrame,
+    sizes: ParallelSizes | Mapping[str, Any] | None = None,
+    *,
+    members: pd.DataFrame | None = None,
+    calls: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """Label every logical communicator with the Megatron parallelism it serves.
+
+    ``communicators`` / ``members``: the tables of :mod:`nccltrace.communicators` (or of the
+    sequence fallback). ``members`` supplies init-line order (creation-order resolution) and
+    global ranks missing from ``communicators.members``. ``calls`` (the log reader's calls
+    table) tells which communicators carry collectives (those are not P2P pair
+    communicators) and drives the heuristic. ``sizes``: declared sizes (or settings mapping);
+    None selects the thesis heuristic. Returns a DataFrame with :data:`LABEL_SCHEMA` columns.
+    """
+    if sizes is not None and not isinstance(sizes, ParallelSizes):
+        sizes = ParallelSizes.from_settings(sizes)
+    comms = communicators.reset_index(drop=True)
+    lists = _member_lists(comms)
+    by_lid: dict[int, list[int]] | None = None
+    if members is not None and not members.empty:
+        by_lid = {}
+        for lid, gr in zip(members["logical_id"], members["global_rank"]):
+            if int(lid) >= 0 and not pd.isna(gr):
+                by_lid.setdefault(int(lid), []).append(int(gr))
+    ops_by_lid = _ops_by_lid(calls, members)
+    if sizes is None:
+        rows = _heuristic(comms, lists, ops_by_lid)
+    else:
+        rows = _match(comms, lists, by_lid, sizes, members, ops_by_lid)
+    return _frame(rows)
+
+
+def _ops_by_lid(calls: pd.DataFrame | None, members: pd.DataFrame | None) -> dict[int, set[str]] | None:
+    if calls is None:
+        return None
+    if "logical_id" not in calls.columns:
+        if members is None:
+            raise ValueError("calls without logical_id need the members table to join on (host, pid, comm)")
+        calls = with_logical_ids(calls, members)
+    out: dict[int, set[str]] = {}
+    for (lid, op), _ in calls.groupby(["logical_id", "op"], sort=False):
+        out.setdefault(int(lid), set()).add(str(op))
+    return out
+
+
+def _heuristic(comms: pd.DataFrame, lists: dict[int, list[int]], ops_by_lid: dict[int, set[str]] | None
+               ) -> list[tuple]:  # fmt: skip
+    """Thesis 4.2.3: P2P -> pp; the largest communicators -> dp (when there is more than one
+    rank); other collectives -> 'collective'; nothing known -> 'unknown'."""
+    largest = int(comms["nranks"].max()) if len(comms) else 0
+    rows = []
+    for lid, n in zip(comms["logical_id"], comms["nranks"]):
+        lid, n = int(lid), int(n)
+        ops = ops_by_lid.get(lid, set()) if ops_by_lid is not None else set()
+        if ops and ops <= P2P_OPS:
+            lab, how = "pp", "p2p-only"
+        elif n == largest and largest > 1:
+            lab, how = "dp", "largest"
+        elif ops:
+            lab, how = "collective", "other"
+        else:
+            lab, how = "unknown", "no-calls"
+        rows.append((lid, n, lists[lid], lab, lab, "heuristic", None, how))
+    return rows
+
+
+def _match(comms: pd.DataFrame, lists: dict[int, list[int]], by_lid: dict[int, list[int]] | None,
+           sizes: ParallelSizes, members: pd.DataFrame | None, ops_by_lid: dict[int, set[str]] | None
+           ) -> list[tuple]:  # fmt: skip
+    layout = sizes.layout()
+    world = int(sizes.world_size)
+    expected = expected_member_sets(layout)
+    lines = _order_key(members)
+    kinds = comms["kind"].astype(object).tolist() if "kind" in comms else [None] * len(comms)
+    parents = comms["parent_logical_id"].tolist() if "parent_logical_id" in comms else [None] * len(comms)
+    comm_ids = comms["comm_id"].tolist() if "comm_id" in comms else [None] * len(comms)
+    sc = comms["split_count"].tolist() if "split_count" in comms else [None] * len(comms)
+    lids = [int(x) for x in comms["logical_id"]]
+    nr = [int(x) for x in comms["nranks"]]
+    split_count = {lid: (None if pd.isna(c) else int(c)) for lid, c in zip(lids, sc)}
+    id_uses: dict[int, int] = {}
+    for c in comm_ids:
+        if not pd.isna(c):
+            id_uses[int(c)] = id_uses.get(int(c), 0) + 1
+    world_parent = {int(p) for p, k in zip(parents, kinds) if k == "split" and not pd.isna(p)}
+
+    def split_like(i: int) -> bool:
+        # A split from the world communicator: printed as such (>= 2.21.5) or, before, a plain
+        # line whose commId another communicator repeats (commId = f(parent, color)).
+        if kinds[i] == "split":
+            return not pd.isna(parents[i]) and int(parents[i]) in world_parent
+        return not pd.isna(comm_ids[i]) and id_uses.get(int(comm_ids[i]), 0) > 1
+
+    sets: list[frozenset[int]] = []
+    full: list[bool] = []
+    for i, lid in enumerate(lids):
+        s, ok = _known_set(lid, nr[i], lists[lid], by_lid)
+        sets.append(s)
+        full.append(ok)
+
+    # Creation-order resolution per member set (eager splits), see the module docstring.
+    eager = bool(world_parent) or any(v > 1 for v in id_uses.values())
+    resolved: dict[int, tuple[str, int, str]] = {}
+    by_set: dict[frozenset[int], list[int]] = {}
+    for i, lid in enumerate(lids):
+        if full[i]:
+            by_set.setdefault(sets[i], []).append(i)
+    legacy = not world_parent and eager  # NCCL < 2.21.5: splits printed as plain inits
+
+    def grouplike(i: int) -> bool:
+        # Created by the eager split sequence (the world or a split of it). Before 2.21.5 a split
+        # with a unique color looks like a plain init; only pair communicators (two ranks) are
+        # plain inits in an eager run, so larger ones count as splits.
+        return lids[i] in world_parent or split_like(i) or (legacy and nr[i] > 2)
+
+    for s, idx in by_set.items():
+        if not eager:
+            break
+        groups = expected.get(s, [])
+        for i in idx:
+            if lids[i] in world_parent and len(s) == world:
+                resolved[lids[i]] = ("world", 0, "split-parent")
+        made = [i for i in idx if grouplike(i)]
+        if groups and len(made) == len(groups):
+            order = _creation_order([lids[i] for i in made], lines, split_count)
+            if order is not None:
+                how = "creation-order" if len({g.kind for g in groups}) > 1 else "member-set"
+                for lid, g in zip(order, groups):
+                    resolved[lid] = (g.kind, g.index, "split-parent" if g.kind == "world" else how)
+
+    rows = []
+    for i, lid in enumerate(lids):
+        n, s = nr[i], sets[i]
+        ops = ops_by_lid.get(lid) if ops_by_lid is not None else None
+        may_be_pair = n == 2 and kinds[i] != "split" and not split_like(i) and not (ops and ops - P2P_OPS)
+        if lid in resolved:
+            kind, gidx, how = resolved[lid]
+            rows.append((lid, n, lists[lid], kind, kind, "megatron-groups", gidx, how))
+            continue
+        if not s:
+            rows.append((lid, n, lists[lid], "unknown", "", "unmatched", None, "no-match"))
+            continue
+        cands: dict[str, int] = {}
+        how = "member-set"
+        if full[i]:
+            for g in expected.get(s, []) if len(s) == n else []:
+                cands.setdefault(g.kind, g.index)
+            pairs: dict[str, int] = {}
+            if may_be_pair and len(s) == 2:
+                a, b = sorted(s)
+                for kind, g in pair_kinds(layout, a, b):
+                    pairs.setdefault(kind, g.index)
+            # Where NCCL prints split lines (>= 2.21.5), a two-rank plain init in an eager-split
+            # run is not a split, hence a pair; before, a split with a unique color looks the same.
+            if pairs and (not cands or (world_parent and kinds[i] != "split")):
+                cands, how = pairs, "pair"
+            else:
+                for k, v in pairs.items():
+                    cands.setdefault(k, v)
+        else:
+            # Some members unknown: groups of this size whose ranks agree at every known position.
+            how = "partial"
+            lst = lists[lid]
+            for g in layout.groups:
+                if g.size == n and s <= set(g.ranks) and all(r < 0 or r == g.ranks[j] for j, r in enumerate(lst)):
+                    cands.setdefault(g.kind, g.index)
+        if not cands:
+            rows.append((lid, n, lists[lid], "unknown", "", "unmatched", None, "no-match"))
+            continue
+        order = _pref(cands)
+        if how == "member-set" and len(order) > 1:
+            how = "ambiguous"
+        rows.append((lid, n, lists[lid], order[0], ",".join(order), "megatron-groups", cands[order[0]], how))
+    return rows
+
+
+def _frame(rows: list[tuple]) -> pd.DataFrame:
+    cols = list(zip(*rows)) if rows else [[] for _ in LABEL_SCHEMA]
+    arrays = [pa.array(list(c), type=f.type) for c, f in zip(cols, LABEL_SCHEMA)]
+    return pa.Table.from_arrays(arrays, schema=LABEL_SCHEMA).to_pandas(types_mapper=pd.ArrowDtype)
+
+
+def label_ops(ops: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:
+    """Attach ``parallelism``, ``parallelism_candidates`` and ``label_source`` to per-op rows that
+    carry ``logical_id`` (see :func:`with_logical_ids`). Rows of unknown communicators get
+    'unknown'. Where the label is heuristic, Send/Recv rows are 'pp' whatever their communicator
+    (the thesis classifies point-to-point operations as PP, op by op)."""
+    if "logical_id" not in ops.columns:
+        raise ValueError("ops need a 'logical_id' column (see with_logical_ids)")
+    lab = labels[["logical_id", "parallelism", "parallelism_candidates", "label_source"]]
+    lab = lab.astype({"logical_id": "int64", "parallelism": object, "parallelism_candidates": object,
+                      "label_source": object})  # fmt: skip
+    lid = ops["logical_id"].astype("Int64").fillna(-1).astype("int64").to_numpy()
+    idx = pd.Index(lab["logical_id"].to_numpy())
+    pos = idx.get_indexer(lid)
+    hit = pos >= 0
+    out = ops.copy()
+    for col, default in (("parallelism", "unknown"), ("parallelism_candidates", ""), ("label_source", "unmatched")):
+        vals = np.full(len(ops), default, dtype=object)
+        vals[hit] = lab[col].to_numpy(dtype=object)[pos[hit]]
+        out[col] = vals
+    if "op" in ops.columns:
+        p2p = ops["op"].astype(object).isin(P2P_OPS).to_numpy() & (out["label_source"].to_numpy() == "heuristic")
+        out.loc[p2p, "parallelism"] = "pp"
+        out.loc[p2p, "parallelism_candidates"] = "pp"
+    return out
+
+
+def kind_description(kind: str) -> str:
+    """What a layout group kind is (Megatron's process-group name)."""
+    base = kind.split(":", 1)[-1]
+    return GROUP_KINDS.get(base, kind)
+
+
+_PAIR_RE = re.compile(r"^p2p:(.+)$")
+
+
+def truth_label(kind: str) -> str:
+    """Label a ground-truth group kind should get: pair communicators ('p2p:<kind>') are
+    labelled by their group's kind."""
+    m = _PAIR_RE.match(kind)
+    return m.group(1) if m else kind
