@@ -28,8 +28,9 @@ from dataclasses import dataclass
 
 import numba as nb
 import numpy as np
+import pandas as pd
 
-from .sequences import NO_TIME, KernelSeq, LogUnits
+from .sequences import NO_TIME, PLACEHOLDER, KernelSeq, LogUnits
 
 NEG = -(10**8)  # forbidden pair
 GAP_LOG = -4  # a unit without kernel
@@ -39,6 +40,8 @@ BASE_GENERIC = 3  # kernel name says nothing (ncclDevKernel_Generic)
 DTYPE_OK = 4
 STREAM_OK = 6
 TIME_OK = 6
+GRID_OK = 3  # kernel grid (channels) equals the one learned for this message size and stream
+GRID_BAD = 8
 FUSE_EXTRA = 2  # each extra unit absorbed by a fused SendRecv kernel
 MAX_SCORE = BASE + DTYPE_OK + STREAM_OK + TIME_OK
 
@@ -53,37 +56,55 @@ class AlignParams:
 
 
 @nb.njit(cache=True, inline="always")
-def _pair(i, j, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time, smap, t_off, t_tol):
+def _pair(i, j, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time, u_grid, k_grid, smap, t_off, t_tol):
+    """Score of matching unit i with kernel j (NEG = forbidden).
+
+    Placeholders stand for launches known to exist from the other side's evidence: a kernel
+    placeholder (launch call without kernel record, family PLACEHOLDER) and a unit placeholder
+    (opCount gap, dtype mask -1). Each scores as well as a real partner agreeing on everything
+    it cannot show, so a unit gains nothing by stealing a neighbour's real kernel over its own
+    placeholder. Two placeholders match too (a launch whose line and kernel record are both
+    lost), which keeps the launches on both sides in step."""
     kf = k_fam[j]
-    if kf >= 0:
-        if (u_fam[i] >> kf) & 1 == 0:
-            return NEG
-        s = BASE
+    u_ph = u_dt[i] == -1
+    if kf == PLACEHOLDER:
+        s = BASE + DTYPE_OK + STREAM_OK
     else:
-        s = BASE_GENERIC
-    kd = k_dt[j]
-    if kd >= 0 and u_dt[i] != 0:
-        if (u_dt[i] >> kd) & 1 == 0:
-            return NEG
-        s += DTYPE_OK
-    ms = smap[u_stream[i]]
-    if ms >= 0 and k_stream[j] >= 0:  # placeholders (lost kernel records) have no stream
-        if ms != k_stream[j]:
-            return NEG
-        s += STREAM_OK
+        if kf >= 0:
+            if (u_fam[i] >> kf) & 1 == 0:
+                return NEG
+            s = BASE
+        else:
+            s = BASE_GENERIC
+        kd = k_dt[j]
+        if u_ph:
+            s += DTYPE_OK if kd >= 0 else 0
+        elif kd >= 0 and u_dt[i] != 0:
+            if (u_dt[i] >> kd) & 1 == 0:
+                return NEG
+            s += DTYPE_OK
+        ms = smap[u_stream[i]]
+        if ms >= 0 and k_stream[j] >= 0:
+            if ms != k_stream[j]:
+                return NEG
+            s += STREAM_OK
+        if u_grid[i] >= 0 and k_grid[j] >= 0:  # launches of this size on this stream had this grid
+            s += GRID_OK if u_grid[i] == k_grid[j] else -GRID_BAD
     if t_tol > 0 and u_time[i] != NO_TIME and k_time[j] != NO_TIME:
         d = k_time[j] - u_time[i] - t_off
         if d < 0:
             d = -d
         if d <= t_tol:
             s += TIME_OK
-        elif d > 20 * t_tol:
+        elif d <= 3 * t_tol:
+            s -= TIME_OK
+        else:  # the line was written too far from this launch to be its call
             return NEG
     return s
 
 
 @nb.njit(cache=True)
-def _fill(H, i0, j0, nw, mw, u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time, smap, t_off,
+def _fill(H, i0, j0, nw, mw, u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time, u_grid, k_grid, smap, t_off,
           t_tol):  # fmt: skip
     H[0, 0] = 0
     for a in range(1, nw + 1):
@@ -99,7 +120,7 @@ def _fill(H, i0, j0, nw, mw, u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, 
             best = H[a - 1, b] + GAP_LOG
             v = H[a, b - 1] + GAP_KERNEL
             best = max(best, v)
-            p = _pair(i, j, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time, smap, t_off, t_tol)
+            p = _pair(i, j, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time, u_grid, k_grid, smap, t_off, t_tol)
             if p > NEG:
                 v = H[a - 1, b - 1] + p
                 best = max(best, v)
@@ -110,7 +131,7 @@ def _fill(H, i0, j0, nw, mw, u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, 
 
 
 @nb.njit(cache=True)
-def _traceback(H, ea, eb, i0, j0, late, u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time, smap,
+def _traceback(H, ea, eb, i0, j0, late, u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time, u_grid, k_grid, smap,
                t_off, t_tol, path_a, path_b, path_r):  # fmt: skip
     """Walk back from (ea, eb); ``late`` prefers gaps (so matches sit as late as possible).
 
@@ -131,7 +152,7 @@ def _traceback(H, ea, eb, i0, j0, late, u_fam, u_dt, u_stream, u_time, u_run, k_
         if a > 0 and b > 0:
             i = i0 + a - 1
             j = j0 + b - 1
-            p = _pair(i, j, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time, smap, t_off, t_tol)
+            p = _pair(i, j, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time, u_grid, k_grid, smap, t_off, t_tol)
             diag_ok = p > NEG and H[a - 1, b - 1] + p == h
         else:
             diag_ok = False
@@ -176,7 +197,7 @@ def _traceback(H, ea, eb, i0, j0, late, u_fam, u_dt, u_stream, u_time, u_run, k_
 
 
 @nb.njit(cache=True)
-def _align_windows(u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time, smap, t_off, t_tol, window,
+def _align_windows(u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time, u_grid, k_grid, smap, t_off, t_tol, window,
                    slack):  # fmt: skip
     """Align the whole sequences window by window; returns per-unit kernel (early and late
     extreme alignments; -1 = gap) and per-kernel unit of the early alignment."""
@@ -199,7 +220,7 @@ def _align_windows(u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, 
         nw = min(window, n - i0)
         mw = min(wk, m - j0)
         final = i0 + nw == n and j0 + mw == m
-        _fill(H, i0, j0, nw, mw, u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time, smap, t_off,
+        _fill(H, i0, j0, nw, mw, u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time, u_grid, k_grid, smap, t_off,
               t_tol)  # fmt: skip
         # End cell: the true corner for the last window, else the best cell on the far edges
         # (the rest of the sequences is aligned by the next window).
@@ -214,9 +235,9 @@ def _align_windows(u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, 
                 if H[a, mw] > best:
                     best = H[a, mw]
                     ea, eb = a, mw
-        ne = _traceback(H, ea, eb, i0, j0, False, u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time,
+        ne = _traceback(H, ea, eb, i0, j0, False, u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time, u_grid, k_grid,
                         smap, t_off, t_tol, ea_a, ea_b, ea_r)  # fmt: skip
-        nl = _traceback(H, ea, eb, i0, j0, True, u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time,
+        nl = _traceback(H, ea, eb, i0, j0, True, u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time, u_grid, k_grid,
                         smap, t_off, t_tol, la_a, la_b, la_r)  # fmt: skip
         # Commit point: a cell on both paths, the furthest one within the first half of the
         # window (or the end for the last window / when the paths only meet there).
@@ -274,8 +295,12 @@ MAX_FUSE = 16
 
 
 @nb.njit(cache=True)
-def _forward(u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time, smap, t_off, t_tol, lo, hi, off):
-    """Best score of every band cell (a units and b kernels consumed) from the start: int32 per cell."""
+def _forward(u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time, u_grid, k_grid, smap, t_off, t_tol, lo, hi, off,
+             score_first):  # fmt: skip
+    """Best score of every band cell (a units and b kernels consumed) from the start: int32 per cell.
+
+    A fused group is scored by its call closest to the launch (the last one in log order), so
+    the DP of the reversed sequences scores it by its first unit (``score_first``)."""
     n = u_fam.shape[0]
     F = np.full(off[n + 1], NEG_INF, np.int32)
     for b in range(lo[0], hi[0] + 1):
@@ -293,7 +318,7 @@ def _forward(u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time
                 v = F[off[a] + b - 1 - la] + GAP_KERNEL
                 best = max(best, v)
             if b >= 1:
-                p = _pair(i, b - 1, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time, smap, t_off, t_tol)
+                p = _pair(i, b - 1, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time, u_grid, k_grid, smap, t_off, t_tol)
                 if p > NEG:
                     if lp <= b - 1 <= hp and F[off[a - 1] + b - 1 - lp] > NEG_INF:
                         v = F[off[a - 1] + b - 1 - lp] + p
@@ -301,9 +326,10 @@ def _forward(u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time
                     for r in range(2, run + 1):
                         lr, hr = lo[a - r], hi[a - r]
                         if lr <= b - 1 <= hr and F[off[a - r] + b - 1 - lr] > NEG_INF:
-                            # a fused group scores its weaker end, so the reversed DP scores it alike
-                            pr = min(p, _pair(a - r, b - 1, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream,
-                                              k_time, smap, t_off, t_tol))  # fmt: skip
+                            pr = p
+                            if score_first:
+                                pr = _pair(a - r, b - 1, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time, u_grid, k_grid,
+                                           smap, t_off, t_tol)  # fmt: skip
                             if pr > NEG:
                                 v = F[off[a - r] + b - 1 - lr] + pr + FUSE_EXTRA * (r - 1)
                                 best = max(best, v)
@@ -312,7 +338,7 @@ def _forward(u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time
 
 
 @nb.njit(cache=True)
-def _certain(F, R, lo, hi, off, roff, m, u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time, smap,
+def _certain(F, R, lo, hi, off, roff, m, u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time, u_grid, k_grid, smap,
              t_off, t_tol):  # fmt: skip
     """Per unit: the kernel every optimal alignment matches it to (-1 if none), and whether the
     optimal alignments disagree about it (ambiguous).
@@ -324,6 +350,7 @@ def _certain(F, R, lo, hi, off, roff, m, u_fam, u_dt, u_stream, u_time, u_run, k
     opt = F[off[n] + m - lo[n]]
     kernel = np.full(n, -1, np.int64)
     amb = np.zeros(n, np.bool_)
+    some = np.full(n, -1, np.int64)  # a kernel some optimal alignment gives the unit
 
     def suffix(a, b):
         ra = n - a
@@ -349,7 +376,7 @@ def _certain(F, R, lo, hi, off, roff, m, u_fam, u_dt, u_stream, u_time, u_run, k
             if b >= 1 and lp <= b - 1 <= hp:
                 f = F[off[a - 1] + b - 1 - lp]
                 if f > NEG_INF:
-                    p = _pair(i, b - 1, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time, smap, t_off,
+                    p = _pair(i, b - 1, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time, u_grid, k_grid, smap, t_off,
                               t_tol)  # fmt: skip
                     if p > NEG and f + p + sfx == opt:
                         if cand == -2:
@@ -367,17 +394,13 @@ def _certain(F, R, lo, hi, off, roff, m, u_fam, u_dt, u_stream, u_time, u_run, k
                 sfx = suffix(a2, b)
                 if sfx <= NEG_INF:
                     continue
-                p = _pair(a2 - 1, b - 1, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time, smap, t_off,
+                p = _pair(a2 - 1, b - 1, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time, u_grid, k_grid, smap, t_off,
                           t_tol)  # fmt: skip
-                if p <= NEG:
-                    continue
                 for r in range(max(2, a2 - a + 1), run + 1):
                     lr, hr = lo[a2 - r], hi[a2 - r]
                     if lr <= b - 1 <= hr:
                         f = F[off[a2 - r] + b - 1 - lr]
-                        pr = min(p, _pair(a2 - r, b - 1, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time,
-                                          smap, t_off, t_tol))  # fmt: skip
-                        if pr > NEG and f > NEG_INF and f + pr + FUSE_EXTRA * (r - 1) + sfx == opt:
+                        if p > NEG and f > NEG_INF and f + p + FUSE_EXTRA * (r - 1) + sfx == opt:
                             if cand == -2:
                                 cand = b - 1
                             elif cand != b - 1:
@@ -386,7 +409,9 @@ def _certain(F, R, lo, hi, off, roff, m, u_fam, u_dt, u_stream, u_time, u_run, k
             kernel[i] = cand
         elif cand >= 0:
             amb[i] = True
-    return kernel, amb
+        if cand >= 0:
+            some[i] = cand
+    return kernel, amb, some
 
 
 def _fuse_runs(adjacent: np.ndarray) -> np.ndarray:
@@ -428,17 +453,20 @@ class UnitAlignment:
     time_tolerance_ns: int | None
 
 
-def _run(units: LogUnits, ks: KernelSeq, smap: np.ndarray, t_off: int, t_tol: int, p: AlignParams):
+def _run(units: LogUnits, ks: KernelSeq, smap: np.ndarray, t_off: int, t_tol: int, p: AlignParams,
+         ugrid: np.ndarray | None = None):  # fmt: skip
     """Windowed pass for a guide path, then the exact set of certain matches within a band
     around it (forward DP and the forward DP of the reversed sequences)."""
+    if ugrid is None:
+        ugrid = np.full(units.n, -1, np.int64)
     args = (units.fam_mask, units.dt_mask, units.stream, units.time, units.fuse_run, ks.family, ks.dtype_class,
-            ks.stream, ks.time, smap, np.int64(t_off), np.int64(t_tol))  # fmt: skip
+            ks.stream, ks.time, ugrid, ks.grid, smap, np.int64(t_off), np.int64(t_tol))  # fmt: skip
     guide, _ = _align_windows(*args, p.window, p.slack)
     lo, hi = _band(guide, ks.m, p.band)
     n, m = units.n, ks.m
     off = np.zeros(n + 2, np.int64)
     off[1:] = np.cumsum(hi - lo + 1)
-    F = _forward(*args, lo, hi, off)
+    F = _forward(*args, lo, hi, off, False)
     # reversed problem: unit n-1-i, kernel m-1-j, mirrored band
     adjacent = units.fuse_run > 1
     rev_adjacent = np.zeros(n, bool)
@@ -450,11 +478,11 @@ def _run(units: LogUnits, ks: KernelSeq, smap: np.ndarray, t_off: int, t_tol: in
     rsmap = smap
     rargs = (units.fam_mask[::-1].copy(), units.dt_mask[::-1].copy(), units.stream[::-1].copy(),
              units.time[::-1].copy(), _fuse_runs(rev_adjacent), ks.family[::-1].copy(), ks.dtype_class[::-1].copy(),
-             ks.stream[::-1].copy(), ks.time[::-1].copy(), rsmap, np.int64(t_off), np.int64(t_tol))  # fmt: skip
-    R = _forward(*rargs, rlo, rhi, roff)
-    kernel, amb = _certain(F, R, lo, hi, off, roff, m, *args)
+             ks.stream[::-1].copy(), ks.time[::-1].copy(), ugrid[::-1].copy(), ks.grid[::-1].copy(), rsmap, np.int64(t_off), np.int64(t_tol))  # fmt: skip
+    R = _forward(*rargs, rlo, rhi, roff, True)
+    kernel, amb, some = _certain(F, R, lo, hi, off, roff, m, *args)
     del F, R
-    return kernel, amb
+    return kernel, amb, some
 
 
 def _timestamp_resolution(t: np.ndarray) -> int:
@@ -491,8 +519,30 @@ def _learn(units: LogUnits, ks: KernelSeq, early: np.ndarray):
             mad = float(np.median(np.abs(d - med))) * 1.4826
             res = _timestamp_resolution(units.time[has_t])
             t_off = med
-            t_tol = int(max(5 * mad, 2 * res, 50_000))
+            t_tol = int(max(5 * mad, 2 * res, 2_000))
     return smap, t_off, t_tol
+
+
+def _learn_grid(units: LogUnits, ks: KernelSeq, kernel: np.ndarray) -> np.ndarray:
+    """Expected kernel grid per unit: NCCL picks the channel count from the message size on a
+    communicator, so certain matches with one (stream, bytes) key that all show one grid size
+    predict it for every unit with that key (at least 2 observations, no disagreement)."""
+    ugrid = np.full(units.n, -1, np.int64)
+    sure = (kernel >= 0) & ~units.placeholder
+    sure[sure] &= ~ks.placeholder[kernel[sure]]
+    if sure.sum() < 2:
+        return ugrid
+    obs = pd.DataFrame({"stream": units.stream[sure], "bytes": units.bytes[sure], "grid": ks.grid[kernel[sure]]})
+    obs = obs[obs["grid"] >= 0]
+    stats = obs.groupby(["stream", "bytes"])["grid"].agg(["nunique", "size", "first"])
+    stats = stats[(stats["nunique"] == 1) & (stats["size"] >= 2)]
+    if stats.empty:
+        return ugrid
+    keys = pd.MultiIndex.from_arrays([units.stream, units.bytes])
+    pos = stats.index.get_indexer(keys)
+    ok = (pos >= 0) & ~units.placeholder
+    ugrid[ok] = stats["first"].to_numpy()[pos[ok]]
+    return ugrid
 
 
 def _opcount_fix(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, amb: np.ndarray, method: np.ndarray,
@@ -555,10 +605,13 @@ def align_units(units: LogUnits, ks: KernelSeq, params: AlignParams = AlignParam
         return UnitAlignment(np.full(n, -1, np.int64), np.zeros(n, bool), np.zeros(n), np.full(n, None, object),
                              {}, None, None)  # fmt: skip
     smap = np.full(len(units.streams), -1, np.int64)
-    kernel, amb = _run(units, ks, smap, 0, 0, params)
+    kernel, amb, _ = _run(units, ks, smap, 0, 0, params)
     smap, t_off, t_tol = _learn(units, ks, kernel)
-    if (smap >= 0).any() or t_tol > 0:
-        kernel, amb = _run(units, ks, smap, t_off, t_tol, params)
+    ugrid = _learn_grid(units, ks, kernel)
+    if (smap >= 0).any() or t_tol > 0 or (ugrid >= 0).any():
+        kernel, amb, _ = _run(units, ks, smap, t_off, t_tol, params, ugrid)
+    else:
+        ugrid = np.full(units.n, -1, np.int64)
     method = np.where(kernel >= 0, "alignment", None).astype(object)
     _opcount_fix(units, ks, kernel, amb, method, smap)
     # Confidence: the share of the evidence available for the pair that confirmed it.
@@ -566,10 +619,11 @@ def align_units(units: LogUnits, ks: KernelSeq, params: AlignParams = AlignParam
     for u in np.flatnonzero(kernel >= 0):
         j = kernel[u]
         s = _pair(u, j, units.fam_mask, units.dt_mask, units.stream, units.time, ks.family, ks.dtype_class,
-                  ks.stream, ks.time, smap, np.int64(t_off), np.int64(t_tol))  # fmt: skip
+                  ks.stream, ks.time, ugrid, ks.grid, smap, np.int64(t_off), np.int64(t_tol))  # fmt: skip
         avail = BASE + (DTYPE_OK if ks.dtype_class[j] >= 0 and units.dt_mask[u] else 0)
         avail += STREAM_OK if smap[units.stream[u]] >= 0 else 0
         avail += TIME_OK if t_tol > 0 and units.time[u] != NO_TIME and ks.time[j] != NO_TIME else 0
+        avail += GRID_OK if ugrid[u] >= 0 and ks.grid[j] >= 0 else 0
         conf[u] = max(s, 0) / avail
     stream_map = {int(units.streams[s]): int(ks.streams[smap[s]]) for s in range(len(smap)) if smap[s] >= 0}
     return UnitAlignment(kernel, amb, conf, method, stream_map, t_off if t_tol else None, t_tol or None)

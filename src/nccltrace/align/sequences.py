@@ -25,6 +25,7 @@ import pandas as pd
 FAMILIES: tuple[str, ...] = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce", "SendRecv", "Other")
 FAMILY_CODE = {name: i for i, name in enumerate(FAMILIES)}
 GENERIC = -1  # ncclDevKernel_Generic or an unparsable name: says nothing about the collective
+PLACEHOLDER = -2  # a launch call whose kernel record is missing
 
 # Logged op -> kernel family that runs it (AlltoAll/Gather/Scatter run as grouped P2P).
 OP_FAMILY: dict[str, str] = {
@@ -95,17 +96,18 @@ class LogUnits:
     call_unit: np.ndarray  # int64 per call row
     call_reason: np.ndarray  # object per call row: None, 'duplicate_line', 'single_rank_communicator'
     fam_mask: np.ndarray  # int64 per unit: bit f = family f can run this unit
-    dt_mask: np.ndarray  # int64 per unit: bit d = dtype class d appears in the unit (0 = unknown)
+    dt_mask: np.ndarray  # int64 per unit: bit d = dtype class d appears in the unit (0 = unknown, -1 = placeholder)
     stream: np.ndarray  # int64 per unit: index into ``streams``
     comm: np.ndarray  # int64 per unit: index into ``comms``
     op_count: np.ndarray  # int64 per unit (-1 when the comm's opCount is not informative)
-    time: np.ndarray  # int64 per unit: wall-clock ns of the first call (INT64_MIN when absent)
+    time: np.ndarray  # int64 per unit: wall-clock ns of its last call (NO_TIME when absent)
     fuse_run: np.ndarray  # int64 per unit: consecutive fusable P2P units ending here (>= 1)
     first_call: np.ndarray  # int64 per unit: row of its first call in ``calls`` (-1 for placeholders)
     streams: np.ndarray  # uint64 stream pointers
     comms: np.ndarray  # uint64 comm pointers
     informative_comm: np.ndarray  # bool per comm: opCount separates launches
     placeholder: np.ndarray  # bool per unit: a launch whose call line is missing (opCount gap)
+    bytes: np.ndarray  # int64 per unit: summed payload bytes of its calls (-1 for placeholders)
 
     @property
     def n(self) -> int:
@@ -126,6 +128,8 @@ def build_log_units(calls: pd.DataFrame, *, max_fuse: int = 16) -> LogUnits:
     op_count = calls["op_count"].astype("Int64").fillna(-1).to_numpy(dtype=np.int64)
     dtype = calls["datatype"].astype("Int64").fillna(-1).to_numpy(dtype=np.int64)
     stream = calls["stream"].astype("UInt64").fillna(0).to_numpy(dtype=np.uint64)
+    nbytes = (calls["bytes"].astype("Int64").fillna(0).to_numpy(dtype=np.int64) if "bytes" in calls
+              else np.zeros(n, np.int64))  # fmt: skip
     dup = calls["duplicate_of"].notna().to_numpy() if "duplicate_of" in calls else np.zeros(n, bool)
     wall = (
         calls["wall_time_ns"].astype("Int64").fillna(NO_TIME).to_numpy(dtype=np.int64)
@@ -153,6 +157,7 @@ def build_log_units(calls: pd.DataFrame, *, max_fuse: int = 16) -> LogUnits:
     u_opc: list[int] = []
     u_time: list[int] = []
     u_first: list[int] = []
+    u_bytes: list[int] = []
     open_units: dict[tuple[int, int], int] = {}
     for r in range(n):
         if not live[r]:
@@ -176,11 +181,15 @@ def build_log_units(calls: pd.DataFrame, *, max_fuse: int = 16) -> LogUnits:
             u_opc.append(int(op_count[r]) if informative[c] else -1)
             u_time.append(int(wall[r]))
             u_first.append(r)
+            u_bytes.append(0)
             if informative[c]:
                 open_units[(c, int(op_count[r]))] = u
         fam_mask[u] |= bit
         dt_mask[u] |= dbit
         call_unit[r] = u
+        u_bytes[u] += int(nbytes[r])
+        if wall[r] != NO_TIME:  # the launch follows the group's last call: time a unit by it
+            u_time[u] = max(u_time[u], int(wall[r]))
 
     # A gap in an informative comm's opCounts is a launch whose line is missing: insert a
     # placeholder unit (any family, the comm's stream) right after the comm's previous unit, so
@@ -188,21 +197,31 @@ def build_log_units(calls: pd.DataFrame, *, max_fuse: int = 16) -> LogUnits:
     placeholder = [False] * len(fam_mask)
     order_key = [float(f) for f in u_first]
     all_fams = (1 << len(FAMILIES)) - 1
+    def add_placeholder(c: int, like: int, opc: int, key: float) -> None:
+        fam_mask.append(all_fams)
+        dt_mask.append(-1)  # marks a placeholder for the scorer
+        u_stream.append(u_stream[like])
+        u_comm.append(c)
+        u_opc.append(opc)
+        u_time.append(int(NO_TIME))
+        u_first.append(-1)
+        u_bytes.append(-1)
+        placeholder.append(True)
+        order_key.append(key)
+
     for c in np.flatnonzero(informative):
         us = [u for u in range(len(fam_mask)) if u_comm[u] == c]
+        if not us:
+            continue
         us.sort(key=lambda u: u_opc[u])
+        # opCount starts at 0 on every communicator: a later first value means lost first lines
+        first = us[0]
+        for q in range(min(u_opc[first], 64)):
+            add_placeholder(int(c), first, u_opc[first] - 1 - q, u_first[first] - (q + 1) / 128.0)
         for prev, nxt in itertools.pairwise(us):
             missing = u_opc[nxt] - u_opc[prev] - 1
             for q in range(min(missing, 64)):
-                fam_mask.append(all_fams)
-                dt_mask.append(0)
-                u_stream.append(u_stream[prev])
-                u_comm.append(int(c))
-                u_opc.append(u_opc[prev] + 1 + q)
-                u_time.append(int(NO_TIME))
-                u_first.append(-1)
-                placeholder.append(True)
-                order_key.append(u_first[prev] + (q + 1) / 128.0)
+                add_placeholder(int(c), prev, u_opc[prev] + 1 + q, u_first[prev] + (q + 1) / 128.0)
     perm = np.argsort(np.asarray(order_key), kind="stable")
     inv = np.empty(len(perm), np.int64)
     inv[perm] = np.arange(len(perm))
@@ -213,6 +232,7 @@ def build_log_units(calls: pd.DataFrame, *, max_fuse: int = 16) -> LogUnits:
 
     fam_mask, dt_mask, u_stream, u_comm = _p(fam_mask), _p(dt_mask), _p(u_stream), _p(u_comm)
     u_opc, u_time, u_first, placeholder = _p(u_opc), _p(u_time), _p(u_first), _p(placeholder, bool)
+    u_bytes = _p(u_bytes)
 
     nu = len(fam_mask)
     fuse_run = np.ones(nu, np.int64)
@@ -243,6 +263,7 @@ def build_log_units(calls: pd.DataFrame, *, max_fuse: int = 16) -> LogUnits:
         comms=comms,
         informative_comm=informative,
         placeholder=placeholder,
+        bytes=u_bytes,
     )
 
 
@@ -257,6 +278,7 @@ class KernelSeq:
     time: np.ndarray  # int64 launch time in UTC ns (NO_TIME when unknown)
     streams: np.ndarray  # stream ids
     placeholder: np.ndarray  # bool: a launch whose kernel record is missing from the export
+    grid: np.ndarray  # int64 grid size (gridX*gridY*gridZ, NCCL's channel count); -1 unknown
 
     @property
     def m(self) -> int:
@@ -292,7 +314,7 @@ def build_kernel_sequence(kernels: pd.DataFrame, *, utc_offset_ns: int | None = 
     dt = np.empty(len(k), np.int64)
     for i, nm in enumerate(names):
         if not isinstance(nm, str):
-            fam[i], dt[i] = GENERIC, -1
+            fam[i], dt[i] = (PLACEHOLDER if k["_placeholder"].iat[i] else GENERIC), -1
             continue
         d = cache.get(nm)
         if d is None:
@@ -301,11 +323,18 @@ def build_kernel_sequence(kernels: pd.DataFrame, *, utc_offset_ns: int | None = 
     sid = k["stream_id"].astype("Int64").fillna(-1).to_numpy(np.int64) if len(k) else np.zeros(0, np.int64)
     streams = np.unique(sid[sid >= 0])
     sidx = np.where(sid >= 0, np.searchsorted(streams, sid), -1).astype(np.int64)
-    if utc_offset_ns is None:
-        t = np.full(len(k), NO_TIME, np.int64)
-    else:
-        t = k["_launch"].astype("Int64").fillna(NO_TIME - np.int64(utc_offset_ns)).to_numpy(np.int64)
-        t = np.where(t == NO_TIME - np.int64(utc_offset_ns), NO_TIME, t + np.int64(utc_offset_ns))
+    t = np.full(len(k), NO_TIME, np.int64)
+    if utc_offset_ns is not None:
+        launch_ns = k["_launch"].astype("Int64")
+        known = launch_ns.notna().to_numpy()
+        t[known] = launch_ns[known].to_numpy(np.int64) + np.int64(utc_offset_ns)
     placeholder = k["_placeholder"].to_numpy(bool)
+    grid = np.full(len(k), -1, np.int64)
+    if "grid_x" in k:
+        g = k["grid_x"].astype("Int64")
+        for extra in ("grid_y", "grid_z"):
+            if extra in k:
+                g = g * k[extra].astype("Int64").fillna(1)
+        grid = g.fillna(-1).to_numpy(np.int64)
     return KernelSeq(kernels=k.drop(columns=["_launch", "_placeholder"]), family=fam, dtype_class=dt, stream=sidx,
-                     time=t, streams=streams, placeholder=placeholder)  # fmt: skip
+                     time=t, streams=streams, placeholder=placeholder, grid=grid)  # fmt: skip

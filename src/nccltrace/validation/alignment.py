@@ -151,19 +151,25 @@ def align_run(inputs: RunInputs, mode: str, *, max_calls: int | None = None) -> 
 
 
 def table_4_5(modes: tuple[str, ...] = ("thesis", "default"), *, seed: int = 3, workdir: Path | None = None,
-              sliding_window: bool = True) -> pd.DataFrame:  # fmt: skip
-    """Thesis table 4.5 on emulated 4-rank x 200-op scenarios, beside the thesis's numbers."""
+              sliding_window: bool = True, nccl_version: str = "2.21.5", timestamps: bool = False,
+              max_calls: int | None = 200) -> pd.DataFrame:  # fmt: skip
+    """Thesis table 4.5 on emulated 4-rank x 200-op scenarios, beside the thesis's numbers.
+
+    ``nccl_version``/``timestamps``: the stack emulated (NCCL 2.21.5 as in the thesis prints no
+    timestamps; from 2.26 ``NCCL_DEBUG_TIMESTAMP_FORMAT`` can give every line a microsecond time,
+    while from 2.27.3 opCount stops counting on single-node communicators)."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(workdir or tmp)
         for name, knobs in TABLE_4_5_SCENARIOS.items():
             raw = base / name.replace(" ", "_").replace("%", "pct") / "raw"
-            cfg = {**SCENARIO_BASE, "seed": seed, "imperfections": {"fuse_grouped_p2p": True, **knobs}}
+            cfg = {**SCENARIO_BASE, "seed": seed, "nccl_version": nccl_version, "nccl_timestamps": timestamps,
+                   "imperfections": {"fuse_grouped_p2p": True, **knobs}}
             emulate_run(cfg, raw)
             inputs = load_emulated(raw, raw.parent / "parsed")
             row: dict[str, object] = {"scenario": name}
             for mode in modes:
-                s = score_alignment(align_run(inputs, mode, max_calls=200), inputs.truth)
+                s = score_alignment(align_run(inputs, mode, max_calls=max_calls), inputs.truth)
                 row.update({f"{mode}_f1": s["f1"], f"{mode}_precision": s["precision"], f"{mode}_recall": s["recall"]})
             if sliding_window:
                 row.update(_sliding_window_scores(inputs))
