@@ -42,6 +42,7 @@ STREAM_OK = 6
 TIME_OK = 6
 GRID_OK = 3  # kernel grid (channels) equals the one learned for this message size and stream
 GRID_BAD = 8
+ODD_GRID = -10  # k_grid at or below this: the kernel's grid was never seen on its stream
 FUSE_EXTRA = 2  # each extra unit absorbed by a fused SendRecv kernel
 MAX_SCORE = BASE + DTYPE_OK + STREAM_OK + TIME_OK
 
@@ -88,8 +89,11 @@ def _pair(i, j, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time, u_
             if ms != k_stream[j]:
                 return NEG
             s += STREAM_OK
-        if u_grid[i] >= 0 and k_grid[j] >= 0:  # launches of this size on this stream had this grid
-            s += GRID_OK if u_grid[i] == k_grid[j] else -GRID_BAD
+        kg = k_grid[j]
+        if kg <= ODD_GRID:  # a grid no certain launch on this stream had: likely no logged call
+            s -= GRID_BAD
+        elif u_grid[i] >= 0 and kg >= 0:  # launches of this size on this stream had this grid
+            s += GRID_OK if u_grid[i] == kg else -GRID_BAD
     if t_tol > 0 and u_time[i] != NO_TIME and k_time[j] != NO_TIME:
         d = k_time[j] - u_time[i] - t_off
         if d < 0:
@@ -350,7 +354,8 @@ def _certain(F, R, lo, hi, off, roff, m, u_fam, u_dt, u_stream, u_time, u_run, k
     opt = F[off[n] + m - lo[n]]
     kernel = np.full(n, -1, np.int64)
     amb = np.zeros(n, np.bool_)
-    some = np.full(n, -1, np.int64)  # a kernel some optimal alignment gives the unit
+    cstream = np.full(n, -1, np.int64)  # stream every optimal match of the unit is on (-1: none/differs)
+    cgrid = np.full(n, -1, np.int64)  # likewise the kernel grid
 
     def suffix(a, b):
         ra = n - a
@@ -363,6 +368,8 @@ def _certain(F, R, lo, hi, off, roff, m, u_fam, u_dt, u_stream, u_time, u_run, k
         cand = -2
         can_gap = False
         many = False
+        st = -2
+        gr = -2
         la, ha = lo[a], hi[a]
         lp, hp = lo[a - 1], hi[a - 1]
         for b in range(la, ha + 1):
@@ -383,6 +390,8 @@ def _certain(F, R, lo, hi, off, roff, m, u_fam, u_dt, u_stream, u_time, u_run, k
                             cand = b - 1
                         elif cand != b - 1:
                             many = True
+                        st = k_stream[b - 1] if st == -2 or st == k_stream[b - 1] else -1
+                        gr = k_grid[b - 1] if gr == -2 or gr == k_grid[b - 1] else -1
         # fused edges (a2 - r, b - 1) -> (a2, b) with a2 - r < a <= a2 also consume unit i
         for a2 in range(a, min(n, a + MAX_FUSE - 1) + 1):
             run = min(u_run[a2 - 1], a2)
@@ -405,13 +414,17 @@ def _certain(F, R, lo, hi, off, roff, m, u_fam, u_dt, u_stream, u_time, u_run, k
                                 cand = b - 1
                             elif cand != b - 1:
                                 many = True
+                            st = k_stream[b - 1] if st == -2 or st == k_stream[b - 1] else -1
+                            gr = k_grid[b - 1] if gr == -2 or gr == k_grid[b - 1] else -1
         if cand >= 0 and not can_gap and not many:
             kernel[i] = cand
         elif cand >= 0:
             amb[i] = True
-        if cand >= 0:
-            some[i] = cand
-    return kernel, amb, some
+        if st >= 0:
+            cstream[i] = st
+        if gr >= 0:
+            cgrid[i] = gr
+    return kernel, amb, cstream, cgrid
 
 
 def _fuse_runs(adjacent: np.ndarray) -> np.ndarray:
@@ -454,13 +467,15 @@ class UnitAlignment:
 
 
 def _run(units: LogUnits, ks: KernelSeq, smap: np.ndarray, t_off: int, t_tol: int, p: AlignParams,
-         ugrid: np.ndarray | None = None):  # fmt: skip
+         ugrid: np.ndarray | None = None, kgrid: np.ndarray | None = None):  # fmt: skip
     """Windowed pass for a guide path, then the exact set of certain matches within a band
     around it (forward DP and the forward DP of the reversed sequences)."""
     if ugrid is None:
         ugrid = np.full(units.n, -1, np.int64)
+    if kgrid is None:
+        kgrid = ks.grid
     args = (units.fam_mask, units.dt_mask, units.stream, units.time, units.fuse_run, ks.family, ks.dtype_class,
-            ks.stream, ks.time, ugrid, ks.grid, smap, np.int64(t_off), np.int64(t_tol))  # fmt: skip
+            ks.stream, ks.time, ugrid, kgrid, smap, np.int64(t_off), np.int64(t_tol))  # fmt: skip
     guide, _ = _align_windows(*args, p.window, p.slack)
     lo, hi = _band(guide, ks.m, p.band)
     n, m = units.n, ks.m
@@ -478,11 +493,11 @@ def _run(units: LogUnits, ks: KernelSeq, smap: np.ndarray, t_off: int, t_tol: in
     rsmap = smap
     rargs = (units.fam_mask[::-1].copy(), units.dt_mask[::-1].copy(), units.stream[::-1].copy(),
              units.time[::-1].copy(), _fuse_runs(rev_adjacent), ks.family[::-1].copy(), ks.dtype_class[::-1].copy(),
-             ks.stream[::-1].copy(), ks.time[::-1].copy(), ugrid[::-1].copy(), ks.grid[::-1].copy(), rsmap, np.int64(t_off), np.int64(t_tol))  # fmt: skip
+             ks.stream[::-1].copy(), ks.time[::-1].copy(), ugrid[::-1].copy(), kgrid[::-1].copy(), rsmap, np.int64(t_off), np.int64(t_tol))  # fmt: skip
     R = _forward(*rargs, rlo, rhi, roff, True)
-    kernel, amb, some = _certain(F, R, lo, hi, off, roff, m, *args)
+    kernel, amb, cstream, cgrid = _certain(F, R, lo, hi, off, roff, m, *args)
     del F, R
-    return kernel, amb, some
+    return kernel, amb, cstream, cgrid
 
 
 def _timestamp_resolution(t: np.ndarray) -> int:
@@ -495,16 +510,18 @@ def _timestamp_resolution(t: np.ndarray) -> int:
     return res
 
 
-def _learn(units: LogUnits, ks: KernelSeq, early: np.ndarray):
-    """Stream map and log-to-launch delay from the certain matches of the first pass."""
+def _learn(units: LogUnits, ks: KernelSeq, early: np.ndarray, cstream: np.ndarray):
+    """Stream map (from units whose every optimal match is on one stream) and log-to-launch delay
+    (from certain matches) of the first pass."""
     sure = (early >= 0) & ~units.placeholder
     sure[sure] &= ~ks.placeholder[early[sure]]
+    vote = (cstream >= 0) & ~units.placeholder
     smap = np.full(len(units.streams), -1, np.int64)
     for s in range(len(units.streams)):
-        sel = sure & (units.stream == s)
+        sel = vote & (units.stream == s)
         if sel.sum() < 3:
             continue
-        vals, counts = np.unique(ks.stream[early[sel]], return_counts=True)
+        vals, counts = np.unique(cstream[sel], return_counts=True)
         top = counts.argmax()
         if counts[top] >= 0.95 * sel.sum():
             smap[s] = vals[top]
@@ -523,16 +540,15 @@ def _learn(units: LogUnits, ks: KernelSeq, early: np.ndarray):
     return smap, t_off, t_tol
 
 
-def _learn_grid(units: LogUnits, ks: KernelSeq, kernel: np.ndarray) -> np.ndarray:
+def _learn_grid(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, cgrid: np.ndarray) -> np.ndarray:
     """Expected kernel grid per unit: NCCL picks the channel count from the message size on a
     communicator, so certain matches with one (stream, bytes) key that all show one grid size
     predict it for every unit with that key (at least 2 observations, no disagreement)."""
     ugrid = np.full(units.n, -1, np.int64)
-    sure = (kernel >= 0) & ~units.placeholder
-    sure[sure] &= ~ks.placeholder[kernel[sure]]
+    sure = (cgrid >= 0) & ~units.placeholder
     if sure.sum() < 2:
         return ugrid
-    obs = pd.DataFrame({"stream": units.stream[sure], "bytes": units.bytes[sure], "grid": ks.grid[kernel[sure]]})
+    obs = pd.DataFrame({"stream": units.stream[sure], "bytes": units.bytes[sure], "grid": cgrid[sure]})
     obs = obs[obs["grid"] >= 0]
     stats = obs.groupby(["stream", "bytes"])["grid"].agg(["nunique", "size", "first"])
     stats = stats[(stats["nunique"] == 1) & (stats["size"] >= 2)]
@@ -543,6 +559,26 @@ def _learn_grid(units: LogUnits, ks: KernelSeq, kernel: np.ndarray) -> np.ndarra
     ok = (pos >= 0) & ~units.placeholder
     ugrid[ok] = stats["first"].to_numpy()[pos[ok]]
     return ugrid
+
+
+def _odd_grids(ks: KernelSeq, cstream: np.ndarray, cgrid: np.ndarray, min_votes: int = 5) -> np.ndarray:
+    """Kernel grids with kernels whose grid no unit matched on that stream had marked ODD_GRID.
+
+    NCCL sizes a launch's grid by its channel count; a kernel on a communicator's stream with a
+    grid none of that stream's (at least ``min_votes``) certain launches had is probably not a
+    logged call (e.g. an internal or foreign launch), so matching a unit to it is penalised."""
+    out = ks.grid.copy()
+    vote = (cstream >= 0) & (cgrid >= 0)
+    if not vote.any():
+        return out
+    obs = pd.DataFrame({"stream": cstream[vote], "grid": cgrid[vote]})
+    counts = obs.groupby("stream").size()
+    seen = set(zip(obs["stream"], obs["grid"]))
+    for s in counts[counts >= min_votes].index:
+        idx = np.flatnonzero((ks.stream == s) & (ks.grid >= 0))
+        odd = np.array([(int(s), int(g)) not in seen for g in ks.grid[idx]], dtype=bool)
+        out[idx[odd]] = ODD_GRID
+    return out
 
 
 def _opcount_fix(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, amb: np.ndarray, method: np.ndarray,
@@ -562,6 +598,7 @@ def _opcount_fix(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, amb: np.nda
     shared = {int(v) for v, c in zip(*np.unique(mapped, return_counts=True)) if c > 1}
     taken = np.zeros(ks.m, bool)
     taken[kernel[kernel >= 0]] = True
+    lost_before = np.cumsum(ks.placeholder)
     for c in np.flatnonzero(units.informative_comm):
         us = np.flatnonzero(units.comm == c)
         if len(us) == 0:
@@ -585,6 +622,10 @@ def _opcount_fix(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, amb: np.nda
             lo, hi = k - 1, k
             if a_opc[hi] - a_opc[lo] != a_pos[hi] - a_pos[lo]:
                 continue
+            # a lost kernel record in between may have been on this stream: the counts could
+            # agree only because it and an extra kernel cancel out
+            if lost_before[kernel[anchors[hi]]] != lost_before[kernel[anchors[lo]]]:
+                continue
             pos = a_pos[lo] + (o - a_opc[lo])
             j = stream_kernels[pos]
             if taken[j]:
@@ -605,11 +646,15 @@ def align_units(units: LogUnits, ks: KernelSeq, params: AlignParams = AlignParam
         return UnitAlignment(np.full(n, -1, np.int64), np.zeros(n, bool), np.zeros(n), np.full(n, None, object),
                              {}, None, None)  # fmt: skip
     smap = np.full(len(units.streams), -1, np.int64)
-    kernel, amb, _ = _run(units, ks, smap, 0, 0, params)
-    smap, t_off, t_tol = _learn(units, ks, kernel)
-    ugrid = _learn_grid(units, ks, kernel)
-    if (smap >= 0).any() or t_tol > 0 or (ugrid >= 0).any():
-        kernel, amb, _ = _run(units, ks, smap, t_off, t_tol, params, ugrid)
+    kernel, amb, cstream, cgrid = _run(units, ks, smap, 0, 0, params)
+    # Stream and grid evidence also comes from ambiguous units whose optimal candidates all
+    # agree on it: an extra kernel makes a run of identical launches ambiguous, yet every
+    # optimal alignment still puts each communicator's launches on one stream.
+    smap, t_off, t_tol = _learn(units, ks, kernel, cstream)
+    ugrid = _learn_grid(units, ks, kernel, cgrid)
+    kgrid = _odd_grids(ks, cstream, cgrid)
+    if (smap >= 0).any() or t_tol > 0 or (ugrid >= 0).any() or (kgrid <= ODD_GRID).any():
+        kernel, amb, _, _ = _run(units, ks, smap, t_off, t_tol, params, ugrid, kgrid)
     else:
         ugrid = np.full(units.n, -1, np.int64)
     method = np.where(kernel >= 0, "alignment", None).astype(object)
@@ -619,7 +664,7 @@ def align_units(units: LogUnits, ks: KernelSeq, params: AlignParams = AlignParam
     for u in np.flatnonzero(kernel >= 0):
         j = kernel[u]
         s = _pair(u, j, units.fam_mask, units.dt_mask, units.stream, units.time, ks.family, ks.dtype_class,
-                  ks.stream, ks.time, ugrid, ks.grid, smap, np.int64(t_off), np.int64(t_tol))  # fmt: skip
+                  ks.stream, ks.time, ugrid, kgrid, smap, np.int64(t_off), np.int64(t_tol))  # fmt: skip
         avail = BASE + (DTYPE_OK if ks.dtype_class[j] >= 0 and units.dt_mask[u] else 0)
         avail += STREAM_OK if smap[units.stream[u]] >= 0 else 0
         avail += TIME_OK if t_tol > 0 and units.time[u] != NO_TIME and ks.time[j] != NO_TIME else 0

@@ -98,13 +98,18 @@ def load_emulated(raw: Path, work: Path, *, need_nvtx: bool = False) -> RunInput
 
 
 def _truth_pairs(truth: pd.DataFrame) -> pd.DataFrame:
+    """(file, line) -> true kernel. A duplicate line repeats its op's call, so it belongs to the
+    same kernel (the reader cannot flag every duplicate: where opCount does not separate calls,
+    a repeated Send/Recv line inside a group is indistinguishable from a second identical call)."""
     t = truth[truth["log_line"].notna()].copy()
     t["file"] = t["log_file"].astype(str).str.rsplit("/", n=1).str[-1]
-    t["line"] = t["log_line"].astype("Int64")
     has = t["kernel_correlation_id"].notna() & ~t["kernel_dropped"].astype(bool)
     t["true_pid"] = t["kernel_global_pid"].where(has)
     t["true_corr"] = t["kernel_correlation_id"].where(has)
-    return t[["file", "line", "true_pid", "true_corr", "seq", "rank"]]
+    orig = t.assign(line=t["log_line"].astype("Int64"))
+    dup = t[t["duplicate_line"].notna()].assign(line=lambda d: d["duplicate_line"].astype("Int64"))
+    cols = ["file", "line", "true_pid", "true_corr", "seq", "rank"]
+    return pd.concat([orig[cols], dup[cols]], ignore_index=True)
 
 
 def score_alignment(table: pd.DataFrame, truth: pd.DataFrame) -> dict[str, float]:
