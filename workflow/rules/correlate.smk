@@ -20,6 +20,7 @@ rule align:
     params:
         code=stage_code_hash("align"),
         mode=config.get("analysis", {}).get("alignment", "default"),
+        nccl_version=lambda wc: RUNS[wc.run].settings.get("nccl_version"),
     log:
         f"{RESULTS}/{{run}}/logs/align/{{proc}}.log",
     benchmark:

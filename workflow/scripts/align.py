@@ -12,8 +12,10 @@ from nccltrace.provenance import write_manifest  # noqa: E402
 
 inp, out = snakemake.input, snakemake.output  # noqa: F821
 mode = snakemake.params.mode  # noqa: F821
+version = snakemake.params.nccl_version  # noqa: F821
 table = align_files(inp.calls, inp.kernels, inp.session, out.alignment, mode=mode, launches_path=inp.launches,
-                    nvtx_path=inp.nvtx if mode == "exact" else None)
+                    nvtx_path=inp.nvtx if mode == "exact" else None,
+                    nccl_version=str(version) if version else None)
 calls = table[table["row_kind"] == "call"]
 summary = {
     "mode": mode,

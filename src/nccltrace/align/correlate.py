@@ -148,23 +148,38 @@ def align_process(
     utc_offset_ns: int | None = None,
     nvtx: pd.DataFrame | None = None,
     launches_without_kernel: pd.DataFrame | None = None,
+    nccl_version: str | None = None,
     params: AlignParams | None = None,
 ) -> pd.DataFrame:
     """Correlate one process's call lines (``calls`` table) with its kernels (nsys ``kernels`` rows of
     the same pid). ``utc_offset_ns`` (the export's session UTC start) enables the time signal
-    when the log has timestamps. Returns a table with ``ALIGNMENT_SCHEMA``."""
+    when the log has timestamps; ``nccl_version`` ("2.21.5") tells whether opCount separates
+    launches on every communicator. Returns a table with ``ALIGNMENT_SCHEMA``."""
     if mode not in MODES:
         raise ValueError(f"unknown alignment mode {mode!r}; use one of {', '.join(MODES)}")
     kernels = kernels[is_nccl_kernel(kernels["short_name"].astype(object))]
     if mode == "default":
-        return _align_default(calls, kernels, utc_offset_ns, params or AlignParams(), launches_without_kernel)
+        return _align_default(calls, kernels, utc_offset_ns, params or AlignParams(), launches_without_kernel,
+                              _version_tuple(nccl_version))
     if mode == "thesis":
         return _align_thesis(calls, kernels)
     return _align_exact(calls, kernels, nvtx)
 
 
-def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kernel=None) -> pd.DataFrame:
-    units = build_log_units(calls)
+def _version_tuple(v: str | None) -> tuple[int, int, int] | None:
+    if not v:
+        return None
+    parts = str(v).split("+")[0].split(".")
+    try:
+        nums = [int(p) for p in parts[:3]]
+    except ValueError:
+        return None
+    return tuple(nums + [0] * (3 - len(nums)))  # type: ignore[return-value]
+
+
+def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kernel=None,
+                   version=None) -> pd.DataFrame:  # fmt: skip
+    units = build_log_units(calls, nccl_version=version)
     ks = build_kernel_sequence(kernels, utc_offset_ns=utc_offset_ns, launches_without_kernel=launches_without_kernel)
     res = align_units(units, ks, params)
     cu = units.call_unit
@@ -248,9 +263,11 @@ def process_key(log_stem: str) -> tuple[str, int]:
 
 
 def align_files(calls_path, kernels_path, session_path, out_path, *, mode: str = "default",
-                nvtx_path=None, launches_path=None, pid: int | None = None) -> pd.DataFrame:  # fmt: skip
+                nvtx_path=None, launches_path=None, pid: int | None = None,
+                nccl_version: str | None = None) -> pd.DataFrame:  # fmt: skip
     """Stage entry point: align one process's parsed calls with its node's parsed kernels and
-    write the correlation table atomically. ``pid`` defaults to the pid of the calls."""
+    write the correlation table atomically. ``pid`` defaults to the pid of the calls; the NCCL
+    version defaults to the process's version line (``versions.parquet`` beside the calls)."""
     import json
     from pathlib import Path
 
@@ -277,6 +294,12 @@ def align_files(calls_path, kernels_path, session_path, out_path, *, mode: str =
     if launches_path is not None and Path(launches_path).exists():
         launches = read_table(launches_path)
         launches = launches[launches["pid"] == pid]
-    table = align_process(calls, kernels, mode=mode, utc_offset_ns=utc, nvtx=nvtx, launches_without_kernel=launches)
+    if nccl_version is None:
+        vfile = Path(calls_path).parent / "versions.parquet"
+        if vfile.exists():
+            v = read_table(vfile)
+            nccl_version = str(v["version"].dropna().iloc[0]) if v["version"].notna().any() else None
+    table = align_process(calls, kernels, mode=mode, utc_offset_ns=utc, nvtx=nvtx, launches_without_kernel=launches,
+                          nccl_version=nccl_version)
     write_table_atomic(pa.Table.from_pandas(table, schema=ALIGNMENT_SCHEMA, preserve_index=False), out_path)
     return table

@@ -519,11 +519,12 @@ def _learn(units: LogUnits, ks: KernelSeq, early: np.ndarray, cstream: np.ndarra
     smap = np.full(len(units.streams), -1, np.int64)
     for s in range(len(units.streams)):
         sel = vote & (units.stream == s)
-        if sel.sum() < 3:
+        if sel.sum() == 0:
             continue
         vals, counts = np.unique(cstream[sel], return_counts=True)
         top = counts.argmax()
-        if counts[top] >= 0.95 * sel.sum():
+        # unanimous evidence, or a large majority of at least three launches
+        if len(vals) == 1 or (sel.sum() >= 3 and counts[top] >= 0.95 * sel.sum()):
             smap[s] = vals[top]
     t_off, t_tol = 0, 0
     has_t = sure & (units.time != NO_TIME)

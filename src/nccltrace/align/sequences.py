@@ -118,8 +118,10 @@ NO_TIME = np.iinfo(np.int64).min
 _RECENT_UNITS = 64  # a group's calls on one comm are logged close together
 
 
-def build_log_units(calls: pd.DataFrame, *, max_fuse: int = 16) -> LogUnits:
-    """Group one process's call lines into launch units (see module docstring)."""
+def build_log_units(calls: pd.DataFrame, *, nccl_version: tuple[int, int, int] | None = None,
+                    max_fuse: int = 16) -> LogUnits:  # fmt: skip
+    """Group one process's call lines into launch units (see module docstring). ``nccl_version``
+    says whether opCount counts launches on every communicator (before 2.27.3)."""
     calls = calls.sort_values(["file", "line"], kind="stable").reset_index(drop=True)
     n = len(calls)
     op = calls["op"].astype(object).to_numpy()
@@ -140,11 +142,14 @@ def build_log_units(calls: pd.DataFrame, *, max_fuse: int = 16) -> LogUnits:
     comms, comm_idx = np.unique(comm, return_inverse=True)
     streams, stream_idx = np.unique(stream, return_inverse=True)
     live = ~dup & (nranks != 1)
-    # opCount is informative on a comm when it takes more than one value over >= 2 launches.
+    # opCount counts launches on every multi-rank comm before NCCL 2.27.3; from then on it stays
+    # 0 on single-node comms. Without the version, a comm whose opCount takes one value over
+    # several calls cannot be told from a frozen one and is treated as not informative.
     informative = np.zeros(len(comms), bool)
+    counts_always = nccl_version is not None and tuple(nccl_version) < (2, 27, 3)
     for c in range(len(comms)):
         vals = op_count[live & (comm_idx == c)]
-        informative[c] = len(vals) <= 1 or len(np.unique(vals)) > 1
+        informative[c] = counts_always or len(vals) <= 1 or len(np.unique(vals)) > 1
 
     reason = np.full(n, None, dtype=object)
     reason[dup] = "duplicate_line"

@@ -65,6 +65,7 @@ class RunInputs:
     utc_offset: dict[str, int]
     truth: pd.DataFrame
     launches: dict[tuple[str, int], pd.DataFrame]
+    nccl_version: str | None = None
 
 
 def load_emulated(raw: Path, work: Path, *, need_nvtx: bool = False) -> RunInputs:
@@ -94,7 +95,14 @@ def load_emulated(raw: Path, work: Path, *, need_nvtx: bool = False) -> RunInput
                 for pid, g in nv.groupby("pid"):
                     nvtx[(host, int(pid))] = g.reset_index(drop=True)
     truth = read_table(raw / "ground_truth" / "ops.parquet")
-    return RunInputs(calls, kernels, nvtx, utc, truth, launches)
+    version = None
+    run_yaml = raw / "run.yaml"
+    if run_yaml.exists():  # what a launch record would say; the emulator writes its config there
+        import yaml
+
+        doc = yaml.safe_load(run_yaml.read_text()) or {}
+        version = (doc.get("config") or {}).get("nccl_version")
+    return RunInputs(calls, kernels, nvtx, utc, truth, launches, version)
 
 
 def _truth_pairs(truth: pd.DataFrame) -> pd.DataFrame:
@@ -150,7 +158,8 @@ def align_run(inputs: RunInputs, mode: str, *, max_calls: int | None = None) -> 
             if launches is not None:
                 launches = launches[launches["correlation_id"].isin(corr)]
         tables.append(align_process(calls, kernels, mode=mode, utc_offset_ns=inputs.utc_offset.get(key[0]),
-                                    nvtx=inputs.nvtx.get(key), launches_without_kernel=launches))  # fmt: skip
+                                    nvtx=inputs.nvtx.get(key), launches_without_kernel=launches,
+                                    nccl_version=inputs.nccl_version))  # fmt: skip
     del truth
     return pd.concat(tables, ignore_index=True)
 
