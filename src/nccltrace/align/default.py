@@ -69,7 +69,7 @@ def _pair(i, j, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time, u_
     kf = k_fam[j]
     u_ph = u_dt[i] == -1
     if kf == PLACEHOLDER:
-        s = BASE + DTYPE_OK + STREAM_OK
+        s = BASE + DTYPE_OK + STREAM_OK + (GRID_OK if u_grid[i] >= 0 else 0)
     else:
         if kf >= 0:
             if (u_fam[i] >> kf) & 1 == 0:
