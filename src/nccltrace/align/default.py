@@ -543,19 +543,22 @@ def _learn(units: LogUnits, ks: KernelSeq, early: np.ndarray, cstream: np.ndarra
 
 def _learn_grid(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, cgrid: np.ndarray) -> np.ndarray:
     """Expected kernel grid per unit: NCCL picks the channel count from the message size on a
-    communicator, so certain matches with one (stream, bytes) key that all show one grid size
-    predict it for every unit with that key (at least 2 observations, no disagreement)."""
+    communicator, so units whose every optimal match had one grid, on one stream and in one
+    power-of-two size class, predict it for every unit of that class (>= 2 observations, no
+    disagreement)."""
     ugrid = np.full(units.n, -1, np.int64)
     sure = (cgrid >= 0) & ~units.placeholder
     if sure.sum() < 2:
         return ugrid
-    obs = pd.DataFrame({"stream": units.stream[sure], "bytes": units.bytes[sure], "grid": cgrid[sure]})
+    # NCCL's channel count follows size thresholds, so key by size class (power of two)
+    size_class = np.where(units.bytes > 0, np.floor(np.log2(np.maximum(units.bytes, 1))), -1).astype(np.int64)
+    obs = pd.DataFrame({"stream": units.stream[sure], "bytes": size_class[sure], "grid": cgrid[sure]})
     obs = obs[obs["grid"] >= 0]
     stats = obs.groupby(["stream", "bytes"])["grid"].agg(["nunique", "size", "first"])
     stats = stats[(stats["nunique"] == 1) & (stats["size"] >= 2)]
     if stats.empty:
         return ugrid
-    keys = pd.MultiIndex.from_arrays([units.stream, units.bytes])
+    keys = pd.MultiIndex.from_arrays([units.stream, size_class])
     pos = stats.index.get_indexer(keys)
     ok = (pos >= 0) & ~units.placeholder
     ugrid[ok] = stats["first"].to_numpy()[pos[ok]]
