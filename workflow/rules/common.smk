@@ -63,3 +63,10 @@ def parsed_outputs(wildcards):
         for host in nsys_hosts(wildcards)
     ]
     return out
+
+
+def proc_host(wildcards):
+    """Host of a per-process log named nccl_<host>_<pid>."""
+    from nccltrace.align.correlate import process_key
+
+    return process_key(wildcards.proc)[0]

@@ -1,12 +1,6 @@
 # Correlation: per-process alignment of call lines with kernels (fanned out), then per run.
 
 
-def proc_host(wildcards):
-    from nccltrace.align.correlate import process_key
-
-    return process_key(wildcards.proc)[0]
-
-
 rule align:
     input:
         calls=f"{RESULTS}/{{run}}/parsed/nccl/{{proc}}/calls.parquet",
