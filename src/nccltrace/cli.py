@@ -112,6 +112,160 @@ def cmd_tables_doc(args: argparse.Namespace) -> int:
     return 0
 
 
+_SIZE_FLAGS = (("tp", "tensor parallel size"), ("pp", "pipeline parallel size"), ("cp", "context parallel size"),
+               ("ep", "expert parallel size"), ("etp", "expert tensor parallel size (default: tp)"),
+               ("vpp", "virtual pipeline stages per pipeline rank"), ("dp", "data parallel size"),
+               ("nodes", "number of nodes"), ("gpus_per_node", "GPUs (ranks) per node"),
+               ("world_size", "number of ranks"))  # fmt: skip
+
+
+def _declared_settings(args: argparse.Namespace) -> dict:
+    """Declared sizes: the --settings file, overridden by the size flags given."""
+    import yaml
+
+    settings: dict = {}
+    if args.settings:
+        data = yaml.safe_load(Path(args.settings).read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{args.settings}: expected a mapping of settings (tp: 2, pp: 2, ...)")
+        settings.update(data)
+    settings.update({name: getattr(args, name) for name, _ in _SIZE_FLAGS if getattr(args, name) is not None})
+    if args.distributed_optimizer:
+        settings["distributed_optimizer"] = True
+    return settings
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from .pipeline import analyze_run
+
+    res = analyze_run(Path(args.raw_dir), Path(args.out), settings=_declared_settings(args) or None, mode=args.mode,
+                      progress=not args.quiet)
+    share = f" ({res['matched'] / res['calls']:.1%})" if res["calls"] else ""
+    reasons = ", ".join(f"{k} {v}" for k, v in res["unmatched_by_reason"].items()) or "none"
+    print(f"{res['processes']} processes on {len(res['hosts'])} host(s), mode {res['mode']}: {res['calls']} calls, "
+          f"{res['matched']} matched{share}; unmatched: {reasons}")
+    print(f"parallelism labels: {', '.join(res['label_source']) or '-'}; "
+          f"{'partial' if res['partial'] else 'complete'} -> {args.out}")
+    for note in res["notes"]:
+        print(f"note: {note}", file=sys.stderr)
+    for problem in res["problems"]:
+        print(f"warning: {problem}", file=sys.stderr)
+    return 2 if res["partial"] and args.strict else 0
+
+
+def _table_in(path: str, name: str) -> Path:
+    """``path`` itself, or ``path/name`` when ``path`` is a stage's output directory."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / name
+    if not p.exists():
+        raise FileNotFoundError(f"{p}: no such file (pass {name} or the directory holding it)")
+    return p
+
+
+def cmd_align(args: argparse.Namespace) -> int:
+    import tempfile
+
+    import pyarrow.parquet as pq
+
+    from .align.correlate import align_files
+    from .pipeline import alignment_summary
+    from .provenance import write_manifest
+
+    calls = _table_in(args.calls, "calls.parquet")
+    kernels = _table_in(args.kernels, "kernels.parquet")
+    beside = kernels.parent
+    session = Path(args.session) if args.session else beside / "session.json"
+    if args.session and not session.exists():
+        raise FileNotFoundError(f"{session}: no such session file")
+    launches = Path(args.launches) if args.launches else beside / "launches_without_kernel.parquet"
+    nvtx = None
+    if args.mode == "exact":
+        nvtx = Path(args.nvtx) if args.nvtx else beside / "nvtx.parquet"
+        if not nvtx.exists():
+            raise FileNotFoundError(f"{nvtx}: exact mode needs the export's nvtx.parquet (pass --nvtx)")
+    out = Path(args.out)
+    dest = out if out.suffix == ".parquet" else out / "alignment.parquet"
+    pids = pq.read_table(calls, columns=["pid"]).column("pid").unique().drop_null().to_pylist()
+    if args.pid is None and len(pids) > 1:
+        raise ValueError(f"{calls} holds the calls of {len(pids)} processes (pids {', '.join(map(str, pids[:6]))}"
+                         f"{', ...' if len(pids) > 6 else ''}); pass --pid or one process's parse-nccl directory")
+    with tempfile.TemporaryDirectory(prefix="nccltrace-align-") as tmp:
+        calls_used = calls
+        if args.pid is not None:
+            # The calls of one process out of a multi-process parse.
+            t = pq.read_table(calls, filters=[("pid", "=", args.pid)])
+            if t.num_rows == 0:
+                raise ValueError(f"{calls}: no calls of pid {args.pid}")
+            calls_used = Path(tmp) / "calls.parquet"
+            pq.write_table(t, calls_used)
+        table = align_files(calls_used, kernels, session if session.exists() else None, dest, mode=args.mode,
+                            nvtx_path=nvtx, launches_path=launches if launches.exists() else None, pid=args.pid)
+    summary = alignment_summary(table, args.mode)
+    # A named output file gets its own manifest rather than a shared manifest.json beside it.
+    manifest = dest.parent / ("manifest.json" if out.suffix != ".parquet" else f"{dest.stem}.manifest.json")
+    write_manifest(manifest, stage="align", inputs=[calls, kernels, session], outputs=[dest],
+                   config={"mode": args.mode, "pid": args.pid}, extra={"summary": summary})
+    reasons = ", ".join(f"{k} {v}" for k, v in summary["unmatched_by_reason"].items()) or "none"
+    print(f"{summary['calls']} calls, {summary['matched']} matched; unmatched: {reasons}; "
+          f"{summary['kernels_without_call']} kernels without a call -> {dest}")
+    if summary["calls"] and not summary["matched"] and not summary["kernels_without_call"]:
+        print(f"warning: {kernels} has no NCCL kernel of this process; is it the export of the process's node?",
+              file=sys.stderr)
+    return 0
+
+
+def _format_column(col) -> list[str]:
+    """Cells of one column: floats with 4 decimals unless the column holds whole numbers beyond
+    0/1 (sizes, microsecond settings; a column of scores that are all 1 keeps its decimals),
+    missing values as '-'."""
+    import pandas as pd
+
+    values = col.astype(object).tolist()
+    floats = [v for v in values if isinstance(v, float) and not pd.isna(v)]
+    integral = all(v.is_integer() and abs(v) < 1e15 for v in floats) and any(abs(v) >= 2 for v in floats)
+    cells = []
+    for v in values:
+        if pd.api.types.is_scalar(v) and pd.isna(v):
+            cells.append("-")
+        elif isinstance(v, float):
+            cells.append(str(int(v)) if integral else f"{v:.4f}")
+        else:
+            cells.append(str(v))
+    return cells
+
+
+def _print_table(title: str, df, file=None) -> None:
+    """A titled, underlined table with an optional note (``df.attrs['note']``) under the title."""
+    import pandas as pd
+
+    out = file or sys.stdout
+    print(f"\n{title}\n{'=' * len(title)}", file=out)
+    if df.attrs.get("note"):
+        print(df.attrs["note"], file=out)
+    shown = pd.DataFrame({c: _format_column(df[c]) for c in df.columns})
+    print(shown.to_string(index=False) if len(df) else "(no rows)", file=out)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from .pipeline import VALIDATION_SECTIONS, validation_tables
+
+    only = tuple(s.strip() for s in args.only.split(",") if s.strip()) if args.only else VALIDATION_SECTIONS
+    tables = validation_tables(only, quick=args.quick, workdir=args.workdir, campaign=args.campaign,
+                               progress=not args.quiet)
+    for title, df in tables.items():
+        _print_table(title, df)
+    if args.csv:
+        import re
+
+        out = Path(args.csv)
+        out.mkdir(parents=True, exist_ok=True)
+        for title, df in tables.items():
+            slug = re.sub(r"[^a-z0-9]+", "_", title.lower()).strip("_")[:60]
+            df.to_csv(out / f"{slug}.csv", index=False)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="nccltrace",
@@ -151,6 +305,58 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("parsed", nargs="+", help="directories written by `nccltrace parse-nccl`")
     s.add_argument("-o", "--out", required=True, help="output directory")
     s.set_defaults(func=cmd_communicators)
+
+    s = sub.add_parser("analyze", help="run every stage on one run's raw directory (no Snakemake)",
+                       description="Parse a run's NCCL logs (nccl/nccl_<host>_<pid>.log) and nsys exports "
+                                   "(nsys/<host>.sqlite), infer communicators, align calls with kernels per "
+                                   "process and build the enriched ops table, in the workflow's output layout "
+                                   "(parsed/, communicators/, aligned/, ops/) with manifests. RAW_DIR may also be "
+                                   "a flat directory of *.log and *.sqlite files. Declared sizes come from "
+                                   "RAW_DIR/run.yaml if present, overridden by --settings and the size flags.")
+    s.add_argument("raw_dir", metavar="RAW_DIR", help="the run's raw directory")
+    s.add_argument("-o", "--out", required=True, help="output directory")
+    s.add_argument("--mode", choices=("default", "thesis", "exact"), default="default",
+                   help="alignment mode (exact needs NCCL NVTX payloads in the exports; default: %(default)s)")
+    s.add_argument("--settings", help="YAML with run settings / declared sizes (tp, pp, ...; a run.yaml works)")
+    for name, what in _SIZE_FLAGS:
+        s.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, metavar="N", help=what)
+    s.add_argument("--distributed-optimizer", action="store_true", help="the run used Megatron's distributed "
+                   "optimizer")
+    s.add_argument("--strict", action="store_true", help="exit with status 2 when the result is partial")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    s.set_defaults(func=cmd_analyze)
+
+    s = sub.add_parser("align", help="correlate one process's call lines with its node's kernels",
+                       description="Align one process's parsed NCCL calls (calls.parquet from parse-nccl) with the "
+                                   "NCCL kernels of its node's export (kernels.parquet from parse-nsys); session, "
+                                   "launch and NVTX tables are taken from beside KERNELS unless given.")
+    s.add_argument("calls", metavar="CALLS", help="calls.parquet of one process, or its parse-nccl directory")
+    s.add_argument("kernels", metavar="KERNELS", help="kernels.parquet of the node, or its parse-nsys directory")
+    s.add_argument("-o", "--out", required=True, help="output directory (alignment.parquet + manifest.json) or "
+                   "a .parquet file")
+    s.add_argument("--session", help="session.json of the export (enables the time signal; default: beside "
+                   "KERNELS)")
+    s.add_argument("--mode", choices=("default", "thesis", "exact"), default="default",
+                   help="alignment mode (default: %(default)s)")
+    s.add_argument("--nvtx", help="nvtx.parquet for --mode exact (default: beside KERNELS)")
+    s.add_argument("--launches", help="launches_without_kernel.parquet (default: beside KERNELS)")
+    s.add_argument("--pid", type=int, help="the process to align when CALLS holds several")
+    s.set_defaults(func=cmd_align)
+
+    s = sub.add_parser("validate", help="print the accuracy figures against emulator ground truth",
+                       description="Emulate scenarios and score the analysis against their ground truth: "
+                                   "alignment (thesis table 4.5 beside ours; default mode on the example "
+                                   "campaign with every imperfection on), parallelism labels and communicator "
+                                   "fallback, clock sync errors of both methods, exact vs default alignment.")
+    s.add_argument("--quick", action="store_true", help="fewer, smaller scenarios (CI)")
+    s.add_argument("--only", metavar="SECTIONS", help="comma list of alignment,communicators,clock,exact "
+                   "(default: all)")
+    s.add_argument("--campaign", help="campaign config for the default-mode runs (default: config/config.yaml of "
+                   "the checkout)")
+    s.add_argument("--workdir", help="keep the emulated runs here (default: a temporary directory)")
+    s.add_argument("--csv", metavar="DIR", help="also write every table as CSV into DIR")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
+    s.set_defaults(func=cmd_validate)
 
     s = sub.add_parser("runs", help="list the run ids a campaign config expands to",
                        description="Validate a campaign config against the schema and list its runs.")

@@ -170,6 +170,9 @@ def _coerce(ops: pd.DataFrame) -> pd.DataFrame:
 def write_run_ops(result: RunOps, ops_path: Path | str, labels_path: Path | str, clock_path: Path | str) -> None:
     """Write the ops table, the parallelism labels and the clock model atomically."""
     write_table_atomic(pa.Table.from_pandas(result.ops, schema=OPS_SCHEMA, preserve_index=False), Path(ops_path))
-    write_table_atomic(pa.Table.from_pandas(result.labels, preserve_index=False), Path(labels_path))
+    from .parallelism import LABEL_SCHEMA
+
+    labels = pa.Table.from_pandas(result.labels[LABEL_SCHEMA.names], schema=LABEL_SCHEMA, preserve_index=False)
+    write_table_atomic(labels.replace_schema_metadata(LABEL_SCHEMA.metadata), Path(labels_path))
     clock = result.clock if len(result.clock) else pd.DataFrame({"clock_domain": pd.Series([], dtype="string")})
     write_table_atomic(pa.Table.from_pandas(clock, preserve_index=False), Path(clock_path))

@@ -7,7 +7,7 @@ sys.path.insert(0, str(Path(snakemake.scriptdir)))  # noqa: F821
 from _bootstrap import setup  # noqa: E402
 
 setup(snakemake)  # noqa: F821
-from nccltrace.align.correlate import align_files  # noqa: E402
+from nccltrace.align.correlate import align_files, process_key  # noqa: E402
 from nccltrace.provenance import write_manifest  # noqa: E402
 
 inp, out = snakemake.input, snakemake.output  # noqa: F821
@@ -15,7 +15,8 @@ mode = snakemake.params.mode  # noqa: F821
 version = snakemake.params.nccl_version  # noqa: F821
 table = align_files(inp.calls, inp.kernels, inp.session, out.alignment, mode=mode, launches_path=inp.launches,
                     nvtx_path=inp.nvtx if mode == "exact" else None,
-                    nccl_version=str(version) if version else None)
+                    nccl_version=str(version) if version else None,
+                    pid=process_key(snakemake.wildcards.proc)[1])  # noqa: F821
 calls = table[table["row_kind"] == "call"]
 summary = {
     "mode": mode,

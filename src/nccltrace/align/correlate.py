@@ -44,8 +44,8 @@ ALIGNMENT_SCHEMA = pa.schema(
         _f("reason", pa.string(), "", "why unmatched: 'duplicate_line', 'single_rank_communicator' (NCCL launches "
            "no kernel), 'no_kernel' (gap: kernel missing from the export or line order), 'ambiguous' (several "
            "equally good alignments disagree; left unmatched rather than guessed), 'kernel_record_missing' (the launch "
-           "call is in the export, its kernel record is not; kernel columns name the launch), 'no_log_line' (kernel "
-           "rows), "
+           "call is in the export, its kernel record is not; kernel columns name the launch), 'no_export' (the "
+           "process's node has no nsys export), 'no_log_line' (kernel rows), "
            "'unparsed' (thesis mode: not an op it aligns); null when matched"),
         _f("confidence", pa.float64(), "", "0..1: share of the available evidence (family, dtype, stream, time) "
            "that confirms the match; 1.0 for exact matches; null when unmatched"),

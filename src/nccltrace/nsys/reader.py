@@ -638,8 +638,10 @@ class NsysExport:
             return _frame(_rows_to_columns([], names), RUNTIME_COLUMNS)
         exists = ""
         if "CUPTI_ACTIVITY_KIND_KERNEL" in self._tables:
-            exists = f"""AND NOT EXISTS (SELECT 1 FROM CUPTI_ACTIVITY_KIND_KERNEL k WHERE k.correlationId = r.correlationId
-                              AND (k.globalPid & {_GPID_MASK}) = (r.globalTid & {_GPID_MASK}))"""
+            # non-correlated anti-join: SQLite builds the key set once (a correlated NOT EXISTS
+            # scans the unindexed kernel table per launch)
+            exists = f"""AND (r.correlationId, r.globalTid & {_GPID_MASK}) NOT IN
+                              (SELECT k.correlationId, k.globalPid & {_GPID_MASK} FROM CUPTI_ACTIVITY_KIND_KERNEL k)"""
         rows = self._query(
             f"""SELECT r.start, r.end, {self._col(t, 'r', 'eventClass')}, r.globalTid, (r.globalTid >> 24) & 16777215,
                        r.globalTid & 16777215, r.correlationId, s.value, NULL, {self._col(t, 'r', 'returnValue')}

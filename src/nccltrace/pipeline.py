@@ -1,0 +1,659 @@
+"""Analyse one run without Snakemake: the workflow's stages in order, into the workflow's layout.
+
+:func:`analyze_run` takes a run's raw directory and runs, in one process, what the workflow's
+rules run per run: NCCL logs parsed per process, nsys exports per node, the parse summary,
+logical communicators, the call <-> kernel alignment per process and the enriched ops table.
+Outputs and manifests land where the workflow puts them under ``results/<campaign>/<run>/``::
+
+    parsed/nccl/<proc>/       calls.parquet, comms.parquet, ..., parse_report.json, manifest.json
+    parsed/nsys/<export>/     kernels.parquet, nvtx.parquet, ..., session.json, manifest.json
+    parsed/parse_summary.json (+ parsed/manifest.json)
+    communicators/            communicators.parquet, communicator_members.parquet, manifest.json
+    aligned/<proc>/           alignment.parquet, manifest.json
+    ops/                      ops.parquet, parallelism.parquet, clock_sync.parquet, manifest.json
+    manifest.json             stage 'analyze': raw inputs, settings, partial, problems
+
+Inputs. ``raw_dir`` is either the workflow's ``raw/`` layout (``nccl/nccl_<host>_<pid>.log``,
+``nsys/<host>.sqlite``, optional ``run.yaml``) or a flat directory holding the ``*.log`` and
+``*.sqlite`` files. Logs must be named ``nccl_<host>_<pid>.log`` (``NCCL_DEBUG_FILE=nccl_%h_%p.log``):
+the name is what ties a process to its node's export. In a flat directory other ``*.log`` files
+(job stdout, SLURM logs) are skipped and listed in the result. An export belongs to the host of
+its file name, or else to the hostname recorded in the export (also its part before the first dot).
+
+Missing inputs. No NCCL log, no export, or no process whose host has an export: an error (a
+``FileNotFoundError`` naming what is missing and how to produce it). A process whose host has no
+export still gets ``aligned/<proc>/alignment.parquet``: every call line that needed a kernel is
+``unmatched`` with reason ``'no_export'`` (duplicate lines and calls on single-rank communicators
+keep their own reasons, which hold without an export); its manifest, the ops manifest and the
+run manifest are flagged ``partial``. Fewer logs than the world size, fewer exports than nodes
+(when the settings know the node count), and NCCL kernels of pids that have no log also flag the
+run partial.
+
+Settings. Declared parallel sizes label the communicators (``nccltrace.parallelism``). They come
+from ``run.yaml`` in ``raw_dir`` (the emulator writes one), overridden key by key by
+``settings``. Without a world size (``world_size``, ``nodes`` + ``gpus_per_node``, or ``dp``) the
+size of the world communicator from the init lines is used. With no settings at all, the
+thesis's heuristic labels are used (``label_source = 'heuristic'``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+__all__ = [
+    "NO_EXPORT_REASON",
+    "VALIDATION_SECTIONS",
+    "RawInputs",
+    "alignment_summary",
+    "analyze_run",
+    "default_campaign_path",
+    "find_raw_inputs",
+    "resolve_settings",
+    "validation_tables",
+]
+
+NO_EXPORT_REASON = "no_export"
+"""Alignment reason of call lines of a process whose node has no nsys export."""
+
+_LOG_HINT = ("write one NCCL debug log per process with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,COLL "
+             "NCCL_DEBUG_FILE=<dir>/nccl_%h_%p.log")
+_EXPORT_HINT = "export each node's report with `nsys export --type sqlite --output <host>.sqlite <report>.nsys-rep`"
+_WORLD_KEYS = ("world_size", "world", "dp", "data_parallel_size")
+
+
+@dataclass
+class RawInputs:
+    """The files of one run found in a raw directory."""
+
+    raw_dir: Path
+    logs: dict[str, Path]  # process name (log file stem) -> log
+    exports: dict[str, Path]  # export file stem -> SQLite export
+    run_yaml: Path | None
+    ignored_logs: list[Path] = field(default_factory=list)
+
+    def host_of(self, proc: str) -> str:
+        from .align.correlate import process_key
+
+        return process_key(proc)[0]
+
+
+def find_raw_inputs(raw_dir: Path | str) -> RawInputs:
+    """Find the per-process NCCL logs, per-node exports and ``run.yaml`` of a raw directory
+    (workflow layout or flat; see the module docstring). Raises ``FileNotFoundError`` when the
+    directory, every log or every export is missing."""
+    from .align.correlate import process_key
+
+    raw = Path(raw_dir)
+    if not raw.is_dir():
+        raise FileNotFoundError(f"{raw}: no such directory (pass the run's raw directory with nccl/ and nsys/)")
+    log_dir = raw / "nccl" if (raw / "nccl").is_dir() else raw
+    nsys_dir = raw / "nsys" if (raw / "nsys").is_dir() else raw
+    logs: dict[str, Path] = {}
+    ignored: list[Path] = []
+    for p in sorted(log_dir.glob("*.log")):
+        try:
+            # Only the NCCL_DEBUG_FILE naming ties a log to its node (job_7.log would parse as host 'job').
+            if not p.stem.startswith("nccl_"):
+                raise ValueError(p.stem)
+            process_key(p.stem)
+        except ValueError:
+            ignored.append(p)
+            continue
+        logs[p.stem] = p
+    exports = {p.stem: p for p in sorted(nsys_dir.glob("*.sqlite"))}
+    if not logs:
+        found = f" (found {', '.join(p.name for p in ignored[:5])}, not named nccl_<host>_<pid>.log)" if ignored else ""
+        raise FileNotFoundError(f"no NCCL logs in {log_dir}{found}: expected one nccl_<host>_<pid>.log per process "
+                                f"(in {raw / 'nccl'} or directly in {raw}); {_LOG_HINT}")
+    if not exports:
+        reports = sorted({*nsys_dir.glob("*.nsys-rep"), *nsys_dir.glob("*.qdrep")})
+        found = f" (found {', '.join(p.name for p in reports[:5])}, not exported yet)" if reports else ""
+        raise FileNotFoundError(f"no nsys exports in {nsys_dir}{found}: expected one <host>.sqlite per node (in "
+                                f"{raw / 'nsys'} or directly in {raw}); {_EXPORT_HINT}")
+    run_yaml = raw / "run.yaml"
+    return RawInputs(raw, logs, exports, run_yaml if run_yaml.is_file() else None, ignored)
+
+
+def _flatten(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """A run.yaml-style mapping (``config`` and ``derived`` nested) as one flat mapping, with
+    the precedence of ``ParallelSizes.from_settings``: top level over config over derived."""
+    flat: dict[str, Any] = {}
+    for part in (settings.get("derived"), settings.get("config")):
+        if isinstance(part, Mapping):
+            flat.update(part)
+    flat.update({k: v for k, v in settings.items() if k not in ("config", "derived")})
+    return flat
+
+
+def resolve_settings(run_yaml: Path | None, settings: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Run settings: ``run.yaml`` overridden key by key by ``settings`` (both may nest
+    ``config``/``derived``); None when neither gives any."""
+    import yaml
+
+    merged: dict[str, Any] = {}
+    if run_yaml is not None:
+        data = yaml.safe_load(run_yaml.read_text()) or {}
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{run_yaml}: expected a mapping (run settings), got {type(data).__name__}")
+        merged.update(_flatten(data))
+    merged.update({k: v for k, v in _flatten(settings or {}).items() if v is not None})
+    return merged or None
+
+
+def _check_sizes(settings: dict[str, Any] | None, world_size: int | None, source: str) -> dict[str, Any] | None:
+    """Settings with a world size filled in from the init lines when none is declared; raises
+    ``ValueError`` naming the field when the declared sizes cannot describe the run."""
+    from .parallelism import ParallelSizes
+
+    if settings is None:
+        return None
+    s = dict(settings)
+    has_world = any(s.get(k) is not None for k in _WORLD_KEYS) or (
+        s.get("nodes") is not None and s.get("gpus_per_node") is not None)
+    if not has_world and world_size:
+        s["world_size"] = int(world_size)
+    try:
+        ParallelSizes.from_settings(s)
+    except ValueError as exc:
+        raise ValueError(f"declared parallel sizes ({source}): {exc}") from None
+    return s
+
+
+def _bar(total: int, desc: str, unit: str, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, file=sys.stderr, leave=False)
+
+
+def _remove_stale(stage_dir: Path, keep: set[str]) -> None:
+    """Drop per-process/per-node directories of an earlier analysis into the same output that
+    this run does not have, so ``out_dir`` describes one run. Only directories holding a
+    manifest (written by nccltrace) are removed."""
+    if not stage_dir.is_dir():
+        return
+    for d in stage_dir.iterdir():
+        if d.is_dir() and d.name not in keep and (d / "manifest.json").exists():
+            shutil.rmtree(d)
+
+
+def _map_hosts(inputs: RawInputs, sessions: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Log host -> export stem: the export named after the host, else the one whose recorded
+    hostname (or its short form) is the host."""
+    by_name: dict[str, str] = {}
+    for stem, info in sessions.items():
+        hn = info.get("hostname")
+        if hn:
+            by_name.setdefault(str(hn), stem)
+            by_name.setdefault(str(hn).split(".")[0], stem)
+    out: dict[str, str] = {}
+    for proc in inputs.logs:
+        host = inputs.host_of(proc)
+        if host in inputs.exports:
+            out[host] = host
+        elif host in by_name:
+            out[host] = by_name[host]
+    return out
+
+
+def _align_without_export(calls_path: Path, kernel_schema_from: Path, out_path: Path) -> pd.DataFrame:
+    """Alignment table of a process whose node has no export: no kernel can be matched."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from .align.correlate import ALIGNMENT_SCHEMA, align_process
+    from .tables import read_table, write_table_atomic
+
+    calls = read_table(calls_path)
+    # An empty kernels frame with the parsed kernels' columns and dtypes (as align_files reads them).
+    no_kernels = pq.read_schema(kernel_schema_from).empty_table().to_pandas(
+        types_mapper={pa.int64(): pd.Int64Dtype(), pa.uint64(): pd.UInt64Dtype()}.get)
+    # Default mode on an empty kernel sequence keeps the reasons that need no export
+    # (duplicate lines, single-rank communicators); every other call lacked its kernel only
+    # because nothing was exported.
+    table = align_process(calls, no_kernels, mode="default")
+    need = (table["row_kind"] == "call") & (table["reason"] == "no_kernel")
+    table.loc[need, "reason"] = NO_EXPORT_REASON
+    write_table_atomic(pa.Table.from_pandas(table, schema=ALIGNMENT_SCHEMA, preserve_index=False), out_path)
+    return table
+
+
+def alignment_summary(table: pd.DataFrame, mode: str) -> dict[str, Any]:
+    """Counts of an alignment table (as the workflow's align manifests record them)."""
+    calls = table[table["row_kind"] == "call"]
+    return {
+        "mode": mode,
+        "calls": len(calls),
+        "matched": int((calls["status"] == "matched").sum()),
+        "unmatched_by_reason": {str(k): int(v) for k, v in calls["reason"].value_counts().items()},
+        "kernels_without_call": int((table["row_kind"] == "kernel").sum()),
+    }
+
+
+def _parse_summary(parsed: Path, procs: list[str], stems: list[str], expected_procs: int | None,
+                   expected_nodes: int | None) -> dict[str, Any]:
+    """The workflow's parse summary (per-process totals, issues, missing ranks/nodes)."""
+    totals: Counter = Counter()
+    per_process, per_node, issues = [], [], []
+    for proc in procs:
+        data = json.loads((parsed / "nccl" / proc / "parse_report.json").read_text())
+        totals.update(data["totals"])
+        per_process.append({"process": proc, "partial": data["partial"], "totals": data["totals"]})
+        for f in data["files"]:
+            issues += [{"process": proc, **i} for i in f["issues"]]
+    for stem in stems:
+        per_node.append({"host": stem, **json.loads((parsed / "nsys" / stem / "session.json").read_text())})
+    missing_p = max(0, (expected_procs or 0) - len(procs))
+    missing_n = max(0, (expected_nodes or 0) - len(stems))
+    if missing_p:
+        issues.append({"severity": "error", "line": None,
+                       "message": f"{missing_p} of {expected_procs} rank logs are missing"})
+    if missing_n:
+        issues.append({"severity": "error", "line": None,
+                       "message": f"{missing_n} of {expected_nodes} node exports are missing"})
+    return {
+        "processes": len(procs), "expected_processes": expected_procs, "nodes": len(stems),
+        "expected_nodes": expected_nodes, "totals": dict(sorted(totals.items())),
+        "partial": any(p["partial"] for p in per_process) or bool(missing_p or missing_n),
+        "issues": issues, "per_process": per_process, "per_node": per_node,
+    }  # fmt: skip
+
+
+def _int_or_none(v: Any) -> int | None:
+    try:
+        return int(v) if v is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[str, Any] | None = None,
+                mode: str = "default", progress: bool = True) -> dict[str, Any]:  # fmt: skip
+    """Run every analysis stage on one run (see the module docstring for inputs, outputs and
+    how missing inputs are handled). ``mode``: alignment mode (``default``, ``thesis``,
+    ``exact``). Returns a summary: processes, hosts, calls, matched, partial, problems,
+    ignored logs, the resolved settings and the output paths."""
+    import pyarrow.parquet as pq
+
+    from .align.correlate import MODES, align_files, process_key
+    from .communicators import infer_run_communicators
+    from .nccl.log_reader import parse_logs
+    from .nsys.reader import NsysExport
+    from .ops import build_run_ops, write_run_ops
+    from .provenance import write_manifest
+    from .tables import write_json_atomic
+
+    if mode not in MODES:
+        raise ValueError(f"unknown alignment mode {mode!r}; use one of {', '.join(MODES)}")
+    inputs = find_raw_inputs(raw_dir)
+    out = Path(out_dir)
+    parsed = out / "parsed"
+    procs = sorted(inputs.logs)
+    stems = sorted(inputs.exports)
+    source = " + ".join(s for s, v in (("run.yaml", inputs.run_yaml), ("given settings", settings)) if v)
+    run_settings = resolve_settings(inputs.run_yaml, settings)
+    problems: list[str] = []  # anything that makes the result partial
+    notes: list[str] = []  # worth saying, not a gap in the result
+    if inputs.ignored_logs:
+        notes.append(f"ignored {len(inputs.ignored_logs)} log(s) not named nccl_<host>_<pid>.log: "
+                     f"{', '.join(p.name for p in inputs.ignored_logs[:5])}")
+    for stage_dir, keep in ((parsed / "nccl", set(procs)), (parsed / "nsys", set(stems)), (out / "aligned", set(procs))):
+        _remove_stale(stage_dir, keep)
+
+    # 1. NCCL logs, one process at a time (as the workflow's per-process jobs).
+    with _bar(len(procs), "parse NCCL logs", "proc", progress) as bar:
+        for proc in procs:
+            log = inputs.logs[proc]
+            dest = parsed / "nccl" / proc
+            report = parse_logs([log], dest, base=log.parent)
+            counts = report.counts
+            if not (counts["call"] or counts["init"] or counts["split"]):
+                notes.append(f"{log.name} has no NCCL call or init lines (NCCL_DEBUG=INFO not set, or a rank "
+                             "that never reached NCCL?)")
+            write_manifest(dest / "manifest.json", stage="parse_nccl", inputs=[log], outputs=[dest],
+                           partial=report.partial, config=run_settings)
+            bar.update(1)
+
+    # 2. nsys exports, one node at a time.
+    sessions: dict[str, dict[str, Any]] = {}
+    with _bar(len(stems), "parse nsys exports", "node", progress) as bar:
+        for stem in stems:
+            dest = parsed / "nsys" / stem
+            with NsysExport.open(inputs.exports[stem]) as export:
+                written = export.export_tables(dest)
+            write_manifest(dest / "manifest.json", stage="parse_nsys", inputs=[inputs.exports[stem]],
+                           outputs=list(written.values()), config=run_settings)
+            sessions[stem] = json.loads((dest / "session.json").read_text())
+            bar.update(1)
+    host_export = _map_hosts(inputs, sessions)
+    log_hosts = sorted({inputs.host_of(p) for p in procs})
+    if not host_export:
+        raise FileNotFoundError(
+            f"no nsys export belongs to a host of the NCCL logs (log hosts: {', '.join(log_hosts)}; exports: "
+            f"{', '.join(f'{s}.sqlite' for s in stems)}); name each export <host>.sqlite after the host in its "
+            f"logs' names, or {_EXPORT_HINT}")
+    no_export = [h for h in log_hosts if h not in host_export]
+    if no_export:
+        problems.append(f"no nsys export for host(s) {', '.join(no_export)}: their calls are unmatched "
+                        f"({NO_EXPORT_REASON!r}); {_EXPORT_HINT}")
+
+    # 3. Communicators (exact, from init/split lines); their world size completes the settings.
+    comm_out = out / "communicators"
+    comm = infer_run_communicators([parsed / "nccl" / p for p in procs], comm_out)
+    incomplete = comm.communicators[~comm.communicators["complete"].astype(bool)] if len(comm.communicators) else []
+    write_manifest(comm_out / "manifest.json", stage="communicators",
+                   inputs=[parsed / "nccl" / p / "comms.parquet" for p in procs],
+                   outputs=[comm_out / "communicators.parquet", comm_out / "communicator_members.parquet"],
+                   partial=bool(len(incomplete)))  # fmt: skip
+    if len(comm.communicators) == 0:
+        raise ValueError(f"no communicator init lines in the NCCL logs of {inputs.raw_dir}: the analysis needs "
+                         f"them to relate processes; {_LOG_HINT}")
+    run_settings = _check_sizes(run_settings, comm.world_size, source)
+    expected_procs = _int_or_none(comm.world_size)
+    expected_nodes = None
+    if run_settings is not None:
+        from .parallelism import ParallelSizes
+
+        expected_procs = ParallelSizes.from_settings(run_settings).world_size
+        expected_nodes = _int_or_none(run_settings.get("nodes"))
+    if expected_procs and len(procs) < expected_procs:
+        problems.append(f"{expected_procs - len(procs)} of {expected_procs} rank logs are missing")
+    if expected_nodes and len(stems) < expected_nodes:
+        problems.append(f"{expected_nodes - len(stems)} of {expected_nodes} node exports are missing")
+    if len(incomplete):
+        problems.append(f"{len(incomplete)} incomplete communicator(s) (members without a log)")
+
+    summary = _parse_summary(parsed, procs, stems, expected_procs, expected_nodes)
+    summary["run"] = run_settings.get("run_id") if run_settings else None
+    write_json_atomic(parsed / "parse_summary.json", summary)
+    write_manifest(parsed / "manifest.json", stage="parse_summary",
+                   inputs=[parsed / "nccl" / p / "parse_report.json" for p in procs]
+                   + [parsed / "nsys" / s / "session.json" for s in stems],
+                   outputs=[parsed / "parse_summary.json"], config=run_settings, partial=summary["partial"])
+
+    # NCCL kernels of processes that left no log: their calls cannot be in the ops table.
+    logged = {process_key(p) for p in procs}
+    for host, stem in sorted(host_export.items()):
+        pids = pq.read_table(parsed / "nsys" / stem / "kernels.parquet", columns=["pid"]).column("pid")
+        orphan = sorted({int(x) for x in pids.drop_null().to_pylist()} - {pid for h, pid in logged if h == host})
+        if orphan:
+            problems.append(f"host {host}: NCCL kernels of pid(s) {', '.join(map(str, orphan[:8]))} without a log")
+
+    # 4. Alignment per process.
+    if mode == "exact":
+        _require_payloads(parsed, sorted(set(host_export.values())))
+    aligned: dict[str, Path] = {}
+    align_summary: dict[str, dict[str, Any]] = {}
+    with _bar(len(procs), f"align ({mode})", "proc", progress) as bar:
+        for proc in procs:
+            host = inputs.host_of(proc)
+            calls_path = parsed / "nccl" / proc / "calls.parquet"
+            dest = out / "aligned" / proc / "alignment.parquet"
+            stem = host_export.get(host)
+            if stem is None:
+                table = _align_without_export(calls_path, parsed / "nsys" / stems[0] / "kernels.parquet", dest)
+                inputs_used = [calls_path]
+                partial, note = True, f"no nsys export for host {host}"
+            else:
+                nd = parsed / "nsys" / stem
+                # A log without call lines carries no pid in its calls: take it from the file name.
+                pid = None if pq.read_metadata(calls_path).num_rows else process_key(proc)[1]
+                table = align_files(calls_path, nd / "kernels.parquet", nd / "session.json", dest, mode=mode,
+                                    launches_path=nd / "launches_without_kernel.parquet",
+                                    nvtx_path=nd / "nvtx.parquet" if mode == "exact" else None, pid=pid)
+                inputs_used = [calls_path, nd / "kernels.parquet", nd / "session.json"]
+                partial, note = False, None
+            align_summary[proc] = alignment_summary(table, mode)
+            extra = {"summary": align_summary[proc], **({"problem": note} if note else {})}
+            write_manifest(dest.parent / "manifest.json", stage="align", inputs=inputs_used, outputs=[dest],
+                           config={"mode": mode}, partial=partial, extra=extra)
+            aligned[proc] = dest
+            bar.update(1)
+
+    # 5. The run's enriched ops (labels, instances, clock sync).
+    ops_dir = out / "ops"
+    session_paths = {stem: parsed / "nsys" / stem / "session.json" for stem in stems}
+    # ops joins sessions on the calls' host; exports found by recorded hostname need that key too.
+    session_paths.update({host: parsed / "nsys" / stem / "session.json" for host, stem in host_export.items()})
+    result = build_run_ops([aligned[p] for p in procs], [parsed / "nccl" / p for p in procs],
+                           comm_out / "communicators.parquet", comm_out / "communicator_members.parquet",
+                           session_paths, run_settings)  # fmt: skip
+    write_run_ops(result, ops_dir / "ops.parquet", ops_dir / "parallelism.parquet", ops_dir / "clock_sync.parquet")
+    problems += [p for p in result.problems if p not in problems]
+    calls = result.ops[result.ops["row_kind"] == "call"]
+    n_calls, n_matched = len(calls), int((calls["status"] == "matched").sum())
+    partial = bool(result.partial or summary["partial"] or no_export or problems)
+    ops_outputs = [ops_dir / "ops.parquet", ops_dir / "parallelism.parquet", ops_dir / "clock_sync.parquet"]
+    write_manifest(ops_dir / "manifest.json", stage="ops",
+                   inputs=[*aligned.values(), comm_out / "communicators.parquet",
+                           comm_out / "communicator_members.parquet", *dict.fromkeys(session_paths.values())],
+                   outputs=ops_outputs, config=run_settings, partial=partial,
+                   extra={"problems": problems, "calls": n_calls, "matched": n_matched})  # fmt: skip
+
+    out_summary: dict[str, Any] = {
+        "raw_dir": str(inputs.raw_dir), "out_dir": str(out), "mode": mode,
+        "processes": len(procs), "hosts": log_hosts, "exports": {h: f"{s}.sqlite" for h, s in host_export.items()},
+        "hosts_without_export": no_export, "ignored_logs": [str(p) for p in inputs.ignored_logs],
+        "calls": n_calls, "matched": n_matched,
+        "unmatched_by_reason": {str(k): int(v) for k, v in calls["reason"].value_counts().items()},
+        "partial": partial, "problems": problems, "notes": notes, "settings": run_settings,
+        "label_source": sorted(set(result.labels["label_source"].astype(str))) if len(result.labels) else [],
+        "outputs": {"ops": str(ops_outputs[0]), "parallelism": str(ops_outputs[1]), "clock_sync": str(ops_outputs[2]),
+                    "communicators": str(comm_out / "communicators.parquet"),
+                    "parse_summary": str(parsed / "parse_summary.json")},
+    }  # fmt: skip
+    raw_files = [*inputs.logs.values(), *inputs.exports.values(), *([inputs.run_yaml] if inputs.run_yaml else [])]
+    write_manifest(out / "manifest.json", stage="analyze", inputs=raw_files,
+                   outputs=[*ops_outputs, parsed / "parse_summary.json"], config=run_settings, partial=partial,
+                   extra={"summary": {k: v for k, v in out_summary.items() if k not in ("settings", "outputs")}})
+    return out_summary
+
+
+def _require_payloads(parsed: Path, stems: list[str]) -> None:
+    """Exact mode needs NCCL NVTX payloads in every export used; say which one lacks them."""
+    from .align.exact import has_nccl_payloads
+    from .tables import read_table
+
+    lacking = [s for s in stems if not has_nccl_payloads(read_table(parsed / "nsys" / s / "nvtx.parquet"))]
+    if lacking:
+        raise ValueError(
+            f"exact mode: export(s) {', '.join(f'{s}.sqlite' for s in lacking)} carry no NCCL NVTX payloads (needs "
+            "NCCL >= 2.16.2 and `nsys export --type sqlite` with payloads kept, e.g. --include-blobs=true); "
+            "use --mode default")
+
+
+# --------------------------------------------------------------------------- accuracy figures
+
+VALIDATION_SECTIONS = ("alignment", "communicators", "clock", "exact")
+
+# --quick: CI-sized scenarios. One campaign run per model, one iteration each.
+_QUICK_CAMPAIGN_RUNS = ("dense_A100_tp1_pp1_ep1_cp1_vpp1_sp0_dp4", "dense_reduced_A100_tp4_pp1_ep1_cp1_vpp1_sp1_dp1",
+                        "dense_moe_A100_tp1_pp1_ep4_cp1_vpp1_sp0_dp4_a2a")
+_QUICK_COMM_CONFIGS = ["tp2_pp2", "moe_ep4_alltoall"]
+_QUICK_CLOCK_GRID = ((2, 100_000_000, 50.0, 5_000_000),)
+# Exact-vs-default scenarios: NCCL >= 2.25.1 puts communicator ids in the NVTX payloads.
+_EXACT_BASE = {
+    "model": "tiny", "num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 64,
+    "vocab_size": 512, "micro_batch_size": 1, "global_batch_size": 8, "precision": "bf16", "seed": 11,
+    "nccl_version": "2.26.2", "nvtx_payloads": "json", "nsys_version": "2024.6",
+}  # fmt: skip
+_EXACT_SCENARIOS = {
+    "tp2_pp2_2nodes": {"nodes": 2, "gpus_per_node": 2, "tp": 2, "pp": 2},
+    "pp4": {"nodes": 1, "gpus_per_node": 4, "pp": 4},
+    "dp4": {"nodes": 1, "gpus_per_node": 4},
+}
+
+
+def default_campaign_path() -> Path | None:
+    """The example campaign config of a source checkout (``config/config.yaml``), if present."""
+    p = Path(__file__).resolve().parents[2] / "config" / "config.yaml"
+    return p if p.is_file() else None
+
+
+def _log(progress: bool, msg: str) -> None:
+    if progress:
+        print(f"[validate] {msg}", file=sys.stderr, flush=True)
+
+
+def _alignment_tables(work: Path, quick: bool, campaign: Path | None, progress: bool) -> dict[str, pd.DataFrame]:
+    import time
+
+    from .campaign import expand_campaign, load_campaign
+    from .emulator.run import emulate_run
+    from .validation.alignment import ALL_KNOBS, align_run, load_emulated, score_alignment, table_4_5
+
+    t0 = time.perf_counter()
+    t = table_4_5(("thesis", "default"), workdir=work / "table_4_5")
+    table = pd.DataFrame({
+        "scenario": t["scenario"],
+        "paper SW": t["thesis_sliding_window"], "paper NW": t["thesis_nw"],
+        "ours SW": t["sliding_window_f1"], "ours thesis NW": t["thesis_f1"],
+        "default F1": t["default_f1"], "default P": t["default_precision"], "default R": t["default_recall"],
+    })  # fmt: skip
+    table.attrs["note"] = ("paper: the thesis's reported F1 (sliding window, Needleman-Wunsch); ours: the same "
+                           "methods and our default mode on emulated runs of the scenarios")
+    _log(progress, f"table 4.5 done ({time.perf_counter() - t0:.0f} s)")
+    out = {"Alignment: thesis table 4.5 (F1, 4 ranks x 200 ops) beside ours": table}
+    if campaign is None:
+        _log(progress, "no campaign config: skipping the campaign runs (pass --campaign)")
+        return out
+    runs = expand_campaign(load_campaign(campaign))
+    if quick:
+        runs = [r for r in runs if r.run_id in _QUICK_CAMPAIGN_RUNS] or runs[:1]
+    rows = []
+    for run in runs:
+        t0 = time.perf_counter()
+        s = {k: v for k, v in run.settings.items() if k != "backend"}
+        s["imperfections"] = {**(s.get("imperfections") or {}), **ALL_KNOBS}
+        if quick:
+            s["iterations"] = 1
+        raw = work / "campaign" / run.run_id / "raw"
+        emulate_run(s, raw)
+        inputs = load_emulated(raw, raw.parent / "parsed")
+        sc = score_alignment(align_run(inputs, "default"), inputs.truth)
+        rows.append({"run": run.run_id, "iterations": s.get("iterations"), "calls": sc["tp"] + sc["fn"],
+                     "precision": sc["precision"], "recall": sc["recall"], "F1": sc["f1"], "tp": sc["tp"],
+                     "fp": sc["fp"], "fn": sc["fn"], "ambiguous": sc["ambiguous"]})  # fmt: skip
+        _log(progress, f"{run.run_id}: F1 {sc['f1']:.4f} ({time.perf_counter() - t0:.0f} s)")
+    title = "Alignment: default mode on the example campaign, every imperfection knob on"
+    table = pd.DataFrame(rows)
+    table.attrs["note"] = ("calls: call lines whose kernel is in the export; ambiguous: left unmatched rather "
+                           "than guessed" + ("; --quick: one run per model, 1 iteration" if quick else ""))
+    out[title] = table
+    return out
+
+
+def _communicator_tables(work: Path, quick: bool, progress: bool) -> dict[str, pd.DataFrame]:
+    from .validation.communicators import fallback_accuracy, label_accuracy
+
+    names = _QUICK_COMM_CONFIGS if quick else None
+    styles = (("plain", "2.21.5"), ("split", "2.24.3")) if quick else (("plain", "2.21.5"), ("split", "2.24.3"),
+                                                                       ("split", "2.18.3"))  # fmt: skip
+    summary, _details = label_accuracy(names, work / "communicators", styles=styles)
+    _log(progress, "parallelism labels done")
+    fallback = fallback_accuracy(names, work / "communicators", variants=("clean",) if quick else ("clean", "lost-lines"))
+    _log(progress, "communicator fallback done")
+    labels = summary[["config", "init_style", "nccl_version", "world_size", "communicators", "exact", "ambiguous",
+                      "wrong", "unmatched", "correct", "ops", "ops_correct", "ambiguous_as"]]  # fmt: skip
+    fb = fallback[["config", "logs", "method", "pointers", "pointers_grouped_correctly", "pair_precision",
+                   "pair_recall", "global_rank_accuracy", "rank_in_comm_determined", "rank_in_comm_accuracy"]]
+    labels.attrs["note"] = ("correct = exact + ambiguous (identical member sets the logs cannot separate; "
+                            "ambiguous_as: true~labelled)")
+    fb.attrs["note"] = "init lines ignored; communicators inferred from call sequences (thesis vs improved)"
+    return {"Parallelism labels from declared sizes (per communicator and per op)": labels,
+            "Communicator fallback without init lines (sequence-based)": fb}
+
+
+def _clock_tables(work: Path, quick: bool, progress: bool) -> dict[str, pd.DataFrame]:
+    from .validation.clock import DEFAULT_GRID, clock_sync_grid
+
+    grid = clock_sync_grid(work / "clock", grid=_QUICK_CLOCK_GRID if quick else DEFAULT_GRID,
+                           iterations=1 if quick else 2)
+    _log(progress, "clock sync done")
+    us = 1e-3
+    table = pd.DataFrame({
+        "nodes": grid["nodes"], "drift_ppm": grid["drift_ppm_max"], "skew_us": grid["skew_max_ns"] * us,
+        "method": grid["method"],
+        "end med us": grid["end_err_median_ns"] * us, "end p95 us": grid["end_err_p95_ns"] * us,
+        "end max us": grid["end_err_max_ns"] * us, "start med us": grid["start_err_median_ns"] * us,
+        "start p95 us": grid["start_err_p95_ns"] * us, "start max us": grid["start_err_max_ns"] * us,
+        "offset err us": grid.get("offset_err_max_ns", pd.Series(dtype=float)) * us,
+        "drift err ppm": grid.get("drift_err_max_ppm", pd.Series(dtype=float)),
+    })  # fmt: skip
+    table.attrs["note"] = ("median / p95 / max of |corrected - true| kernel end and start times in microseconds; "
+                           "robust_wls_end: ours (collective ends, offset + drift); thesis_start_median[_spanning]: "
+                           "the thesis's method")
+    return {"Clock sync: |error| of corrected kernel times (offsets up to +-100 ms)": table}
+
+
+def _exact_tables(work: Path, quick: bool, progress: bool) -> dict[str, pd.DataFrame]:
+    from .align.exact import compare_alignment
+    from .emulator.run import emulate_run
+    from .validation.alignment import ALL_KNOBS, align_run, load_emulated, score_alignment
+
+    scenarios = dict(list(_EXACT_SCENARIOS.items())[:1]) if quick else _EXACT_SCENARIOS
+    rows = []
+    for name, sizes in scenarios.items():
+        cfg = {**_EXACT_BASE, **sizes, "iterations": 2 if quick else 4, "imperfections": dict(ALL_KNOBS)}
+        raw = work / "exact" / name / "raw"
+        emulate_run(cfg, raw)
+        inputs = load_emulated(raw, raw.parent / "parsed", need_nvtx=True)
+        tables = {mode: align_run(inputs, mode) for mode in ("exact", "default", "thesis")}
+        exact_calls = tables["exact"][tables["exact"]["row_kind"] == "call"]
+        for mode, table in tables.items():
+            truth = score_alignment(table, inputs.truth)
+            calls = table[(table["row_kind"] == "call") & (table["status"] == "matched")]
+            vs = compare_alignment(exact_calls, calls) if mode != "exact" else None
+            rows.append({
+                "run": name, "mode": mode, "truth P": truth["precision"], "truth R": truth["recall"],
+                "truth F1": truth["f1"], "vs exact P": vs["precision"] if vs else None,
+                "vs exact R": vs["recall"] if vs else None, "vs exact F1": vs["f1"] if vs else None,
+                "unscored": vs["unscored"] if vs else None,
+            })  # fmt: skip
+        _log(progress, f"exact {name} done")
+    title = "Exact (NVTX payloads, NCCL 2.26.2, nsys 2024.6) vs default and thesis mode, every knob on"
+    table = pd.DataFrame(rows).astype({"unscored": "Int64"})
+    table.attrs["note"] = ("truth: scored against emulator ground truth; vs exact: against the exact correlation "
+                           "(lines it could not decide are unscored)")
+    return {title: table}
+
+
+def validation_tables(only: tuple[str, ...] = VALIDATION_SECTIONS, *, quick: bool = False,
+                      workdir: Path | str | None = None, campaign: Path | str | None = None,
+                      progress: bool = True) -> dict[str, pd.DataFrame]:  # fmt: skip
+    """The project's accuracy figures against emulator ground truth (and the thesis's own
+    numbers), one DataFrame per table, titled. ``only``: sections among
+    :data:`VALIDATION_SECTIONS`. ``quick``: CI-sized scenarios. ``campaign``: the campaign
+    config whose runs the default-mode figures use (default: the checkout's example campaign).
+    Emulated runs go to ``workdir`` (a temporary directory, removed afterwards, by default)."""
+    import tempfile
+
+    unknown = [s for s in only if s not in VALIDATION_SECTIONS]
+    if unknown:
+        raise ValueError(f"unknown validation section(s) {', '.join(unknown)}; use {', '.join(VALIDATION_SECTIONS)}")
+    camp = Path(campaign) if campaign is not None else default_campaign_path()
+    if campaign is not None and not camp.is_file():
+        raise FileNotFoundError(f"{camp}: no such campaign config")
+    out: dict[str, pd.DataFrame] = {}
+    with tempfile.TemporaryDirectory(prefix="nccltrace-validate-") as tmp:
+        work = Path(workdir) if workdir is not None else Path(tmp)
+        for section in VALIDATION_SECTIONS:
+            if section not in only:
+                continue
+            _log(progress, f"{section} ...")
+            if section == "alignment":
+                out.update(_alignment_tables(work, quick, camp, progress))
+            elif section == "communicators":
+                out.update(_communicator_tables(work, quick, progress))
+            elif section == "clock":
+                out.update(_clock_tables(work, quick, progress))
+            else:
+                out.update(_exact_tables(work, quick, progress))
+    return out
