@@ -51,8 +51,8 @@ MAX_SCORE = BASE + DTYPE_OK + STREAM_OK + TIME_OK
 class AlignParams:
     """Tuning of the windowed alignment (defaults suit every tested workload)."""
 
-    window: int = 256  # units per window of the guide pass
-    slack: int = 256  # extra kernels per window (kernels without log line, dropped lines)
+    window: int = 128  # units per window of the guide pass
+    slack: int = 128  # extra kernels per window (kernels without log line, dropped lines)
     band: int = 64  # half-width of the global alignment's band around the guide path
 
 
@@ -107,9 +107,27 @@ def _pair(i, j, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time, u_
     return s
 
 
+@nb.njit(cache=True, inline="always")
+def _score(i, j, ucls, kcls, T, u_time, k_time, t_off, t_tol):
+    """``_pair`` from the precomputed class table plus the (per-pair) time term."""
+    s = T[ucls[i], kcls[j]]
+    if s <= NEG:
+        return NEG
+    if t_tol > 0 and u_time[i] != NO_TIME and k_time[j] != NO_TIME:
+        d = k_time[j] - u_time[i] - t_off
+        if d < 0:
+            d = -d
+        if d <= t_tol:
+            s += TIME_OK
+        elif d <= 3 * t_tol:
+            s -= TIME_OK
+        else:
+            return NEG
+    return s
+
+
 @nb.njit(cache=True)
-def _fill(H, i0, j0, nw, mw, u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time, u_grid, k_grid, smap, t_off,
-          t_tol):  # fmt: skip
+def _fill(H, i0, j0, nw, mw, ucls, u_time, u_run, kcls, k_time, T, t_off, t_tol):  # fmt: skip
     H[0, 0] = 0
     for a in range(1, nw + 1):
         H[a, 0] = H[a - 1, 0] + GAP_LOG
@@ -124,7 +142,7 @@ def _fill(H, i0, j0, nw, mw, u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, 
             best = H[a - 1, b] + GAP_LOG
             v = H[a, b - 1] + GAP_KERNEL
             best = max(best, v)
-            p = _pair(i, j, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time, u_grid, k_grid, smap, t_off, t_tol)
+            p = _score(i, j, ucls, kcls, T, u_time, k_time, t_off, t_tol)
             if p > NEG:
                 v = H[a - 1, b - 1] + p
                 best = max(best, v)
@@ -135,8 +153,7 @@ def _fill(H, i0, j0, nw, mw, u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, 
 
 
 @nb.njit(cache=True)
-def _traceback(H, ea, eb, i0, j0, late, u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time, u_grid, k_grid, smap,
-               t_off, t_tol, path_a, path_b, path_r):  # fmt: skip
+def _traceback(H, ea, eb, i0, j0, late, ucls, u_time, u_run, kcls, k_time, T, t_off, t_tol, path_a, path_b, path_r):  # fmt: skip
     """Walk back from (ea, eb); ``late`` prefers gaps (so matches sit as late as possible).
 
     Writes the visited cells (end first) and, per cell, the number of units the step out of it
@@ -156,7 +173,7 @@ def _traceback(H, ea, eb, i0, j0, late, u_fam, u_dt, u_stream, u_time, u_run, k_
         if a > 0 and b > 0:
             i = i0 + a - 1
             j = j0 + b - 1
-            p = _pair(i, j, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time, u_grid, k_grid, smap, t_off, t_tol)
+            p = _score(i, j, ucls, kcls, T, u_time, k_time, t_off, t_tol)
             diag_ok = p > NEG and H[a - 1, b - 1] + p == h
         else:
             diag_ok = False
@@ -201,12 +218,12 @@ def _traceback(H, ea, eb, i0, j0, late, u_fam, u_dt, u_stream, u_time, u_run, k_
 
 
 @nb.njit(cache=True)
-def _align_windows(u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time, u_grid, k_grid, smap, t_off, t_tol, window,
+def _align_windows(ucls, u_time, u_run, kcls, k_time, T, t_off, t_tol, window,
                    slack):  # fmt: skip
     """Align the whole sequences window by window; returns per-unit kernel (early and late
     extreme alignments; -1 = gap) and per-kernel unit of the early alignment."""
-    n = u_fam.shape[0]
-    m = k_fam.shape[0]
+    n = ucls.shape[0]
+    m = kcls.shape[0]
     early = np.full(n, -1, np.int64)
     late = np.full(n, -1, np.int64)
     wk = window + slack
@@ -224,8 +241,7 @@ def _align_windows(u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, 
         nw = min(window, n - i0)
         mw = min(wk, m - j0)
         final = i0 + nw == n and j0 + mw == m
-        _fill(H, i0, j0, nw, mw, u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time, u_grid, k_grid, smap, t_off,
-              t_tol)  # fmt: skip
+        _fill(H, i0, j0, nw, mw, ucls, u_time, u_run, kcls, k_time, T, t_off, t_tol)  # fmt: skip
         # End cell: the true corner for the last window, else the best cell on the far edges
         # (the rest of the sequences is aligned by the next window).
         ea, eb = nw, mw
@@ -239,10 +255,8 @@ def _align_windows(u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, 
                 if H[a, mw] > best:
                     best = H[a, mw]
                     ea, eb = a, mw
-        ne = _traceback(H, ea, eb, i0, j0, False, u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time, u_grid, k_grid,
-                        smap, t_off, t_tol, ea_a, ea_b, ea_r)  # fmt: skip
-        nl = _traceback(H, ea, eb, i0, j0, True, u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time, u_grid, k_grid,
-                        smap, t_off, t_tol, la_a, la_b, la_r)  # fmt: skip
+        ne = _traceback(H, ea, eb, i0, j0, False, ucls, u_time, u_run, kcls, k_time, T, t_off, t_tol, ea_a, ea_b, ea_r)  # fmt: skip
+        nl = _traceback(H, ea, eb, i0, j0, True, ucls, u_time, u_run, kcls, k_time, T, t_off, t_tol, la_a, la_b, la_r)  # fmt: skip
         # Commit point: a cell on both paths, the furthest one within the first half of the
         # window (or the end for the last window / when the paths only meet there).
         ca, cb = ea, eb
@@ -299,13 +313,13 @@ MAX_FUSE = 16
 
 
 @nb.njit(cache=True)
-def _forward(u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time, u_grid, k_grid, smap, t_off, t_tol, lo, hi, off,
+def _forward(ucls, u_time, u_run, kcls, k_time, T, t_off, t_tol, lo, hi, off,
              score_first):  # fmt: skip
     """Best score of every band cell (a units and b kernels consumed) from the start: int32 per cell.
 
     A fused group is scored by its call closest to the launch (the last one in log order), so
     the DP of the reversed sequences scores it by its first unit (``score_first``)."""
-    n = u_fam.shape[0]
+    n = ucls.shape[0]
     F = np.full(off[n + 1], NEG_INF, np.int32)
     for b in range(lo[0], hi[0] + 1):
         F[off[0] + b - lo[0]] = b * GAP_KERNEL
@@ -322,7 +336,7 @@ def _forward(u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time
                 v = F[off[a] + b - 1 - la] + GAP_KERNEL
                 best = max(best, v)
             if b >= 1:
-                p = _pair(i, b - 1, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time, u_grid, k_grid, smap, t_off, t_tol)
+                p = _score(i, b - 1, ucls, kcls, T, u_time, k_time, t_off, t_tol)
                 if p > NEG:
                     if lp <= b - 1 <= hp and F[off[a - 1] + b - 1 - lp] > NEG_INF:
                         v = F[off[a - 1] + b - 1 - lp] + p
@@ -332,8 +346,7 @@ def _forward(u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time
                         if lr <= b - 1 <= hr and F[off[a - r] + b - 1 - lr] > NEG_INF:
                             pr = p
                             if score_first:
-                                pr = _pair(a - r, b - 1, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time, u_grid, k_grid,
-                                           smap, t_off, t_tol)  # fmt: skip
+                                pr = _score(a - r, b - 1, ucls, kcls, T, u_time, k_time, t_off, t_tol)
                             if pr > NEG:
                                 v = F[off[a - r] + b - 1 - lr] + pr + FUSE_EXTRA * (r - 1)
                                 best = max(best, v)
@@ -342,15 +355,14 @@ def _forward(u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time
 
 
 @nb.njit(cache=True)
-def _certain(F, R, lo, hi, off, roff, m, u_fam, u_dt, u_stream, u_time, u_run, k_fam, k_dt, k_stream, k_time, u_grid, k_grid, smap,
-             t_off, t_tol):  # fmt: skip
+def _certain(F, R, lo, hi, off, roff, m, k_stream, k_grid, ucls, u_time, u_run, kcls, k_time, T, t_off, t_tol):  # fmt: skip
     """Per unit: the kernel every optimal alignment matches it to (-1 if none), and whether the
     optimal alignments disagree about it (ambiguous).
 
     ``R`` is the forward DP of the reversed sequences: the best score from cell (a, b) to the end
     is R at (n - a, m - b). An edge lies on an optimal alignment iff prefix + edge + suffix
     equals the optimum; every alignment consumes each unit by exactly one edge."""
-    n = u_fam.shape[0]
+    n = ucls.shape[0]
     opt = F[off[n] + m - lo[n]]
     kernel = np.full(n, -1, np.int64)
     amb = np.zeros(n, np.bool_)
@@ -383,8 +395,7 @@ def _certain(F, R, lo, hi, off, roff, m, u_fam, u_dt, u_stream, u_time, u_run, k
             if b >= 1 and lp <= b - 1 <= hp:
                 f = F[off[a - 1] + b - 1 - lp]
                 if f > NEG_INF:
-                    p = _pair(i, b - 1, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time, u_grid, k_grid, smap, t_off,
-                              t_tol)  # fmt: skip
+                    p = _score(i, b - 1, ucls, kcls, T, u_time, k_time, t_off, t_tol)
                     if p > NEG and f + p + sfx == opt:
                         if cand == -2:
                             cand = b - 1
@@ -403,8 +414,7 @@ def _certain(F, R, lo, hi, off, roff, m, u_fam, u_dt, u_stream, u_time, u_run, k
                 sfx = suffix(a2, b)
                 if sfx <= NEG_INF:
                     continue
-                p = _pair(a2 - 1, b - 1, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time, u_grid, k_grid, smap, t_off,
-                          t_tol)  # fmt: skip
+                p = _score(a2 - 1, b - 1, ucls, kcls, T, u_time, k_time, t_off, t_tol)
                 for r in range(max(2, a2 - a + 1), run + 1):
                     lr, hr = lo[a2 - r], hi[a2 - r]
                     if lr <= b - 1 <= hr:
@@ -466,6 +476,32 @@ class UnitAlignment:
     time_tolerance_ns: int | None
 
 
+def _class_table(units: LogUnits, ks: KernelSeq, ugrid: np.ndarray, kgrid: np.ndarray, smap: np.ndarray):
+    """Units and kernels reduced to classes of everything ``_pair`` reads except time, and the
+    score of every (unit class, kernel class): the DPs then cost a table lookup per cell."""
+    ukey = np.stack([units.fam_mask, units.dt_mask, units.stream, ugrid], axis=1)
+    kkey = np.stack([ks.family, ks.dtype_class, ks.stream, kgrid], axis=1)
+    uvals, ucls = np.unique(ukey, axis=0, return_inverse=True) if units.n else (np.zeros((0, 4), np.int64),
+                                                                                  np.zeros(0, np.int64))
+    kvals, kcls = np.unique(kkey, axis=0, return_inverse=True) if ks.m else (np.zeros((0, 4), np.int64),
+                                                                               np.zeros(0, np.int64))
+    T = _table(uvals[:, 0].copy(), uvals[:, 1].copy(), uvals[:, 2].copy(), uvals[:, 3].copy(), kvals[:, 0].copy(),
+               kvals[:, 1].copy(), kvals[:, 2].copy(), kvals[:, 3].copy(), smap)  # fmt: skip
+    return ucls.astype(np.int64).ravel(), kcls.astype(np.int64).ravel(), T
+
+
+@nb.njit(cache=True)
+def _table(u_fam, u_dt, u_stream, u_grid, k_fam, k_dt, k_stream, k_grid, smap):
+    nu, nk = u_fam.shape[0], k_fam.shape[0]
+    T = np.empty((nu, nk), np.int32)
+    no_t = np.full(max(nu, nk), NO_TIME, np.int64)
+    for a in range(nu):
+        for b in range(nk):
+            T[a, b] = _pair(a, b, u_fam, u_dt, u_stream, no_t, k_fam, k_dt, k_stream, no_t, u_grid, k_grid, smap,
+                            np.int64(0), np.int64(0))  # fmt: skip
+    return T
+
+
 def _run(units: LogUnits, ks: KernelSeq, smap: np.ndarray, t_off: int, t_tol: int, p: AlignParams,
          ugrid: np.ndarray | None = None, kgrid: np.ndarray | None = None):  # fmt: skip
     """Windowed pass for a guide path, then the exact set of certain matches within a band
@@ -474,8 +510,8 @@ def _run(units: LogUnits, ks: KernelSeq, smap: np.ndarray, t_off: int, t_tol: in
         ugrid = np.full(units.n, -1, np.int64)
     if kgrid is None:
         kgrid = ks.grid
-    args = (units.fam_mask, units.dt_mask, units.stream, units.time, units.fuse_run, ks.family, ks.dtype_class,
-            ks.stream, ks.time, ugrid, kgrid, smap, np.int64(t_off), np.int64(t_tol))  # fmt: skip
+    ucls, kcls, T = _class_table(units, ks, ugrid, kgrid, smap)
+    args = (ucls, units.time, units.fuse_run, kcls, ks.time, T, np.int64(t_off), np.int64(t_tol))
     guide, _ = _align_windows(*args, p.window, p.slack)
     lo, hi = _band(guide, ks.m, p.band)
     n, m = units.n, ks.m
@@ -490,12 +526,10 @@ def _run(units: LogUnits, ks: KernelSeq, smap: np.ndarray, t_off: int, t_tol: in
     rhi = (m - lo)[::-1].copy()
     roff = np.zeros(n + 2, np.int64)
     roff[1:] = np.cumsum(rhi - rlo + 1)
-    rsmap = smap
-    rargs = (units.fam_mask[::-1].copy(), units.dt_mask[::-1].copy(), units.stream[::-1].copy(),
-             units.time[::-1].copy(), _fuse_runs(rev_adjacent), ks.family[::-1].copy(), ks.dtype_class[::-1].copy(),
-             ks.stream[::-1].copy(), ks.time[::-1].copy(), ugrid[::-1].copy(), kgrid[::-1].copy(), rsmap, np.int64(t_off), np.int64(t_tol))  # fmt: skip
+    rargs = (ucls[::-1].copy(), units.time[::-1].copy(), _fuse_runs(rev_adjacent), kcls[::-1].copy(),
+             ks.time[::-1].copy(), T, np.int64(t_off), np.int64(t_tol))  # fmt: skip
     R = _forward(*rargs, rlo, rhi, roff, True)
-    kernel, amb, cstream, cgrid = _certain(F, R, lo, hi, off, roff, m, *args)
+    kernel, amb, cstream, cgrid = _certain(F, R, lo, hi, off, roff, m, ks.stream, kgrid, *args)
     del F, R
     return kernel, amb, cstream, cgrid
 
