@@ -544,6 +544,28 @@ def _timestamp_resolution(t: np.ndarray) -> int:
     return res
 
 
+def _prior_delay(units: LogUnits, ks: KernelSeq) -> tuple[int, int]:
+    """Log-line -> launch delay before any alignment, with a wide tolerance for the first pass.
+
+    NCCL writes a call's line just before launching it, so for most lines the next launch of
+    the process is its own: the median distance to the next launch estimates the delay, and
+    a tolerance of twice its 90th percentile (at least 50 us) keeps the first pass from drifting
+    over long repetitive stretches without excluding grouped launches."""
+    has = (units.time != NO_TIME) & ~units.placeholder
+    kt = ks.time[ks.time != NO_TIME]
+    if has.sum() < 8 or len(kt) < 8:
+        return 0, 0
+    kt = np.sort(kt)
+    ut = units.time[has]
+    pos = np.searchsorted(kt, ut)
+    ok = pos < len(kt)
+    if ok.sum() < 8:
+        return 0, 0
+    d = kt[pos[ok]] - ut[ok]
+    res = _timestamp_resolution(ut)
+    return int(np.median(d)), int(max(2 * np.percentile(d, 90), 50_000, 2 * res))
+
+
 def _learn(units: LogUnits, ks: KernelSeq, early: np.ndarray, cstream: np.ndarray):
     """Stream map (from units whose every optimal match is on one stream) and log-to-launch delay
     (from certain matches) of the first pass."""
@@ -684,7 +706,8 @@ def align_units(units: LogUnits, ks: KernelSeq, params: AlignParams = AlignParam
         return UnitAlignment(np.full(n, -1, np.int64), np.zeros(n, bool), np.zeros(n), np.full(n, None, object),
                              {}, None, None)  # fmt: skip
     smap = np.full(len(units.streams), -1, np.int64)
-    kernel, amb, cstream, cgrid = _run(units, ks, smap, 0, 0, params)
+    t_off0, t_tol0 = _prior_delay(units, ks)
+    kernel, amb, cstream, cgrid = _run(units, ks, smap, t_off0, t_tol0, params)
     # Stream and grid evidence also comes from ambiguous units whose optimal candidates all
     # agree on it: an extra kernel makes a run of identical launches ambiguous, yet every
     # optimal alignment still puts each communicator's launches on one stream.
