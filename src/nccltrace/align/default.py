@@ -246,15 +246,20 @@ def _align_windows(ucls, u_time, u_run, kcls, k_time, T, t_off, t_tol, window,
         # (the rest of the sequences is aligned by the next window).
         ea, eb = nw, mw
         if not final:
-            best = H[nw, mw]
-            for b in range(mw + 1):
+            # End on the last row near the column the remaining sequences' kernels-per-unit
+            # ratio predicts. A free end would let units whose kernels are missing take later
+            # kernels (more matches inside the window, paid for only beyond it), and the guide
+            # would drift away from the true path window after window.
+            expect = int(round(nw * (m - j0) / max(n - i0, 1)))
+            spread = max(8, int(np.sqrt(nw)))
+            b_lo = max(0, min(mw, expect - spread))
+            b_hi = max(b_lo, min(mw, expect + spread))
+            best = H[nw, b_lo]
+            eb = b_lo
+            for b in range(b_lo, b_hi + 1):
                 if H[nw, b] > best:
                     best = H[nw, b]
-                    ea, eb = nw, b
-            for a in range(nw + 1):
-                if H[a, mw] > best:
-                    best = H[a, mw]
-                    ea, eb = a, mw
+                    eb = b
         ne = _traceback(H, ea, eb, i0, j0, False, ucls, u_time, u_run, kcls, k_time, T, t_off, t_tol, ea_a, ea_b, ea_r)  # fmt: skip
         nl = _traceback(H, ea, eb, i0, j0, True, ucls, u_time, u_run, kcls, k_time, T, t_off, t_tol, la_a, la_b, la_r)  # fmt: skip
         # Commit point: a cell on both paths, the furthest one within the first half of the
@@ -426,7 +431,10 @@ def _certain(F, R, lo, hi, off, roff, m, k_stream, k_grid, ucls, u_time, u_run, 
                                 many = True
                             st = k_stream[b - 1] if st == -2 or st == k_stream[b - 1] else -1
                             gr = k_grid[b - 1] if gr == -2 or gr == k_grid[b - 1] else -1
-        if cand >= 0 and not can_gap and not many:
+        # a match pressed against the band's edge may only be optimal because the band cut off
+        # the true path (the guide drifted): do not trust it
+        edge = cand >= 0 and ((cand + 1 - lo[a] < 2 and lo[a] > 0) or (hi[a] - (cand + 1) < 2 and hi[a] < m))
+        if cand >= 0 and not can_gap and not many and not edge:
             kernel[i] = cand
         elif cand >= 0:
             amb[i] = True
