@@ -56,27 +56,28 @@ ALIGNMENT_SCHEMA = pa.schema(
 )
 
 
-def _kernel_cols(k: pd.DataFrame, idx: np.ndarray) -> dict[str, np.ndarray]:
-    """Kernel provenance columns for kernel row indices ``idx`` (-1 = none)."""
+def _kernel_cols(k: pd.DataFrame, idx: np.ndarray) -> dict[str, object]:
+    """Kernel provenance columns for kernel row indices ``idx`` (-1 = none), as nullable arrays
+    built from numpy values and a mask (no per-row Python objects)."""
     ok = idx >= 0
     safe = np.where(ok, idx, 0)
-
-    def col(name: str, default=pd.NA):
-        if name not in k or len(k) == 0:
-            return pd.array([default] * len(idx), dtype="object")
-        v = k[name].to_numpy(dtype=object)[safe]
-        v[~ok] = None
-        return v
-
-    return {
-        "kernel_global_pid": col("global_pid"),
-        "kernel_correlation_id": col("correlation_id"),
-        "kernel_name": col("short_name"),
-        "kernel_stream_id": col("stream_id"),
-        "kernel_start": col("start"),
-        "kernel_end": col("end"),
-        "launch_start": col("launch_start"),
-    }
+    out: dict[str, object] = {}
+    for col, src in (("kernel_global_pid", "global_pid"), ("kernel_correlation_id", "correlation_id"),
+                     ("kernel_stream_id", "stream_id"), ("kernel_start", "start"), ("kernel_end", "end"),
+                     ("launch_start", "launch_start")):  # fmt: skip
+        if src not in k or len(k) == 0:
+            out[col] = pd.arrays.IntegerArray(np.zeros(len(idx), np.int64), np.ones(len(idx), bool))
+            continue
+        series = k[src].astype("Int64")
+        vals = series.to_numpy(dtype=np.int64, na_value=0)[safe]
+        mask = ~ok | series.isna().to_numpy()[safe]
+        out[col] = pd.arrays.IntegerArray(vals, mask)
+    if "short_name" in k and len(k):
+        names = k["short_name"].astype(object).to_numpy()[safe]
+        out["kernel_name"] = pd.array(np.where(ok, names, None), dtype="string")
+    else:
+        out["kernel_name"] = pd.array([None] * len(idx), dtype="string")
+    return out
 
 
 def _frame(rows: dict[str, object], n: int) -> pd.DataFrame:

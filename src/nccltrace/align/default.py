@@ -445,6 +445,14 @@ def _certain(F, R, lo, hi, off, roff, m, k_stream, k_grid, ucls, u_time, u_run, 
     return kernel, amb, cstream, cgrid
 
 
+@nb.njit(cache=True)
+def _match_scores(us, js, ucls, kcls, T, u_time, k_time, t_off, t_tol):
+    out = np.empty(us.shape[0], np.int64)
+    for q in range(us.shape[0]):
+        out[q] = _score(us[q], js[q], ucls, kcls, T, u_time, k_time, t_off, t_tol)
+    return out
+
+
 def _fuse_runs(adjacent: np.ndarray) -> np.ndarray:
     """Run lengths of fusable units ending at each unit, from 'fusable with the previous' flags."""
     run = np.ones(len(adjacent), np.int64)
@@ -464,11 +472,19 @@ def _band(guide: np.ndarray, m: int, half: int) -> tuple[np.ndarray, np.ndarray]
     hi = np.clip(c + half, 0, m)
     lo[0] = 0
     hi[n] = m
+    lo, hi = lo.astype(np.int64), hi.astype(np.int64)
+    _connect_band(lo, hi)
+    return lo, hi
+
+
+@nb.njit(cache=True)
+def _connect_band(lo, hi):
     # each row must reach the next row's first column (diagonal or vertical move)
-    for a in range(n, 0, -1):
-        hi[a - 1] = max(hi[a - 1], lo[a])
-        lo[a - 1] = min(lo[a - 1], hi[a - 1])
-    return lo.astype(np.int64), hi.astype(np.int64)
+    for a in range(lo.shape[0] - 1, 0, -1):
+        if hi[a - 1] < lo[a]:
+            hi[a - 1] = lo[a]
+        if lo[a - 1] > hi[a - 1]:
+            lo[a - 1] = hi[a - 1]
 
 
 @dataclass
@@ -726,18 +742,22 @@ def align_units(units: LogUnits, ks: KernelSeq, params: AlignParams = AlignParam
         kernel, amb, _, _ = _run(units, ks, smap, t_off, t_tol, params, ugrid, kgrid)
     else:
         ugrid = np.full(units.n, -1, np.int64)
+        kgrid = ks.grid
     method = np.where(kernel >= 0, "alignment", None).astype(object)
     _opcount_fix(units, ks, kernel, amb, method, smap)
     # Confidence: the share of the evidence available for the pair that confirmed it.
     conf = np.zeros(n)
-    for u in np.flatnonzero(kernel >= 0):
-        j = kernel[u]
-        s = _pair(u, j, units.fam_mask, units.dt_mask, units.stream, units.time, ks.family, ks.dtype_class,
-                  ks.stream, ks.time, ugrid, kgrid, smap, np.int64(t_off), np.int64(t_tol))  # fmt: skip
-        avail = BASE + (DTYPE_OK if ks.dtype_class[j] >= 0 and units.dt_mask[u] else 0)
-        avail += STREAM_OK if smap[units.stream[u]] >= 0 else 0
-        avail += TIME_OK if t_tol > 0 and units.time[u] != NO_TIME and ks.time[j] != NO_TIME else 0
-        avail += GRID_OK if ugrid[u] >= 0 and ks.grid[j] >= 0 else 0
-        conf[u] = max(s, 0) / avail
+    us = np.flatnonzero(kernel >= 0)
+    if len(us):
+        js = kernel[us]
+        ucls, kcls, T = _class_table(units, ks, ugrid, kgrid, smap)
+        got = _match_scores(us, js, ucls, kcls, T, units.time, ks.time, np.int64(t_off), np.int64(t_tol))
+        avail = np.full(len(us), BASE, np.int64)
+        avail += np.where((ks.dtype_class[js] >= 0) & (units.dt_mask[us] != 0), DTYPE_OK, 0)
+        avail += np.where(smap[units.stream[us]] >= 0, STREAM_OK, 0)
+        if t_tol > 0:
+            avail += np.where((units.time[us] != NO_TIME) & (ks.time[js] != NO_TIME), TIME_OK, 0)
+        avail += np.where((ugrid[us] >= 0) & (ks.grid[js] >= 0), GRID_OK, 0)
+        conf[us] = np.clip(np.maximum(got, 0) / avail, 0.0, 1.0)
     stream_map = {int(units.streams[s]): int(ks.streams[smap[s]]) for s in range(len(smap)) if smap[s] >= 0}
     return UnitAlignment(kernel, amb, conf, method, stream_map, t_off if t_tol else None, t_tol or None)
