@@ -503,15 +503,28 @@ class UnitAlignment:
 def _class_table(units: LogUnits, ks: KernelSeq, ugrid: np.ndarray, kgrid: np.ndarray, smap: np.ndarray):
     """Units and kernels reduced to classes of everything ``_pair`` reads except time, and the
     score of every (unit class, kernel class): the DPs then cost a table lookup per cell."""
-    ukey = np.stack([units.fam_mask, units.dt_mask, units.stream, ugrid], axis=1)
-    kkey = np.stack([ks.family, ks.dtype_class, ks.stream, kgrid], axis=1)
-    uvals, ucls = np.unique(ukey, axis=0, return_inverse=True) if units.n else (np.zeros((0, 4), np.int64),
-                                                                                  np.zeros(0, np.int64))
-    kvals, kcls = np.unique(kkey, axis=0, return_inverse=True) if ks.m else (np.zeros((0, 4), np.int64),
-                                                                               np.zeros(0, np.int64))
+    uvals, ucls = _classes([units.fam_mask, units.dt_mask, units.stream, ugrid])
+    kvals, kcls = _classes([ks.family, ks.dtype_class, ks.stream, kgrid])
     T = _table(uvals[:, 0].copy(), uvals[:, 1].copy(), uvals[:, 2].copy(), uvals[:, 3].copy(), kvals[:, 0].copy(),
                kvals[:, 1].copy(), kvals[:, 2].copy(), kvals[:, 3].copy(), smap)  # fmt: skip
-    return ucls.astype(np.int64).ravel(), kcls.astype(np.int64).ravel(), T
+    return ucls, kcls, T
+
+
+def _classes(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct rows of the given columns (values, one row per class) and each row's class,
+    by hashing one combined integer code per row (a row-wise unique sort is far slower)."""
+    n = len(columns[0])
+    if n == 0:
+        return np.zeros((0, len(columns)), np.int64), np.zeros(0, np.int64)
+    code = np.zeros(n, np.int64)
+    for col in columns:
+        codes, uniques = pd.factorize(col)
+        code = code * len(uniques) + codes
+    cls, first = pd.factorize(code)
+    rows = np.empty(len(first), np.int64)
+    rows[cls] = np.arange(n)  # any representative row of each class
+    vals = np.stack([np.asarray(c, np.int64)[rows] for c in columns], axis=1)
+    return vals, cls.astype(np.int64)
 
 
 @nb.njit(cache=True)
@@ -527,7 +540,8 @@ def _table(u_fam, u_dt, u_stream, u_grid, k_fam, k_dt, k_stream, k_grid, smap):
 
 
 def _run(units: LogUnits, ks: KernelSeq, smap: np.ndarray, t_off: int, t_tol: int, p: AlignParams,
-         ugrid: np.ndarray | None = None, kgrid: np.ndarray | None = None):  # fmt: skip
+         ugrid: np.ndarray | None = None, kgrid: np.ndarray | None = None,
+         guide: np.ndarray | None = None):  # fmt: skip
     """Windowed pass for a guide path, then the exact set of certain matches within a band
     around it (forward DP and the forward DP of the reversed sequences)."""
     if ugrid is None:
@@ -536,7 +550,8 @@ def _run(units: LogUnits, ks: KernelSeq, smap: np.ndarray, t_off: int, t_tol: in
         kgrid = ks.grid
     ucls, kcls, T = _class_table(units, ks, ugrid, kgrid, smap)
     args = (ucls, units.time, units.fuse_run, kcls, ks.time, T, np.int64(t_off), np.int64(t_tol))
-    guide, _ = _align_windows(*args, p.window, p.slack)
+    if guide is None:
+        guide, _ = _align_windows(*args, p.window, p.slack)
     lo, hi = _band(guide, ks.m, p.band)
     n, m = units.n, ks.m
     off = np.zeros(n + 2, np.int64)
@@ -555,7 +570,7 @@ def _run(units: LogUnits, ks: KernelSeq, smap: np.ndarray, t_off: int, t_tol: in
     R = _forward(*rargs, rlo, rhi, roff, True)
     kernel, amb, cstream, cgrid = _certain(F, R, lo, hi, off, roff, m, ks.stream, kgrid, *args)
     del F, R
-    return kernel, amb, cstream, cgrid
+    return kernel, amb, cstream, cgrid, guide
 
 
 def _timestamp_resolution(t: np.ndarray) -> int:
@@ -731,7 +746,7 @@ def align_units(units: LogUnits, ks: KernelSeq, params: AlignParams = AlignParam
                              {}, None, None)  # fmt: skip
     smap = np.full(len(units.streams), -1, np.int64)
     t_off0, t_tol0 = _prior_delay(units, ks)
-    kernel, amb, cstream, cgrid = _run(units, ks, smap, t_off0, t_tol0, params)
+    kernel, amb, cstream, cgrid, guide = _run(units, ks, smap, t_off0, t_tol0, params)
     # Stream and grid evidence also comes from ambiguous units whose optimal candidates all
     # agree on it: an extra kernel makes a run of identical launches ambiguous, yet every
     # optimal alignment still puts each communicator's launches on one stream.
@@ -739,7 +754,8 @@ def align_units(units: LogUnits, ks: KernelSeq, params: AlignParams = AlignParam
     ugrid = _learn_grid(units, ks, kernel, cgrid)
     kgrid = _odd_grids(ks, cstream, cgrid)
     if (smap >= 0).any() or t_tol > 0 or (ugrid >= 0).any() or (kgrid <= ODD_GRID).any():
-        kernel, amb, _, _ = _run(units, ks, smap, t_off, t_tol, params, ugrid, kgrid)
+        # the first pass's guide path serves again (the band around it held the first pass)
+        kernel, amb, _, _, _ = _run(units, ks, smap, t_off, t_tol, params, ugrid, kgrid, guide=guide)
     else:
         ugrid = np.full(units.n, -1, np.int64)
         kgrid = ks.grid
