@@ -481,10 +481,8 @@ def _band(guide: np.ndarray, m: int, half: int) -> tuple[np.ndarray, np.ndarray]
 def _connect_band(lo, hi):
     # each row must reach the next row's first column (diagonal or vertical move)
     for a in range(lo.shape[0] - 1, 0, -1):
-        if hi[a - 1] < lo[a]:
-            hi[a - 1] = lo[a]
-        if lo[a - 1] > hi[a - 1]:
-            lo[a - 1] = hi[a - 1]
+        hi[a - 1] = max(hi[a - 1], lo[a])
+        lo[a - 1] = min(lo[a - 1], hi[a - 1])
 
 
 @dataclass

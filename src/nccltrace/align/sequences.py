@@ -18,8 +18,11 @@ import itertools
 import re
 from dataclasses import dataclass
 
+import numba as nb
 import numpy as np
 import pandas as pd
+from numba import types
+from numba.typed import Dict
 
 # Kernel families (codes index bit masks of units).
 FAMILIES: tuple[str, ...] = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce", "SendRecv", "Other")
@@ -154,47 +157,18 @@ def build_log_units(calls: pd.DataFrame, *, nccl_version: tuple[int, int, int] |
     reason = np.full(n, None, dtype=object)
     reason[dup] = "duplicate_line"
     reason[~dup & (nranks == 1)] = "single_rank_communicator"
-    call_unit = np.full(n, -1, np.int64)
-    fam_mask: list[int] = []
-    dt_mask: list[int] = []
-    u_stream: list[int] = []
-    u_comm: list[int] = []
-    u_opc: list[int] = []
-    u_time: list[int] = []
-    u_first: list[int] = []
-    u_bytes: list[int] = []
-    open_units: dict[tuple[int, int], int] = {}
-    for r in range(n):
-        if not live[r]:
-            continue
-        c = int(comm_idx[r])
-        fam = OP_FAMILY.get(op[r], "Other")
-        bit = 1 << FAMILY_CODE[fam]
-        dbit = 1 << _DTYPE_CLASS_OF_VALUE[int(dtype[r])] if int(dtype[r]) in _DTYPE_CLASS_OF_VALUE else 0
-        u = -1
-        if informative[c]:
-            key = (c, int(op_count[r]))
-            prev = open_units.get(key)
-            if prev is not None and prev >= len(fam_mask) - _RECENT_UNITS:
-                u = prev
-        if u < 0:
-            u = len(fam_mask)
-            fam_mask.append(0)
-            dt_mask.append(0)
-            u_stream.append(int(stream_idx[r]))
-            u_comm.append(c)
-            u_opc.append(int(op_count[r]) if informative[c] else -1)
-            u_time.append(int(wall[r]))
-            u_first.append(r)
-            u_bytes.append(0)
-            if informative[c]:
-                open_units[(c, int(op_count[r]))] = u
-        fam_mask[u] |= bit
-        dt_mask[u] |= dbit
-        call_unit[r] = u
-        u_bytes[u] += int(nbytes[r])
-        if wall[r] != NO_TIME:  # the launch follows the group's last call: time a unit by it
-            u_time[u] = max(u_time[u], int(wall[r]))
+    fam_codes = {name: FAMILY_CODE[OP_FAMILY.get(name, "Other")] for name in pd.unique(op) if isinstance(name, str)}
+    call_fam = np.array([fam_codes.get(o, FAMILY_CODE["Other"]) if isinstance(o, str) else FAMILY_CODE["Other"]
+                         for o in op], np.int64) if n else np.zeros(0, np.int64)  # fmt: skip
+    dt_lut = np.full(256, -1, np.int64)
+    for value, cls in _DTYPE_CLASS_OF_VALUE.items():
+        dt_lut[value] = cls
+    call_dt = np.where((dtype >= 0) & (dtype < 256), dt_lut[np.clip(dtype, 0, 255)], -1)
+    (call_unit, fam_mask, dt_mask, u_stream, u_comm, u_opc, u_time, u_first, u_bytes) = (
+        list(x) if i else x
+        for i, x in enumerate(_group_units(live, comm_idx.astype(np.int64), op_count, call_fam, call_dt,
+                                           stream_idx.astype(np.int64), wall, nbytes, informative, _RECENT_UNITS))
+    )  # fmt: skip
 
     # A gap in an informative comm's opCounts is a launch whose line is missing: insert a
     # placeholder unit (any family, the comm's stream) right after the comm's previous unit, so
@@ -270,6 +244,53 @@ def build_log_units(calls: pd.DataFrame, *, nccl_version: tuple[int, int, int] |
         placeholder=placeholder,
         bytes=u_bytes,
     )
+
+
+@nb.njit(cache=True)
+def _group_units(live, comm, op_count, fam, dt, stream, wall, nbytes, informative, recent):
+    """Compiled core of build_log_units: calls -> launch units (same comm and opCount, recent)."""
+    n = live.shape[0]
+    call_unit = np.full(n, -1, np.int64)
+    fam_mask = np.zeros(n, np.int64)
+    dt_mask = np.zeros(n, np.int64)
+    u_stream = np.zeros(n, np.int64)
+    u_comm = np.zeros(n, np.int64)
+    u_opc = np.zeros(n, np.int64)
+    u_time = np.zeros(n, np.int64)
+    u_first = np.zeros(n, np.int64)
+    u_bytes = np.zeros(n, np.int64)
+    open_units = Dict.empty(key_type=types.int64, value_type=types.int64)  # (comm << 40) + opCount
+    nu = 0
+    for r in range(n):
+        if not live[r]:
+            continue
+        c = comm[r]
+        u = -1
+        if informative[c]:
+            key = (c << 40) + op_count[r]
+            if key in open_units:
+                prev = open_units[key]
+                if prev >= nu - recent:
+                    u = prev
+        if u < 0:
+            u = nu
+            nu += 1
+            u_stream[u] = stream[r]
+            u_comm[u] = c
+            u_opc[u] = op_count[r] if informative[c] else -1
+            u_time[u] = wall[r]
+            u_first[u] = r
+            if informative[c]:
+                open_units[(c << 40) + op_count[r]] = u
+        fam_mask[u] |= np.int64(1) << fam[r]
+        if dt[r] >= 0:
+            dt_mask[u] |= np.int64(1) << dt[r]
+        call_unit[r] = u
+        u_bytes[u] += nbytes[r]
+        if wall[r] != NO_TIME and wall[r] > u_time[u]:  # a unit is timed by its last call (launch follows)
+            u_time[u] = wall[r]
+    return (call_unit, fam_mask[:nu], dt_mask[:nu], u_stream[:nu], u_comm[:nu], u_opc[:nu], u_time[:nu],
+            u_first[:nu], u_bytes[:nu])  # fmt: skip
 
 
 @dataclass
