@@ -250,7 +250,7 @@ def _align_windows(ucls, u_time, u_run, kcls, k_time, T, t_off, t_tol, window,
             # ratio predicts. A free end would let units whose kernels are missing take later
             # kernels (more matches inside the window, paid for only beyond it), and the guide
             # would drift away from the true path window after window.
-            expect = int(round(nw * (m - j0) / max(n - i0, 1)))
+            expect = int(round(nw * (m - j0) / max(n - i0, 1)))  # noqa: RUF046 - numba
             spread = max(8, int(np.sqrt(nw)))
             b_lo = max(0, min(mw, expect - spread))
             b_hi = max(b_lo, min(mw, expect + spread))

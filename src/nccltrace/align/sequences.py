@@ -14,7 +14,6 @@ on the unsigned kernels from 2.19, so types are compared by class (width and kin
 
 from __future__ import annotations
 
-import itertools
 import re
 from dataclasses import dataclass
 
@@ -158,74 +157,69 @@ def build_log_units(calls: pd.DataFrame, *, nccl_version: tuple[int, int, int] |
     reason[dup] = "duplicate_line"
     reason[~dup & (nranks == 1)] = "single_rank_communicator"
     fam_codes = {name: FAMILY_CODE[OP_FAMILY.get(name, "Other")] for name in pd.unique(op) if isinstance(name, str)}
-    call_fam = np.array([fam_codes.get(o, FAMILY_CODE["Other"]) if isinstance(o, str) else FAMILY_CODE["Other"]
-                         for o in op], np.int64) if n else np.zeros(0, np.int64)  # fmt: skip
+    call_fam = (pd.Series(op, dtype=object).map(fam_codes).fillna(FAMILY_CODE["Other"]).to_numpy(np.int64)
+                if n else np.zeros(0, np.int64))  # fmt: skip
     dt_lut = np.full(256, -1, np.int64)
     for value, cls in _DTYPE_CLASS_OF_VALUE.items():
         dt_lut[value] = cls
     call_dt = np.where((dtype >= 0) & (dtype < 256), dt_lut[np.clip(dtype, 0, 255)], -1)
-    (call_unit, fam_mask, dt_mask, u_stream, u_comm, u_opc, u_time, u_first, u_bytes) = (
-        list(x) if i else x
-        for i, x in enumerate(_group_units(live, comm_idx.astype(np.int64), op_count, call_fam, call_dt,
-                                           stream_idx.astype(np.int64), wall, nbytes, informative, _RECENT_UNITS))
-    )  # fmt: skip
+    (call_unit, fam_mask, dt_mask, u_stream, u_comm, u_opc, u_time, u_first, u_bytes) = _group_units(
+        live, comm_idx.astype(np.int64), op_count, call_fam, call_dt, stream_idx.astype(np.int64), wall, nbytes,
+        informative, _RECENT_UNITS)  # fmt: skip
 
     # A gap in an informative comm's opCounts is a launch whose line is missing: insert a
     # placeholder unit (any family, the comm's stream) right after the comm's previous unit, so
     # that launch's kernel is not free for a neighbouring unit whose own kernel is missing.
-    placeholder = [False] * len(fam_mask)
-    order_key = [float(f) for f in u_first]
-    all_fams = (1 << len(FAMILIES)) - 1
-    def add_placeholder(c: int, like: int, opc: int, key: float) -> None:
-        fam_mask.append(all_fams)
-        dt_mask.append(-1)  # marks a placeholder for the scorer
-        u_stream.append(u_stream[like])
-        u_comm.append(c)
-        u_opc.append(opc)
-        u_time.append(int(NO_TIME))
-        u_first.append(-1)
-        u_bytes.append(-1)
-        placeholder.append(True)
-        order_key.append(key)
-
-    for c in np.flatnonzero(informative):
-        us = [u for u in range(len(fam_mask)) if u_comm[u] == c]
-        if not us:
-            continue
-        us.sort(key=lambda u: u_opc[u])
-        # opCount starts at 0 on every communicator: a later first value means lost first lines
-        first = us[0]
-        for q in range(min(u_opc[first], 64)):
-            add_placeholder(int(c), first, u_opc[first] - 1 - q, u_first[first] - (q + 1) / 128.0)
-        for prev, nxt in itertools.pairwise(us):
-            missing = u_opc[nxt] - u_opc[prev] - 1
-            for q in range(min(missing, 64)):
-                add_placeholder(int(c), prev, u_opc[prev] + 1 + q, u_first[prev] + (q + 1) / 128.0)
-    perm = np.argsort(np.asarray(order_key), kind="stable")
+    # opCount starts at 0 on every communicator, so a later first value means lost first lines.
+    real = np.flatnonzero(informative[u_comm])
+    order = real[np.lexsort((u_opc[real], u_comm[real]))]
+    ph_after, ph_opc, ph_rank = [], [], []  # unit the placeholder follows (or precedes), its opCount, offset
+    if len(order):
+        comm_o, opc_o = u_comm[order], u_opc[order]
+        starts = np.r_[True, comm_o[1:] != comm_o[:-1]]
+        prev_opc = np.where(starts, -1, np.r_[-1, opc_o[:-1]])
+        missing = np.minimum(opc_o - prev_opc - 1, 64)
+        for k in np.flatnonzero(missing > 0):
+            for q in range(int(missing[k])):
+                if starts[k]:  # before the comm's first unit
+                    ph_after.append(order[k])
+                    ph_opc.append(int(opc_o[k]) - 1 - q)
+                    ph_rank.append(-(q + 1) / 128.0)
+                else:  # after the previous unit of the comm
+                    ph_after.append(order[k - 1])
+                    ph_opc.append(int(prev_opc[k]) + 1 + q)
+                    ph_rank.append((q + 1) / 128.0)
+    n_ph = len(ph_after)
+    like = np.asarray(ph_after, np.int64)
+    order_key = np.r_[u_first.astype(np.float64), u_first[like].astype(np.float64) + np.asarray(ph_rank)]
+    perm = np.argsort(order_key, kind="stable")
     inv = np.empty(len(perm), np.int64)
     inv[perm] = np.arange(len(perm))
     call_unit = np.where(call_unit >= 0, inv[np.maximum(call_unit, 0)], -1)
+    all_fams = (1 << len(FAMILIES)) - 1
 
-    def _p(x, dt=np.int64):
-        return np.asarray(x, dt)[perm] if len(perm) else np.asarray(x, dt)
+    def _p(x: np.ndarray, extra) -> np.ndarray:
+        return np.r_[x, extra][perm]
 
-    fam_mask, dt_mask, u_stream, u_comm = _p(fam_mask), _p(dt_mask), _p(u_stream), _p(u_comm)
-    u_opc, u_time, u_first, placeholder = _p(u_opc), _p(u_time), _p(u_first), _p(placeholder, bool)
-    u_bytes = _p(u_bytes)
+    fam_mask = _p(fam_mask, np.full(n_ph, all_fams, np.int64))
+    dt_mask = _p(dt_mask, np.full(n_ph, -1, np.int64))  # -1 marks a placeholder for the scorer
+    u_stream = _p(u_stream, u_stream[like])
+    u_comm = _p(u_comm, u_comm[like])
+    u_opc = _p(u_opc, np.asarray(ph_opc, np.int64))
+    u_time = _p(u_time, np.full(n_ph, NO_TIME, np.int64))
+    u_first = _p(u_first, np.full(n_ph, -1, np.int64))
+    u_bytes = _p(u_bytes, np.full(n_ph, -1, np.int64))
+    placeholder = _p(np.zeros(len(u_first) - n_ph, bool), np.ones(n_ph, bool))
 
     nu = len(fam_mask)
-    fuse_run = np.ones(nu, np.int64)
-    is_p2p_unit = np.array([f >= 0 and op[f] in P2P_OPS for f in u_first], dtype=bool) if nu else np.zeros(0, bool)
-    for u in range(1, nu):
-        c = u_comm[u]
-        if (
-            is_p2p_unit[u]
-            and is_p2p_unit[u - 1]
-            and u_comm[u - 1] == c
-            and not informative[c]
-            and u_stream[u - 1] == u_stream[u]
-        ):
-            fuse_run[u] = min(fuse_run[u - 1] + 1, max_fuse)
+    call_is_p2p = pd.Series(op, dtype=object).isin(P2P_OPS).to_numpy() if n else np.zeros(0, bool)
+    is_p2p_unit = (u_first >= 0) & call_is_p2p[np.maximum(u_first, 0)] if nu else np.zeros(0, bool)
+    # consecutive P2P units of one comm whose opCount does not separate launches may be one kernel
+    adjacent = np.zeros(nu, bool)
+    if nu > 1:
+        adjacent[1:] = (is_p2p_unit[1:] & is_p2p_unit[:-1] & (u_comm[1:] == u_comm[:-1])
+                        & ~informative[u_comm[1:]] & (u_stream[1:] == u_stream[:-1]))  # fmt: skip
+    fuse_run = _runs(adjacent, max_fuse)
     return LogUnits(
         calls=calls,
         call_unit=call_unit,
@@ -291,6 +285,15 @@ def _group_units(live, comm, op_count, fam, dt, stream, wall, nbytes, informativ
             u_time[u] = wall[r]
     return (call_unit, fam_mask[:nu], dt_mask[:nu], u_stream[:nu], u_comm[:nu], u_opc[:nu], u_time[:nu],
             u_first[:nu], u_bytes[:nu])  # fmt: skip
+
+
+@nb.njit(cache=True)
+def _runs(adjacent, cap):
+    run = np.ones(adjacent.shape[0], np.int64)
+    for i in range(1, adjacent.shape[0]):
+        if adjacent[i]:
+            run[i] = min(run[i - 1] + 1, cap)
+    return run
 
 
 @dataclass
