@@ -53,7 +53,7 @@ class AlignParams:
 
     window: int = 128  # units per window of the guide pass
     slack: int = 128  # extra kernels per window (kernels without log line, dropped lines)
-    band: int = 64  # half-width of the global alignment's band around the guide path
+    band: int = 48  # half-width of the global alignment's band around the guide path
 
 
 @nb.njit(cache=True, inline="always")
