@@ -20,12 +20,8 @@ import pandas as pd
 import pyarrow as pa
 
 from .align.correlate import ALIGNMENT_SCHEMA
-from .tables import read_table, write_table_atomic
-
-
-def _f(name: str, typ: pa.DataType, unit: str, doc: str) -> pa.Field:
-    return pa.field(name, typ, metadata={"unit": unit, "doc": doc})
-
+from .tables import coerce_to_schema, read_table, write_table_atomic
+from .tables import documented_field as _f
 
 OPS_SCHEMA = pa.schema(
     list(ALIGNMENT_SCHEMA)
@@ -155,16 +151,7 @@ def build_run_ops(
         ops["kernel_start_sync"] = ops["kernel_start_utc"]
         ops["kernel_end_sync"] = ops["kernel_end_utc"]
     partial = bool(problems) or not bool(comms["complete"].astype(bool).all()) if len(comms) else True
-    return RunOps(ops=_coerce(ops), labels=labels, clock=clock, partial=partial, problems=problems)
-
-
-def _coerce(ops: pd.DataFrame) -> pd.DataFrame:
-    types = {"string": "string", "int64": "Int64", "uint64": "UInt64", "double": "Float64", "int32": "Int32"}
-    out = pd.DataFrame(index=ops.index)
-    for field in OPS_SCHEMA:
-        col = ops[field.name] if field.name in ops else pd.Series([pd.NA] * len(ops), index=ops.index)
-        out[field.name] = col.astype(types[str(field.type)])
-    return out
+    return RunOps(ops=coerce_to_schema(ops, OPS_SCHEMA), labels=labels, clock=clock, partial=partial, problems=problems)
 
 
 def write_run_ops(result: RunOps, ops_path: Path | str, labels_path: Path | str, clock_path: Path | str) -> None:

@@ -29,12 +29,28 @@ class Column:
     doc: str
 
 
+def documented_field(name: str, typ: pa.DataType, unit: str, doc: str) -> pa.Field:
+    """An Arrow field carrying its unit and meaning (rendered by ``tables_markdown``)."""
+    return pa.field(name, typ, metadata={"unit": unit, "doc": doc})
+
+
 def _schema(columns: Iterable[Column], table: str, doc: str) -> pa.Schema:
-    cols = list(columns)
-    fields = [
-        pa.field(c.name, c.type, metadata={"unit": c.unit, "doc": c.doc}) for c in cols
-    ]
+    fields = [documented_field(c.name, c.type, c.unit, c.doc) for c in columns]
     return pa.schema(fields, metadata={"table": table, "doc": doc, "nccltrace_schema_version": SCHEMA_VERSION})
+
+
+_NULLABLE_DTYPES = {"string": "string", "int64": "Int64", "int32": "Int32", "uint64": "UInt64", "double": "Float64"}
+
+
+def coerce_to_schema(df, schema: pa.Schema):
+    """The columns of ``schema`` in its order, as pandas nullable dtypes (absent columns all null)."""
+    import pandas as pd
+
+    out = pd.DataFrame(index=df.index)
+    for field in schema:
+        col = df[field.name] if field.name in df else pd.Series([pd.NA] * len(df), index=df.index)
+        out[field.name] = col.astype(_NULLABLE_DTYPES[str(field.type)])
+    return out
 
 
 _SRC = [

@@ -12,14 +12,13 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from ..nccl.versions import NcclVersion
+from ..tables import coerce_to_schema
+from ..tables import documented_field as _f
 from .default import AlignParams, align_units
 from .sequences import FAMILIES, GENERIC, build_kernel_sequence, build_log_units, is_nccl_kernel
 
 MODES = ("default", "thesis", "exact")
-
-
-def _f(name: str, typ: pa.DataType, unit: str, doc: str) -> pa.Field:
-    return pa.field(name, typ, metadata={"unit": unit, "doc": doc})
 
 
 ALIGNMENT_SCHEMA = pa.schema(
@@ -88,14 +87,6 @@ def _frame(rows: dict[str, object], n: int) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def _to_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Coerce to the documented dtypes (nullable)."""
-    types = {"string": "string", "int64": "Int64", "uint64": "UInt64", "double": "Float64"}
-    for field in ALIGNMENT_SCHEMA:
-        df[field.name] = df[field.name].astype(types[str(field.type)])
-    return df
-
-
 def _assemble(calls: pd.DataFrame, call_kernel: np.ndarray, call_unit: np.ndarray, reason: np.ndarray,
               conf: np.ndarray, method: np.ndarray, kernels: pd.DataFrame, mode: str, *,
               lost: np.ndarray | None = None, placeholder: np.ndarray | None = None) -> pd.DataFrame:  # fmt: skip
@@ -138,7 +129,7 @@ def _assemble(calls: pd.DataFrame, call_kernel: np.ndarray, call_unit: np.ndarra
         **_kernel_cols(kernels, free),
     }
     out = pd.concat([call_rows, _frame(krows, len(free))], ignore_index=True)
-    return _to_table(out)
+    return coerce_to_schema(out, ALIGNMENT_SCHEMA)
 
 
 def align_process(
@@ -168,14 +159,10 @@ def align_process(
 
 
 def _version_tuple(v: str | None) -> tuple[int, int, int] | None:
-    if not v:
-        return None
-    parts = str(v).split("+")[0].split(".")
     try:
-        nums = [int(p) for p in parts[:3]]
+        return NcclVersion.parse(v).tuple if v else None
     except ValueError:
         return None
-    return tuple(nums + [0] * (3 - len(nums)))  # type: ignore[return-value]
 
 
 def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kernel=None,

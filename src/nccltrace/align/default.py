@@ -30,7 +30,7 @@ import numba as nb
 import numpy as np
 import pandas as pd
 
-from .sequences import NO_TIME, PLACEHOLDER, KernelSeq, LogUnits
+from .sequences import NO_TIME, PLACEHOLDER, KernelSeq, LogUnits, _runs
 
 NEG = -(10**8)  # forbidden pair
 GAP_LOG = -4  # a unit without kernel
@@ -57,8 +57,8 @@ class AlignParams:
 
 
 @nb.njit(cache=True, inline="always")
-def _pair(i, j, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time, u_grid, k_grid, smap, t_off, t_tol):
-    """Score of matching unit i with kernel j (NEG = forbidden).
+def _pair(i, j, u_fam, u_dt, u_stream, k_fam, k_dt, k_stream, u_grid, k_grid, smap):
+    """Score of matching unit i with kernel j, time aside (NEG = forbidden; ``_score`` adds time).
 
     Placeholders stand for launches known to exist from the other side's evidence: a kernel
     placeholder (launch call without kernel record, family PLACEHOLDER) and a unit placeholder
@@ -94,22 +94,12 @@ def _pair(i, j, u_fam, u_dt, u_stream, u_time, k_fam, k_dt, k_stream, k_time, u_
             s -= GRID_BAD
         elif u_grid[i] >= 0 and kg >= 0:  # launches of this size on this stream had this grid
             s += GRID_OK if u_grid[i] == kg else -GRID_BAD
-    if t_tol > 0 and u_time[i] != NO_TIME and k_time[j] != NO_TIME:
-        d = k_time[j] - u_time[i] - t_off
-        if d < 0:
-            d = -d
-        if d <= t_tol:
-            s += TIME_OK
-        elif d <= 3 * t_tol:
-            s -= TIME_OK
-        else:  # the line was written too far from this launch to be its call
-            return NEG
     return s
 
 
 @nb.njit(cache=True, inline="always")
 def _score(i, j, ucls, kcls, T, u_time, k_time, t_off, t_tol):
-    """``_pair`` from the precomputed class table plus the (per-pair) time term."""
+    """``_pair`` from the precomputed class table plus the per-pair time term."""
     s = T[ucls[i], kcls[j]]
     if s <= NEG:
         return NEG
@@ -121,7 +111,7 @@ def _score(i, j, ucls, kcls, T, u_time, k_time, t_off, t_tol):
             s += TIME_OK
         elif d <= 3 * t_tol:
             s -= TIME_OK
-        else:
+        else:  # the line was written too far from this launch to be its call
             return NEG
     return s
 
@@ -453,15 +443,6 @@ def _match_scores(us, js, ucls, kcls, T, u_time, k_time, t_off, t_tol):
     return out
 
 
-def _fuse_runs(adjacent: np.ndarray) -> np.ndarray:
-    """Run lengths of fusable units ending at each unit, from 'fusable with the previous' flags."""
-    run = np.ones(len(adjacent), np.int64)
-    for i in range(1, len(adjacent)):
-        if adjacent[i]:
-            run[i] = min(run[i - 1] + 1, MAX_FUSE)
-    return run
-
-
 def _band(guide: np.ndarray, m: int, half: int) -> tuple[np.ndarray, np.ndarray]:
     """Band rows around a guide alignment (per-unit kernel or -1), connected and ending at (n, m)."""
     n = len(guide)
@@ -529,11 +510,9 @@ def _classes(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 def _table(u_fam, u_dt, u_stream, u_grid, k_fam, k_dt, k_stream, k_grid, smap):
     nu, nk = u_fam.shape[0], k_fam.shape[0]
     T = np.empty((nu, nk), np.int32)
-    no_t = np.full(max(nu, nk), NO_TIME, np.int64)
     for a in range(nu):
         for b in range(nk):
-            T[a, b] = _pair(a, b, u_fam, u_dt, u_stream, no_t, k_fam, k_dt, k_stream, no_t, u_grid, k_grid, smap,
-                            np.int64(0), np.int64(0))  # fmt: skip
+            T[a, b] = _pair(a, b, u_fam, u_dt, u_stream, k_fam, k_dt, k_stream, u_grid, k_grid, smap)
     return T
 
 
@@ -563,7 +542,7 @@ def _run(units: LogUnits, ks: KernelSeq, smap: np.ndarray, t_off: int, t_tol: in
     rhi = (m - lo)[::-1].copy()
     roff = np.zeros(n + 2, np.int64)
     roff[1:] = np.cumsum(rhi - rlo + 1)
-    rargs = (ucls[::-1].copy(), units.time[::-1].copy(), _fuse_runs(rev_adjacent), kcls[::-1].copy(),
+    rargs = (ucls[::-1].copy(), units.time[::-1].copy(), _runs(rev_adjacent, MAX_FUSE), kcls[::-1].copy(),
              ks.time[::-1].copy(), T, np.int64(t_off), np.int64(t_tol))  # fmt: skip
     R = _forward(*rargs, rlo, rhi, roff, True)
     kernel, amb, cstream, cgrid = _certain(F, R, lo, hi, off, roff, m, ks.stream, kgrid, *args)
