@@ -13,7 +13,6 @@ import pandas as pd
 import pyarrow as pa
 
 from ..nccl.versions import NcclVersion
-from ..tables import coerce_to_schema
 from ..tables import documented_field as _f
 from .default import AlignParams, align_units
 from .sequences import FAMILIES, GENERIC, build_kernel_sequence, build_log_units, is_nccl_kernel
@@ -72,64 +71,117 @@ def _kernel_cols(k: pd.DataFrame, idx: np.ndarray) -> dict[str, object]:
         mask = ~ok | series.isna().to_numpy()[safe]
         out[col] = pd.arrays.IntegerArray(vals, mask)
     if "short_name" in k and len(k):
-        names = k["short_name"].astype(object).to_numpy()[safe]
-        out["kernel_name"] = pd.array(np.where(ok, names, None), dtype="string")
+        codes, uniques = pd.factorize(k["short_name"].astype(object), use_na_sentinel=True)
+        out["kernel_name"] = _from_codes(np.where(ok, codes[safe], -1), uniques)
     else:
-        out["kernel_name"] = pd.array([None] * len(idx), dtype="string")
+        out["kernel_name"] = _constant(None, len(idx))
     return out
 
 
-def _frame(rows: dict[str, object], n: int) -> pd.DataFrame:
+def _typed(values: np.ndarray, mask: np.ndarray, dtype: str) -> pd.api.extensions.ExtensionArray:
+    """A nullable column from numpy values and a null mask (no per-row Python objects)."""
+    if dtype == "Float64":
+        return pd.arrays.FloatingArray(np.asarray(values, np.float64), mask)
+    return pd.arrays.IntegerArray(np.asarray(values, np.int64), mask)
+
+
+def _from_codes(codes: np.ndarray, uniques) -> pd.api.extensions.ExtensionArray:
+    """A nullable string column from dictionary codes (-1 = null): one Python string per
+    distinct value, not per row."""
+    codes = np.asarray(codes)
+    dictionary = pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32(), mask=codes < 0),
+                                                pa.array(np.asarray(uniques, object), pa.string()))
+    return pd.array(dictionary.cast(pa.string()).to_pandas(types_mapper=pd.ArrowDtype).array, dtype="string")
+
+
+def _strings(values: np.ndarray, mask: np.ndarray) -> pd.api.extensions.ExtensionArray:
+    """A nullable string column from an object array of a few distinct values and a null mask."""
+    codes, uniques = pd.factorize(np.where(mask, None, values), use_na_sentinel=True)
+    return _from_codes(codes, uniques)
+
+
+def _constant(value: str | None, n: int) -> pd.api.extensions.ExtensionArray:
+    if value is None:
+        return pd.array(pa.nulls(n, pa.string()).to_pandas(types_mapper=pd.ArrowDtype).array, dtype="string")
+    return pd.array(pa.repeat(pa.scalar(value), n).to_pandas(types_mapper=pd.ArrowDtype).array, dtype="string")
+
+
+def _column(df: pd.DataFrame, name: str, field: pa.Field, n: int) -> pd.api.extensions.ExtensionArray:
+    """Column ``name`` of ``df`` in the schema's nullable dtype (all null when absent)."""
+    from ..tables import _NULLABLE_DTYPES
+
+    dtype = _NULLABLE_DTYPES[str(field.type)]
+    if name not in df:
+        return _constant(None, n) if dtype == "string" else _typed(np.zeros(n), np.ones(n, bool), dtype)
+    return df[name].astype(dtype).array
+
+
+def _frame(cols: dict[str, object], n: int) -> pd.DataFrame:
+    """The columns of ALIGNMENT_SCHEMA in order, each already typed; absent ones all null."""
+    from ..tables import _NULLABLE_DTYPES
+
     out = {}
     for field in ALIGNMENT_SCHEMA:
-        v = rows.get(field.name)
-        out[field.name] = [None] * n if v is None else v
-    return pd.DataFrame(out)
+        v = cols.get(field.name)
+        if v is None:
+            dtype = _NULLABLE_DTYPES[str(field.type)]
+            v = _constant(None, n) if dtype == "string" else _typed(np.zeros(n), np.ones(n, bool), dtype)
+        out[field.name] = v
+    return pd.DataFrame(out, copy=False)
 
 
 def _assemble(calls: pd.DataFrame, call_kernel: np.ndarray, call_unit: np.ndarray, reason: np.ndarray,
               conf: np.ndarray, method: np.ndarray, kernels: pd.DataFrame, mode: str, *,
               lost: np.ndarray | None = None, placeholder: np.ndarray | None = None) -> pd.DataFrame:  # fmt: skip
     """Call rows (matched or not) and rows for kernels no call was matched to. ``lost`` marks
-    calls whose launch was found but whose kernel record is missing (not a match)."""
+    calls whose launch was found but whose kernel record is missing (not a match).
+
+    Columns are built in their final nullable dtypes straight from numpy values and masks: at
+    10^6 lines, object columns and a schema coercion afterwards cost more memory than the
+    alignment itself."""
     n = len(calls)
     matched = call_kernel >= 0
     if lost is not None:
         matched &= ~lost
-    rows = {
-        "row_kind": ["call"] * n,
-        "file": calls["file"].to_numpy(object),
-        "line": calls["line"].to_numpy(object),
-        "host": calls["host"].to_numpy(object),
-        "pid": calls["pid"].to_numpy(object),
-        "op": calls["op"].to_numpy(object),
-        "comm": calls["comm"].to_numpy(object),
-        "op_count": calls["op_count"].to_numpy(object),
-        "unit": np.where(call_unit >= 0, call_unit, None).astype(object),
-        "status": np.where(matched, "matched", "unmatched").astype(object),
-        "reason": reason,
-        "confidence": np.where(matched, conf, None).astype(object),
-        "method": np.where(matched, method, None).astype(object),
-        "duplicate_of": calls["duplicate_of"].to_numpy(object) if "duplicate_of" in calls else None,
-        **_kernel_cols(kernels, call_kernel),
+    fields = {f.name: f for f in ALIGNMENT_SCHEMA}
+    rows: dict[str, object] = {
+        name: _column(calls, name, fields[name], n)
+        for name in ("file", "line", "host", "pid", "op", "comm", "op_count", "duplicate_of")
     }
+    reason = np.asarray(reason, object)
+    method = np.asarray(method, object)
+    rows.update({
+        "row_kind": _constant("call", n),
+        "unit": _typed(np.maximum(call_unit, 0), call_unit < 0, "Int64"),
+        "status": _strings(np.where(matched, "matched", "unmatched").astype(object), np.zeros(n, bool)),
+        "reason": _strings(reason, pd.isna(reason)),
+        "confidence": _typed(np.where(matched, conf, 0.0), ~matched, "Float64"),
+        "method": _strings(method, ~matched | pd.isna(method)),
+        **_kernel_cols(kernels, call_kernel),
+    })  # fmt: skip
     call_rows = _frame(rows, n)
     used = np.zeros(len(kernels), bool)
     used[call_kernel[call_kernel >= 0]] = True
     if placeholder is not None:
         used |= placeholder  # lost launches are not kernels (and may be compute kernels)
     free = np.flatnonzero(~used)
+    nk = len(free)
     host = calls["host"].dropna().iloc[0] if n and calls["host"].notna().any() else None
+    pids = (kernels["pid"].astype("Int64").to_numpy(np.int64, na_value=0)[free] if len(kernels) and "pid" in kernels
+            else np.zeros(nk, np.int64))  # fmt: skip
+    pid_null = (kernels["pid"].isna().to_numpy()[free] if len(kernels) and "pid" in kernels
+                else np.ones(nk, bool))  # fmt: skip
     krows = {
-        "row_kind": ["kernel"] * len(free),
-        "host": [host] * len(free),
-        "pid": kernels["pid"].to_numpy(object)[free] if len(kernels) else [],
-        "status": ["unmatched"] * len(free),
-        "reason": ["no_log_line"] * len(free),
+        "row_kind": _constant("kernel", nk),
+        "host": _constant(host, nk),
+        "pid": _typed(pids, pid_null, "Int64"),
+        "status": _constant("unmatched", nk),
+        "reason": _constant("no_log_line", nk),
         **_kernel_cols(kernels, free),
     }
-    out = pd.concat([call_rows, _frame(krows, len(free))], ignore_index=True)
-    return coerce_to_schema(out, ALIGNMENT_SCHEMA)
+    if nk == 0:
+        return call_rows
+    return pd.concat([call_rows, _frame(krows, nk)], ignore_index=True)
 
 
 def align_process(
