@@ -72,8 +72,15 @@ def test_default_mode_beats_thesis_mode_and_sliding_window_on_table_4_5(tmp_path
         {"tp": 4, "sequence_parallel": True, "num_layers": 4},
         {"dp": 4},
         {"num_experts": 4, "ep": 4, "moe_layer_freq": 2, "moe_router_topk": 2, "moe_token_dispatcher": "allgather"},
+        # runs of identical P2P launches: lost lines are placed by the kernels, short unlogged
+        # kernels are told from large launches by the payload they could have carried
+        {"pp": 4},
+        pytest.param({"pp": 4, "vpp": 2, "num_layers": 8}, marks=pytest.mark.xfail(
+            strict=True, reason="known: on one rank a run of interleaved-schedule P2P launches aligns shifted by "
+            "a few kernels (precision 0.96); the example campaign's VPP run is not affected")),
+        {"num_experts": 4, "ep": 4, "moe_layer_freq": 2, "moe_router_topk": 2, "moe_token_dispatcher": "alltoall"},
     ],
-    ids=["tp4-sp", "dp4", "moe-ep4-allgather"],
+    ids=["tp4-sp", "dp4", "moe-ep4-allgather", "pp4", "pp4-vpp2", "moe-ep4-alltoall"],
 )
 def test_no_wrong_matches_with_every_imperfection_knob_on(tmp_path, settings):
     cfg = {**SCENARIO_BASE, "tp": 1, "pp": 1, "sequence_parallel": False, "iterations": 2, "seed": 5,

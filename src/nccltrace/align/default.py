@@ -57,7 +57,7 @@ class AlignParams:
 
 
 @nb.njit(cache=True, inline="always")
-def _pair(i, j, u_fam, u_dt, u_stream, k_fam, k_dt, k_stream, u_grid, k_grid, smap):
+def _pair(i, j, u_fam, u_dt, u_stream, k_fam, k_dt, k_stream, u_grid, k_grid, smap, u_size, k_cap, u_opt):
     """Score of matching unit i with kernel j, time aside (NEG = forbidden; ``_score`` adds time).
 
     Placeholders stand for launches known to exist from the other side's evidence: a kernel
@@ -68,6 +68,10 @@ def _pair(i, j, u_fam, u_dt, u_stream, k_fam, k_dt, k_stream, u_grid, k_grid, sm
     lost), which keeps the launches on both sides in step."""
     kf = k_fam[j]
     u_ph = u_dt[i] == -1
+    if u_size[i] >= 0 and k_cap[j] >= 0 and u_size[i] > k_cap[j] + 1:
+        return NEG  # the kernel ran too briefly to have moved the unit's payload
+    if u_opt[i] == 1 and smap[u_stream[i]] < 0:
+        return NEG  # a lost line at a guessed position takes only kernels of its (mapped) stream
     if kf == PLACEHOLDER:
         s = BASE + DTYPE_OK + STREAM_OK + (GRID_OK if u_grid[i] >= 0 else 0)
     else:
@@ -117,10 +121,10 @@ def _score(i, j, ucls, kcls, T, u_time, k_time, t_off, t_tol):
 
 
 @nb.njit(cache=True)
-def _fill(H, i0, j0, nw, mw, ucls, u_time, u_run, kcls, k_time, T, t_off, t_tol):  # fmt: skip
+def _fill(H, i0, j0, nw, mw, ucls, u_time, u_run, u_gap, kcls, k_time, T, t_off, t_tol):  # fmt: skip
     H[0, 0] = 0
     for a in range(1, nw + 1):
-        H[a, 0] = H[a - 1, 0] + GAP_LOG
+        H[a, 0] = H[a - 1, 0] + u_gap[i0 + a - 1]
     for b in range(1, mw + 1):
         H[0, b] = H[0, b - 1] + GAP_KERNEL
     for a in range(1, nw + 1):
@@ -129,7 +133,7 @@ def _fill(H, i0, j0, nw, mw, ucls, u_time, u_run, kcls, k_time, T, t_off, t_tol)
         run = min(run, a)
         for b in range(1, mw + 1):
             j = j0 + b - 1
-            best = H[a - 1, b] + GAP_LOG
+            best = H[a - 1, b] + u_gap[i]
             v = H[a, b - 1] + GAP_KERNEL
             best = max(best, v)
             p = _score(i, j, ucls, kcls, T, u_time, k_time, t_off, t_tol)
@@ -143,7 +147,7 @@ def _fill(H, i0, j0, nw, mw, ucls, u_time, u_run, kcls, k_time, T, t_off, t_tol)
 
 
 @nb.njit(cache=True)
-def _traceback(H, ea, eb, i0, j0, late, ucls, u_time, u_run, kcls, k_time, T, t_off, t_tol, path_a, path_b, path_r):  # fmt: skip
+def _traceback(H, ea, eb, i0, j0, late, ucls, u_time, u_run, u_gap, kcls, k_time, T, t_off, t_tol, path_a, path_b, path_r):  # fmt: skip
     """Walk back from (ea, eb); ``late`` prefers gaps (so matches sit as late as possible).
 
     Writes the visited cells (end first) and, per cell, the number of units the step out of it
@@ -168,7 +172,7 @@ def _traceback(H, ea, eb, i0, j0, late, ucls, u_time, u_run, kcls, k_time, T, t_
         else:
             diag_ok = False
             p = NEG
-        up_ok = a > 0 and H[a - 1, b] + GAP_LOG == h
+        up_ok = a > 0 and H[a - 1, b] + u_gap[i0 + a - 1] == h
         left_ok = b > 0 and H[a, b - 1] + GAP_KERNEL == h
         if late:
             if up_ok:
@@ -208,7 +212,7 @@ def _traceback(H, ea, eb, i0, j0, late, ucls, u_time, u_run, kcls, k_time, T, t_
 
 
 @nb.njit(cache=True)
-def _align_windows(ucls, u_time, u_run, kcls, k_time, T, t_off, t_tol, window,
+def _align_windows(ucls, u_time, u_run, u_gap, kcls, k_time, T, t_off, t_tol, window,
                    slack):  # fmt: skip
     """Align the whole sequences window by window; returns per-unit kernel (early and late
     extreme alignments; -1 = gap) and per-kernel unit of the early alignment."""
@@ -231,7 +235,7 @@ def _align_windows(ucls, u_time, u_run, kcls, k_time, T, t_off, t_tol, window,
         nw = min(window, n - i0)
         mw = min(wk, m - j0)
         final = i0 + nw == n and j0 + mw == m
-        _fill(H, i0, j0, nw, mw, ucls, u_time, u_run, kcls, k_time, T, t_off, t_tol)  # fmt: skip
+        _fill(H, i0, j0, nw, mw, ucls, u_time, u_run, u_gap, kcls, k_time, T, t_off, t_tol)  # fmt: skip
         # End cell: the true corner for the last window, else the best cell on the far edges
         # (the rest of the sequences is aligned by the next window).
         ea, eb = nw, mw
@@ -250,8 +254,8 @@ def _align_windows(ucls, u_time, u_run, kcls, k_time, T, t_off, t_tol, window,
                 if H[nw, b] > best:
                     best = H[nw, b]
                     eb = b
-        ne = _traceback(H, ea, eb, i0, j0, False, ucls, u_time, u_run, kcls, k_time, T, t_off, t_tol, ea_a, ea_b, ea_r)  # fmt: skip
-        nl = _traceback(H, ea, eb, i0, j0, True, ucls, u_time, u_run, kcls, k_time, T, t_off, t_tol, la_a, la_b, la_r)  # fmt: skip
+        ne = _traceback(H, ea, eb, i0, j0, False, ucls, u_time, u_run, u_gap, kcls, k_time, T, t_off, t_tol, ea_a, ea_b, ea_r)  # fmt: skip
+        nl = _traceback(H, ea, eb, i0, j0, True, ucls, u_time, u_run, u_gap, kcls, k_time, T, t_off, t_tol, la_a, la_b, la_r)  # fmt: skip
         # Commit point: a cell on both paths, the furthest one within the first half of the
         # window (or the end for the last window / when the paths only meet there).
         ca, cb = ea, eb
@@ -308,7 +312,7 @@ MAX_FUSE = 16
 
 
 @nb.njit(cache=True)
-def _forward(ucls, u_time, u_run, kcls, k_time, T, t_off, t_tol, lo, hi, off,
+def _forward(ucls, u_time, u_run, u_gap, kcls, k_time, T, t_off, t_tol, lo, hi, off,
              score_first):  # fmt: skip
     """Best score of every band cell (a units and b kernels consumed) from the start: int32 per cell.
 
@@ -326,7 +330,7 @@ def _forward(ucls, u_time, u_run, kcls, k_time, T, t_off, t_tol, lo, hi, off,
         for b in range(la, ha + 1):
             best = NEG_INF
             if lp <= b <= hp and F[off[a - 1] + b - lp] > NEG_INF:
-                best = F[off[a - 1] + b - lp] + GAP_LOG
+                best = F[off[a - 1] + b - lp] + u_gap[i]
             if b - 1 >= la and F[off[a] + b - 1 - la] > NEG_INF:
                 v = F[off[a] + b - 1 - la] + GAP_KERNEL
                 best = max(best, v)
@@ -350,7 +354,7 @@ def _forward(ucls, u_time, u_run, kcls, k_time, T, t_off, t_tol, lo, hi, off,
 
 
 @nb.njit(cache=True)
-def _certain(F, R, lo, hi, off, roff, m, k_stream, k_grid, ucls, u_time, u_run, kcls, k_time, T, t_off, t_tol):  # fmt: skip
+def _certain(F, R, lo, hi, off, roff, m, k_stream, k_grid, ucls, u_time, u_run, u_gap, kcls, k_time, T, t_off, t_tol):  # fmt: skip
     """Per unit: the kernel every optimal alignment matches it to (-1 if none), and whether the
     optimal alignments disagree about it (ambiguous).
 
@@ -385,7 +389,7 @@ def _certain(F, R, lo, hi, off, roff, m, k_stream, k_grid, ucls, u_time, u_run, 
                 continue
             if lp <= b <= hp:
                 f = F[off[a - 1] + b - lp]
-                if f > NEG_INF and f + GAP_LOG + sfx == opt:
+                if f > NEG_INF and f + u_gap[i] + sfx == opt:
                     can_gap = True
             if b >= 1 and lp <= b - 1 <= hp:
                 f = F[off[a - 1] + b - 1 - lp]
@@ -479,13 +483,19 @@ class UnitAlignment:
     time_tolerance_ns: int | None
 
 
-def _class_table(units: LogUnits, ks: KernelSeq, ugrid: np.ndarray, kgrid: np.ndarray, smap: np.ndarray):
+def _class_table(units: LogUnits, ks: KernelSeq, ugrid: np.ndarray, kgrid: np.ndarray, smap: np.ndarray,
+                 usize: np.ndarray | None = None, kcap: np.ndarray | None = None):  # fmt: skip
     """Units and kernels reduced to classes of everything ``_pair`` reads except time, and the
     score of every (unit class, kernel class): the DPs then cost a table lookup per cell."""
-    uvals, ucls = _classes([units.fam_mask, units.dt_mask, units.stream, ugrid])
-    kvals, kcls = _classes([ks.family, ks.dtype_class, ks.stream, kgrid])
-    T = _table(uvals[:, 0].copy(), uvals[:, 1].copy(), uvals[:, 2].copy(), uvals[:, 3].copy(), kvals[:, 0].copy(),
-               kvals[:, 1].copy(), kvals[:, 2].copy(), kvals[:, 3].copy(), smap)  # fmt: skip
+    if usize is None:
+        usize = np.full(units.n, -1, np.int64)
+    if kcap is None:
+        kcap = np.full(ks.m, -1, np.int64)
+    # before any stream is mapped (first pass) a guessed placeholder may take any kernel
+    strict = units.optional.astype(np.int64) if (smap >= 0).any() else np.zeros(units.n, np.int64)
+    uvals, ucls = _classes([units.fam_mask, units.dt_mask, units.stream, ugrid, usize, strict])
+    kvals, kcls = _classes([ks.family, ks.dtype_class, ks.stream, kgrid, kcap])
+    T = _table(*(uvals[:, c].copy() for c in range(6)), *(kvals[:, c].copy() for c in range(5)), smap)
     return ucls, kcls, T
 
 
@@ -507,26 +517,86 @@ def _classes(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 
 @nb.njit(cache=True)
-def _table(u_fam, u_dt, u_stream, u_grid, k_fam, k_dt, k_stream, k_grid, smap):
+def _table(u_fam, u_dt, u_stream, u_grid, u_size, u_opt, k_fam, k_dt, k_stream, k_grid, k_cap, smap):
     nu, nk = u_fam.shape[0], k_fam.shape[0]
     T = np.empty((nu, nk), np.int32)
     for a in range(nu):
         for b in range(nk):
-            T[a, b] = _pair(a, b, u_fam, u_dt, u_stream, k_fam, k_dt, k_stream, u_grid, k_grid, smap)
+            T[a, b] = _pair(a, b, u_fam, u_dt, u_stream, k_fam, k_dt, k_stream, u_grid, k_grid, smap, u_size, k_cap,
+                            u_opt)  # fmt: skip
     return T
+
+
+def _kernel_durations(ks: KernelSeq) -> np.ndarray:
+    """Kernel durations in ns (-1 for lost records and unknown times)."""
+    k = ks.kernels
+    if "start" not in k or "end" not in k or ks.m == 0:
+        return np.full(ks.m, -1, np.int64)
+    d = (k["end"].astype("Int64") - k["start"].astype("Int64")).fillna(-1).to_numpy(np.int64)
+    return np.where(ks.placeholder | (d <= 0), -1, d)
+
+
+_BANDWIDTH_REGIME = 1 << 20  # bytes
+_MAX_COPIES = 16  # optional copies of a lost line's placeholder within one piece
+
+
+def _learn_rate(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, min_obs: int = 10,
+                margin: float = 2.0) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Payload size classes of units and the largest class each kernel could have carried.
+
+    A kernel cannot move its payload faster than the links allow, however long it waited for
+    its peers: with the fastest payload rate on its stream (bytes per ns of kernel time; 90th
+    percentile of the first pass's certain matches of at least 1 MiB), times ``margin``, as
+    the bound, a kernel of duration d carries at
+    most ``d * bound`` bytes. Classes are powers of two; a pair is ruled out only when the
+    unit's class exceeds the kernel's by more than one (so the bound errs on the lenient
+    side by a further factor of up to four). This separates a short kernel without a log line
+    from the large launches of a run of identical P2P units, which nothing else tells apart.
+    Kernels on streams with fewer than ``min_obs`` such matches are not constrained."""
+    none = np.full(units.n, -1, np.int64), np.full(ks.m, -1, np.int64)
+    dur = _kernel_durations(ks)
+    sure = np.flatnonzero((kernel >= 0) & ~units.placeholder)
+    if len(sure) == 0:
+        return none
+    js = kernel[sure]
+    # only launches in the bandwidth regime say how fast the links are (small ones are latency);
+    # per kernel stream, as each communicator's members share links of one kind
+    ok = (units.bytes[sure] >= _BANDWIDTH_REGIME) & (dur[js] > 0)
+    rate = units.bytes[sure][ok] / dur[js][ok]
+    stream_of = ks.stream[js][ok]
+    bound = np.full(len(ks.streams), np.nan)
+    for st in np.unique(stream_of):
+        r = rate[stream_of == st]
+        if len(r) >= min_obs:
+            # a high quantile, not the maximum: a wrong first-pass match to a short kernel
+            # (e.g. one without a log line) is an outlier
+            bound[st] = margin * float(np.quantile(r, 0.9))
+    if np.isnan(bound).all():
+        return none
+    kb = np.where(ks.stream >= 0, bound[np.maximum(ks.stream, 0)], np.nan)
+    dur = np.where(np.isnan(kb), -1, dur)
+    kb = np.nan_to_num(kb, nan=0.0)
+    usize = np.where(units.bytes > 0, np.ceil(np.log2(np.maximum(units.bytes, 1))), -1).astype(np.int64)
+    kcap = np.where(dur > 0, np.floor(np.log2(np.maximum(dur * kb, 1.0))), -1).astype(np.int64)
+    top = int(usize.max()) if (usize >= 0).any() else 0
+    kcap = np.where(kcap >= 0, np.minimum(kcap, top), -1)  # larger capacities all mean "anything fits"
+    return usize, kcap
 
 
 def _run(units: LogUnits, ks: KernelSeq, smap: np.ndarray, t_off: int, t_tol: int, p: AlignParams,
          ugrid: np.ndarray | None = None, kgrid: np.ndarray | None = None,
-         guide: np.ndarray | None = None):  # fmt: skip
+         guide: np.ndarray | None = None, usize: np.ndarray | None = None,
+         kcap: np.ndarray | None = None):  # fmt: skip
     """Windowed pass for a guide path, then the exact set of certain matches within a band
     around it (forward DP and the forward DP of the reversed sequences)."""
     if ugrid is None:
         ugrid = np.full(units.n, -1, np.int64)
     if kgrid is None:
         kgrid = ks.grid
-    ucls, kcls, T = _class_table(units, ks, ugrid, kgrid, smap)
-    args = (ucls, units.time, units.fuse_run, kcls, ks.time, T, np.int64(t_off), np.int64(t_tol))
+    ucls, kcls, T = _class_table(units, ks, ugrid, kgrid, smap, usize, kcap)
+    # a placeholder whose log position is a guess may go unmatched at no cost
+    u_gap = np.where(units.optional, 0, GAP_LOG).astype(np.int64)
+    args = (ucls, units.time, units.fuse_run, u_gap, kcls, ks.time, T, np.int64(t_off), np.int64(t_tol))
     if guide is None:
         guide, _ = _align_windows(*args, p.window, p.slack)
     lo, hi = _band(guide, ks.m, p.band)
@@ -542,7 +612,8 @@ def _run(units: LogUnits, ks: KernelSeq, smap: np.ndarray, t_off: int, t_tol: in
     rhi = (m - lo)[::-1].copy()
     roff = np.zeros(n + 2, np.int64)
     roff[1:] = np.cumsum(rhi - rlo + 1)
-    rargs = (ucls[::-1].copy(), units.time[::-1].copy(), _runs(rev_adjacent, MAX_FUSE), kcls[::-1].copy(),
+    rargs = (ucls[::-1].copy(), units.time[::-1].copy(), _runs(rev_adjacent, MAX_FUSE), u_gap[::-1].copy(),
+             kcls[::-1].copy(),
              ks.time[::-1].copy(), T, np.int64(t_off), np.int64(t_tol))  # fmt: skip
     R = _forward(*rargs, rlo, rhi, roff, True)
     kernel, amb, cstream, cgrid = _certain(F, R, lo, hi, off, roff, m, ks.stream, kgrid, *args)
@@ -595,8 +666,9 @@ def _learn(units: LogUnits, ks: KernelSeq, early: np.ndarray, cstream: np.ndarra
             continue
         vals, counts = np.unique(cstream[sel], return_counts=True)
         top = counts.argmax()
-        # unanimous evidence, or a large majority of at least three launches
-        if len(vals) == 1 or (sel.sum() >= 3 and counts[top] >= 0.95 * sel.sum()):
+        # unanimous evidence of at least two launches (one first-pass match may be a neighbour's
+        # kernel taken through a lost line's placeholder), or a large majority of three or more
+        if (len(vals) == 1 and sel.sum() >= 2) or (sel.sum() >= 3 and counts[top] >= 0.95 * sel.sum()):
             smap[s] = vals[top]
     t_off, t_tol = 0, 0
     has_t = sure & (units.time != NO_TIME)
@@ -655,6 +727,98 @@ def _odd_grids(ks: KernelSeq, cstream: np.ndarray, cgrid: np.ndarray, min_votes:
         odd = np.array([(int(s), int(g)) not in seen for g in ks.grid[idx]], dtype=bool)
         out[idx[odd]] = ODD_GRID
     return out
+
+
+def _relocate_placeholders(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, amb: np.ndarray,
+                           smap: np.ndarray, kgrid: np.ndarray, max_span: int = 256
+                           ) -> tuple[np.ndarray | None, np.ndarray]:  # fmt: skip
+    """New unit order (position -> unit index, a placeholder possibly repeated as optional
+    copies; None when nothing moves) that puts opCount-gap placeholders where their kernels
+    are, and which placeholders now sit at a position the kernels confirm.
+
+    A lost line is known to sit between its communicator's neighbours p and q, but not where
+    among the other communicators' lines in between; ``build_log_units`` puts its placeholder
+    right after p. The kernel side shows where it was: cut the stretch around the gap at the
+    other comms' units the first pass matched with certainty; in each piece, compare the
+    comm's known launches (logged units and the placeholders of other gaps) with the kernels
+    that could be its launches (on its stream, or lost records of unknown stream; not kernels
+    with a grid never seen on that stream). The piece with the surplus kernel holds the lost
+    line. The move is made only when the surpluses account for exactly the gap's lost lines
+    (an unexplained extra kernel nearby leaves the placeholder where it was)."""
+    n = units.n
+    ph = np.flatnonzero(units.placeholder & units.optional & (units.op_count >= 0))  # not yet placed
+    if len(ph) == 0:
+        return None, np.zeros(n, bool)
+    mapped = smap[smap >= 0]
+    shared = {int(v) for v, c in zip(*np.unique(mapped, return_counts=True)) if c > 1}
+    sure = (kernel >= 0) & ~amb
+    taken_by = np.full(ks.m, -1, np.int64)  # unit certainly matched to each kernel
+    taken_by[kernel[sure]] = np.flatnonzero(sure)
+    other_sure = sure & ~units.placeholder
+    key = np.arange(n, dtype=np.float64)
+    placed = np.zeros(n, bool)  # placeholders whose position the kernels fixed
+    copies: list[tuple[int, float]] = []  # (placeholder, position) of optional copies
+    moved = False
+    per_comm: dict[int, tuple] = {}
+    done = np.zeros(n, bool)
+    for u in ph:
+        if done[u]:
+            continue
+        c, s = int(units.comm[u]), int(smap[units.stream[u]])
+        if s < 0 or s in shared:
+            continue
+        if c not in per_comm:
+            mine = units.comm == c
+            own = ((ks.stream == s) | ks.placeholder) & ((taken_by < 0) | (units.comm[np.maximum(taken_by, 0)] == c))
+            own &= kgrid > ODD_GRID
+            per_comm[c] = (np.flatnonzero(mine & ~units.placeholder), np.flatnonzero(mine & units.placeholder),
+                           np.r_[0, np.cumsum(mine)], np.r_[0, np.cumsum(own)])  # fmt: skip
+        real, phs, unit_before, own_before = per_comm[c]
+        k = np.searchsorted(real, u)
+        if k == 0 or k >= len(real):
+            continue
+        p, q = int(real[k - 1]), int(real[k])
+        group = phs[(phs > p) & (phs < q) & units.optional[phs]]
+        done[group] = True
+        if q - p - 1 == len(group) or q - p > max_span:
+            continue  # nothing else in between (the position is exact), or too long to reason about
+        # cuts: certain units of other comms inside the span, and the nearest one on each side
+        lo_w, hi_w = max(0, p - max_span), min(n, q + 1 + max_span)
+        window = np.flatnonzero(other_sure[lo_w:hi_w] & (units.comm[lo_w:hi_w] != c)) + lo_w
+        inner = window[(window > p) & (window < q)]
+        before, after = window[window < p], window[window > q]
+        cuts = np.r_[before[-1:] if len(before) else [-1], inner, after[:1] if len(after) else [n]].astype(np.int64)
+        kcut = np.where(cuts < 0, -1, np.where(cuts >= n, ks.m, kernel[np.clip(cuts, 0, n - 1)]))
+        if np.any(np.diff(kcut) <= 0):
+            continue  # certain matches out of order: no reliable frame
+        k_count = own_before[kcut[1:]] - own_before[kcut[:-1] + 1]
+        u_count = unit_before[cuts[1:]] - unit_before[cuts[:-1] + 1]
+        # the gap's own placeholders are what is being placed: not counted where they sit now
+        u_count -= np.bincount(np.searchsorted(cuts, group) - 1, minlength=len(u_count))[:len(u_count)]
+        surplus = k_count - u_count
+        if np.any(surplus < 0) or surplus.sum() != len(group):
+            continue
+        # piece i lies between cuts[i] and cuts[i + 1]; within the span, its lost lines go right
+        # after max(cuts[i], p). That is their exact place when no other unit shares the piece's
+        # part of the span; otherwise an optional copy goes to every boundary in that part: the
+        # piece's kernels leave room for exactly its surplus, so only that many copies can match.
+        slots: list[tuple[list[float], bool]] = []
+        for i in np.flatnonzero(surplus):
+            lo_u, hi_u = max(int(cuts[i]), p), min(int(cuts[i + 1]), q)
+            between = np.arange(lo_u + 1, hi_u)
+            between = between[~np.isin(between, group)]
+            spots = [lo_u + 0.5] + [b + 0.5 for b in between[:_MAX_COPIES]]
+            slots += [(spots, len(between) == 0)] * int(surplus[i])
+        for r, (g, (spots, exact)) in enumerate(zip(group, slots)):
+            key[g] = spots[0] + r * 1e-3  # keep the lost lines' opCount order
+            placed[g] = exact
+            copies += [(int(g), spot + r * 1e-3) for spot in spots[1:]]
+        moved = True
+    if not moved:
+        return None, placed
+    src = np.r_[np.arange(n), np.asarray([c[0] for c in copies], np.int64)]
+    take = src[np.argsort(np.r_[key, [c[1] for c in copies]], kind="stable")]
+    return None if np.array_equal(take, np.arange(n)) else take, placed
 
 
 def _opcount_fix(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, amb: np.ndarray, method: np.ndarray,
@@ -730,20 +894,35 @@ def align_units(units: LogUnits, ks: KernelSeq, params: AlignParams = AlignParam
     smap, t_off, t_tol = _learn(units, ks, kernel, cstream)
     ugrid = _learn_grid(units, ks, kernel, cgrid)
     kgrid = _odd_grids(ks, cstream, cgrid)
-    if (smap >= 0).any() or t_tol > 0 or (ugrid >= 0).any() or (kgrid <= ODD_GRID).any():
+    usize, kcap = _learn_rate(units, ks, np.where(amb, -1, kernel))
+    original = units
+    perm: np.ndarray | None = None  # current unit order (position -> original index)
+    units, perm, moved = _place(units, ks, kernel, amb, smap, kgrid, perm)
+    if moved is not None:
+        ugrid, guide, usize = ugrid[moved], guide[moved], usize[moved]
+    if ((smap >= 0).any() or t_tol > 0 or (ugrid >= 0).any() or (kgrid <= ODD_GRID).any()
+            or (kcap >= 0).any()):  # fmt: skip
         # the first pass's guide path serves again (the band around it held the first pass)
-        kernel, amb, _, _, _ = _run(units, ks, smap, t_off, t_tol, params, ugrid, kgrid, guide=guide)
+        kernel, amb, _, _, _ = _run(units, ks, smap, t_off, t_tol, params, ugrid, kgrid, guide=guide, usize=usize,
+                                    kcap=kcap)  # fmt: skip
+        # with the stream map, far more matches are certain: place the remaining lost lines
+        # from them, and align once more if any moved
+        units, perm, moved = _place(units, ks, kernel, amb, smap, kgrid, perm)
+        if moved is not None:
+            ugrid, guide, usize = ugrid[moved], guide[moved], usize[moved]
+            kernel, amb, _, _, _ = _run(units, ks, smap, t_off, t_tol, params, ugrid, kgrid, guide=guide,
+                                        usize=usize, kcap=kcap)  # fmt: skip
     else:
         ugrid = np.full(units.n, -1, np.int64)
         kgrid = ks.grid
     method = np.where(kernel >= 0, "alignment", None).astype(object)
     _opcount_fix(units, ks, kernel, amb, method, smap)
     # Confidence: the share of the evidence available for the pair that confirmed it.
-    conf = np.zeros(n)
+    conf = np.zeros(units.n)
     us = np.flatnonzero(kernel >= 0)
     if len(us):
         js = kernel[us]
-        ucls, kcls, T = _class_table(units, ks, ugrid, kgrid, smap)
+        ucls, kcls, T = _class_table(units, ks, ugrid, kgrid, smap, usize, kcap)
         got = _match_scores(us, js, ucls, kcls, T, units.time, ks.time, np.int64(t_off), np.int64(t_tol))
         avail = np.full(len(us), BASE, np.int64)
         avail += np.where((ks.dtype_class[js] >= 0) & (units.dt_mask[us] != 0), DTYPE_OK, 0)
@@ -753,4 +932,33 @@ def align_units(units: LogUnits, ks: KernelSeq, params: AlignParams = AlignParam
         avail += np.where((ugrid[us] >= 0) & (ks.grid[js] >= 0), GRID_OK, 0)
         conf[us] = np.clip(np.maximum(got, 0) / avail, 0.0, 1.0)
     stream_map = {int(units.streams[s]): int(ks.streams[smap[s]]) for s in range(len(smap)) if smap[s] >= 0}
+    if perm is not None:  # back to the caller's unit order
+        kernel, amb, conf, method = (_unpermute(x, perm) for x in (kernel, amb, conf, method))
+    del original
     return UnitAlignment(kernel, amb, conf, method, stream_map, t_off if t_tol else None, t_tol or None)
+
+
+def _place(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, amb: np.ndarray, smap: np.ndarray,
+           kgrid: np.ndarray, perm: np.ndarray | None) -> tuple[LogUnits, np.ndarray | None, np.ndarray | None]:
+    """Relocate placeholders by the kernels (``_relocate_placeholders``): the units in their new
+    order, the composed order (position -> caller's index, -1 for added copies) and this step's
+    own order (None when nothing moved; per-unit arrays of the old order are indexed by it)."""
+    step, placed = _relocate_placeholders(units, ks, kernel, amb, smap, kgrid)
+    if placed.any():
+        units = units.with_optional(units.optional & ~placed)
+    if step is None:
+        return units, perm, None
+    # a copy (second and later occurrence of a unit) has no position in the caller's order
+    first = np.zeros(len(step), bool)
+    first[np.unique(step, return_index=True)[1]] = True
+    base = np.arange(units.n) if perm is None else perm
+    composed = np.where(first, base[step], -1)
+    return units.permuted(step), composed, step
+
+
+def _unpermute(x: np.ndarray, perm: np.ndarray) -> np.ndarray:
+    """Per-unit results back in the caller's order (copies, marked -1, are dropped)."""
+    keep = perm >= 0
+    out = np.empty(int(keep.sum()), dtype=x.dtype)
+    out[perm[keep]] = x[keep]
+    return out

@@ -110,10 +110,53 @@ class LogUnits:
     informative_comm: np.ndarray  # bool per comm: opCount separates launches
     placeholder: np.ndarray  # bool per unit: a launch whose call line is missing (opCount gap)
     bytes: np.ndarray  # int64 per unit: summed payload bytes of its calls (-1 for placeholders)
+    p2p: np.ndarray  # bool per unit: its calls are Send/Recv
+    optional: np.ndarray  # bool per unit: a placeholder whose log position is a guess (may go unmatched freely)
+    max_fuse: int = 16
 
     @property
     def n(self) -> int:
         return len(self.fam_mask)
+
+    def permuted(self, perm: np.ndarray) -> LogUnits:
+        """The units in the order ``perm`` (new position -> old index); calls follow their units
+        and fusable runs are recomputed for the new neighbours. A placeholder may appear more
+        than once (copies at several candidate positions)."""
+        inv = np.zeros(self.n, np.int64)
+        inv[perm] = np.arange(len(perm))
+        per_unit = {name: getattr(self, name)[perm] for name in (
+            "fam_mask", "dt_mask", "stream", "comm", "op_count", "time", "first_call", "placeholder", "bytes", "p2p",
+            "optional")}
+        return LogUnits(
+            calls=self.calls,
+            call_unit=np.where(self.call_unit >= 0, inv[np.maximum(self.call_unit, 0)], -1),
+            call_reason=self.call_reason,
+            fuse_run=fuse_runs(per_unit["p2p"], per_unit["comm"], per_unit["stream"], self.informative_comm,
+                               self.max_fuse),
+            streams=self.streams,
+            comms=self.comms,
+            informative_comm=self.informative_comm,
+            max_fuse=self.max_fuse,
+            **per_unit,
+        )
+
+    def with_optional(self, optional: np.ndarray) -> LogUnits:
+        """The same units with other optional placeholders."""
+        from dataclasses import replace
+
+        return replace(self, optional=np.asarray(optional, bool))
+
+
+def fuse_runs(p2p: np.ndarray, comm: np.ndarray, stream: np.ndarray, informative: np.ndarray,
+              max_fuse: int) -> np.ndarray:  # fmt: skip
+    """Per unit: consecutive fusable units ending there (>= 1). Consecutive P2P units of one comm
+    whose opCount does not separate launches may be one kernel."""
+    nu = len(p2p)
+    adjacent = np.zeros(nu, bool)
+    if nu > 1:
+        adjacent[1:] = (p2p[1:] & p2p[:-1] & (comm[1:] == comm[:-1]) & ~informative[comm[1:]]
+                        & (stream[1:] == stream[:-1]))  # fmt: skip
+    return _runs(adjacent, max_fuse)
 
 
 NO_TIME = np.iinfo(np.int64).min
@@ -173,7 +216,7 @@ def build_log_units(calls: pd.DataFrame, *, nccl_version: tuple[int, int, int] |
     # opCount starts at 0 on every communicator, so a later first value means lost first lines.
     real = np.flatnonzero(informative[u_comm])
     order = real[np.lexsort((u_opc[real], u_comm[real]))]
-    ph_after, ph_opc, ph_rank = [], [], []  # unit the placeholder follows (or precedes), its opCount, offset
+    ph_after, ph_opc, ph_rank, ph_opt = [], [], [], []  # unit it follows (or precedes), opCount, offset, optional
     if len(order):
         comm_o, opc_o = u_comm[order], u_opc[order]
         starts = np.r_[True, comm_o[1:] != comm_o[:-1]]
@@ -185,10 +228,13 @@ def build_log_units(calls: pd.DataFrame, *, nccl_version: tuple[int, int, int] |
                     ph_after.append(order[k])
                     ph_opc.append(int(opc_o[k]) - 1 - q)
                     ph_rank.append(-(q + 1) / 128.0)
+                    ph_opt.append(True)  # how long before the comm's first line is unknown
                 else:  # after the previous unit of the comm
                     ph_after.append(order[k - 1])
                     ph_opc.append(int(prev_opc[k]) + 1 + q)
                     ph_rank.append((q + 1) / 128.0)
+                    # exact when nothing else was logged between the comm's neighbours
+                    ph_opt.append(bool(order[k] - order[k - 1] > 1))
     n_ph = len(ph_after)
     like = np.asarray(ph_after, np.int64)
     order_key = np.r_[u_first.astype(np.float64), u_first[like].astype(np.float64) + np.asarray(ph_rank)]
@@ -210,16 +256,13 @@ def build_log_units(calls: pd.DataFrame, *, nccl_version: tuple[int, int, int] |
     u_first = _p(u_first, np.full(n_ph, -1, np.int64))
     u_bytes = _p(u_bytes, np.full(n_ph, -1, np.int64))
     placeholder = _p(np.zeros(len(u_first) - n_ph, bool), np.ones(n_ph, bool))
+    optional = _p(np.zeros(len(u_first) - n_ph, bool), np.asarray(ph_opt, bool))
 
     nu = len(fam_mask)
     call_is_p2p = pd.Series(op, dtype=object).isin(P2P_OPS).to_numpy() if n else np.zeros(0, bool)
     is_p2p_unit = (u_first >= 0) & call_is_p2p[np.maximum(u_first, 0)] if nu else np.zeros(0, bool)
-    # consecutive P2P units of one comm whose opCount does not separate launches may be one kernel
-    adjacent = np.zeros(nu, bool)
-    if nu > 1:
-        adjacent[1:] = (is_p2p_unit[1:] & is_p2p_unit[:-1] & (u_comm[1:] == u_comm[:-1])
-                        & ~informative[u_comm[1:]] & (u_stream[1:] == u_stream[:-1]))  # fmt: skip
-    fuse_run = _runs(adjacent, max_fuse)
+    fuse_run = fuse_runs(is_p2p_unit, np.asarray(u_comm, np.int64), np.asarray(u_stream, np.int64), informative,
+                         max_fuse)  # fmt: skip
     return LogUnits(
         calls=calls,
         call_unit=call_unit,
@@ -237,6 +280,9 @@ def build_log_units(calls: pd.DataFrame, *, nccl_version: tuple[int, int, int] |
         informative_comm=informative,
         placeholder=placeholder,
         bytes=u_bytes,
+        p2p=np.asarray(is_p2p_unit, bool),
+        optional=optional,
+        max_fuse=max_fuse,
     )
 
 
