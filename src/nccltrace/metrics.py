@@ -1,0 +1,1071 @@
+"""Per-operation bandwidth, wait/transfer split, stragglers, theoretical limits and algorithms.
+
+Input is the enriched ops table of a run (``nccltrace.ops``) plus the per-process parse
+outputs (topology dumps, TUNING lines, init lines with bus ids). Five tables come out:
+
+* ``op_metrics``: one row per call row of ops: message size, algorithm and bus bandwidth in
+  the nccl-tests conventions, the rank's wait for the last peer and the transfer time after
+  it, the theoretical limit of the links involved and the efficiency against it, and the
+  algorithm/protocol NCCL used;
+* ``instances``: one row per collective instance across its ranks (arrival skew, last rank,
+  total wait, transfer bandwidth), or why no cross-rank figure was computed;
+* ``stragglers``: per communicator and rank, how often the rank arrived last and how much
+  waiting that caused the others;
+* ``limits``: per logical communicator, the bottleneck link among its members in the parsed
+  topology (or a marked fallback / the reason there is none);
+* ``algorithms``: per communicator and op, the algorithm/protocol NCCL chose as a function of
+  the message size (a transition table).
+
+Units: bandwidths in GB/s with 1 GB = 1e9 B (as nccl-tests), times in ns. Everything is
+computed column-wise; only the (small) topology and communicator lists are walked in Python.
+See ``docs/metrics.md`` for the definitions and the limit model.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from .tables import SCHEMA_VERSION, coerce_to_schema, read_table, write_table_atomic
+from .tables import documented_field as _f
+
+GB = 1e9  # nccl-tests reports GB/s with 1 GB = 1e9 bytes
+
+# nccl-tests bus-bandwidth factors (doc/PERFORMANCE.md of nccl-tests): the share of the message
+# each rank must move over its busiest link, so busbw is comparable to a link's bandwidth.
+_FACTOR_2N = frozenset({"AllReduce"})  # 2(n-1)/n
+_FACTOR_N = frozenset({"AllGather", "ReduceScatter", "AlltoAll", "Gather", "Scatter"})  # (n-1)/n
+_FACTOR_1 = frozenset({"Broadcast", "Reduce", "Send", "Recv", "SendRecv"})  # 1
+_P2P = frozenset({"Send", "Recv"})
+
+_ALGOS = ("NVLS_TREE", "COLLNET_DIRECT", "COLLNET_CHAIN", "TREE", "RING", "NVLS", "PAT")
+_PROTOS = ("LL128", "LL", "SIMPLE")
+# Specialised kernels carry ALGO_PROTO in their name: ncclDevKernel_AllReduce_Sum_f32_RING_LL
+# (>= 2.19) or ncclKernel_AllReduce_RING_LL_Sum_float (older). Generic/SendRecv kernels do not.
+_KERNEL_ALGO = re.compile(r"_(" + "|".join(_ALGOS) + r")_(" + "|".join(_PROTOS) + r")(?![A-Za-z0-9])")
+
+
+def _schema(fields: list[pa.Field], table: str, doc: str) -> pa.Schema:
+    return pa.schema(fields, metadata={"table": table, "doc": doc, "nccltrace_schema_version": SCHEMA_VERSION})
+
+
+_LIMIT_COLS = [
+    _f("limit_gbps", pa.float64(), "GB/s", "theoretical bus-bandwidth ceiling: bandwidth of the bottleneck link "
+       "among the members (nccl-tests busbw is normalised so that it compares directly with it); null when unknown"),
+    _f("limit_link", pa.string(), "", "the bottleneck, e.g. 'NVL 240.0 GB/s: GPU 0-7000 on node000 (3 NVLinks to the "
+       "other members)'"),
+    _f("limit_source", pa.string(), "", "'topology' (from the parsed topology dumps), 'fallback: <value assumed and "
+       "why>' or 'unavailable: <reason>'"),
+]
+
+OP_METRICS_SCHEMA = _schema(
+    [
+        _f("file", pa.string(), "", "log file of the call (key with line)"),
+        _f("line", pa.int64(), "", "1-based line of the call in that file"),
+        _f("host", pa.string(), "", "host of the process"),
+        _f("pid", pa.int64(), "", "process id"),
+        _f("global_rank", pa.int32(), "", "global rank of the process"),
+        _f("rank_in_comm", pa.int32(), "", "rank of the process in the communicator"),
+        _f("logical_id", pa.int32(), "", "logical communicator; null if unresolved"),
+        _f("nranks", pa.int32(), "", "communicator size"),
+        _f("op", pa.string(), "", "logged NCCL function"),
+        _f("parallelism", pa.string(), "", "parallelism the communicator serves"),
+        _f("instance", pa.string(), "", "cross-rank collective instance key (ops.instance)"),
+        _f("status", pa.string(), "", "alignment status of the call ('matched' or 'unmatched'); every time-derived "
+           "figure is null unless 'matched'"),
+        _f("instance_status", pa.string(), "", "status of the call's instance (instances.status); null without "
+           "instance (P2P, duplicate lines, single-rank communicators)"),
+        _f("message_bytes", pa.int64(), "B", "nccl-tests message size S (AllGather/ReduceScatter: per-rank count x "
+           "nranks x type size)"),
+        _f("duration_ns", pa.int64(), "ns", "kernel duration on the node's clock (end - start)"),
+        _f("algbw_gbps", pa.float64(), "GB/s", "algorithm bandwidth S / duration"),
+        _f("bus_factor", pa.float64(), "", "nccl-tests bus factor: AllReduce 2(n-1)/n; AllGather, ReduceScatter, "
+           "AlltoAll, Gather, Scatter (n-1)/n; Broadcast, Reduce, Send, Recv 1; null for n = 1 (nothing crosses a "
+           "link)"),
+        _f("busbw_gbps", pa.float64(), "GB/s", "bus bandwidth algbw x bus_factor of this call"),
+        _f("kernel_calls", pa.int32(), "", "calls executed by the same kernel launch (fused groups, e.g. grouped "
+           "Send/Recv); 1 for a lone call"),
+        _f("kernel_busbw_gbps", pa.float64(), "GB/s", "bus bandwidth of the whole kernel: bus bytes of all its calls "
+           "(collectives: sum S x factor; P2P: max of bytes sent, bytes received) / duration; = busbw_gbps when "
+           "kernel_calls = 1"),
+        _f("arrival_offset_ns", pa.int64(), "ns", "own kernel start - first start of the instance (synchronised "
+           "clocks); complete instances only"),
+        _f("wait_ns", pa.int64(), "ns", "time the rank's kernel waited for the last rank: last start - own start, "
+           "clipped to [0, duration]; complete instances only"),
+        _f("transfer_ns", pa.int64(), "ns", "duration - wait: own end - last arrival; complete instances only"),
+        _f("transfer_busbw_gbps", pa.float64(), "GB/s", "kernel bus bytes / transfer_ns (bandwidth once every rank "
+           "is present); null when transfer_ns <= 0"),
+        _f("arrival_skew_ns", pa.int64(), "ns", "last start - first start of the call's instance"),
+    ]
+    + _LIMIT_COLS
+    + [
+        _f("limit_scope", pa.string(), "", "'communicator' (bottleneck over all members) or 'pair' (P2P kernels "
+           "with a single peer: the two GPUs involved)"),
+        _f("algbw_limit_gbps", pa.float64(), "GB/s", "algorithm-bandwidth ceiling limit_gbps / bus_factor (the "
+           "algorithm-specific factor applied to the link)"),
+        _f("efficiency", pa.float64(), "", "kernel_busbw_gbps / limit_gbps (= busbw / limit for lone calls)"),
+        _f("transfer_efficiency", pa.float64(), "", "transfer_busbw_gbps / limit_gbps"),
+        _f("algorithm", pa.string(), "", "NCCL algorithm (RING, TREE, NVLS, COLLNET_DIRECT, PAT, ...)"),
+        _f("protocol", pa.string(), "", "NCCL protocol (LL, LL128, SIMPLE)"),
+        _f("algo_source", pa.string(), "", "'tuning' (a TUNING line of this call or of another rank's call of the "
+           "same instance) or 'kernel_name' (parsed from the kernel name); null when neither tells"),
+    ],
+    "op_metrics",
+    "Per run (metrics/): bandwidth, wait/transfer, limit, efficiency and algorithm of every call (nccltrace.metrics).",
+)
+
+INSTANCE_SCHEMA = _schema(
+    [
+        _f("instance", pa.string(), "", "instance key (ops.instance)"),
+        _f("logical_id", pa.int32(), "", "logical communicator"),
+        _f("op", pa.string(), "", "collective"),
+        _f("parallelism", pa.string(), "", "parallelism the communicator serves"),
+        _f("nranks", pa.int32(), "", "communicator size"),
+        _f("message_bytes", pa.int64(), "B", "nccl-tests message size S"),
+        _f("rows", pa.int32(), "", "call rows of the instance in ops (all ranks)"),
+        _f("ranks_matched", pa.int32(), "", "distinct ranks whose call is matched to a kernel"),
+        _f("status", pa.string(), "", "'complete' (every rank matched, clocks synchronised: cross-rank figures "
+           "computed), 'incomplete' (ranks missing: excluded from wait/transfer) or 'not_synced' (a member's clock "
+           "is not related to the reference)"),
+        _f("reason", pa.string(), "", "why the instance is not complete (null when complete)"),
+        _f("first_start_ns", pa.int64(), "ns", "first kernel start (synchronised clock)"),
+        _f("last_start_ns", pa.int64(), "ns", "last kernel start = arrival of the last rank"),
+        _f("last_end_ns", pa.int64(), "ns", "last kernel end"),
+        _f("arrival_skew_ns", pa.int64(), "ns", "last start - first start"),
+        _f("end_skew_ns", pa.int64(), "ns", "last end - first end (small: a collective ends nearly together)"),
+        _f("last_rank", pa.int32(), "", "global rank that arrived last; null when several ranks share the latest "
+           "start (no single straggler)"),
+        _f("total_wait_ns", pa.int64(), "ns", "sum of the ranks' waits = wait caused by the last rank"),
+        _f("transfer_ns", pa.int64(), "ns", "last end - last start: the collective's time once every rank is there"),
+        _f("median_busbw_gbps", pa.float64(), "GB/s", "median over ranks of the kernel-duration bus bandwidth"),
+        _f("transfer_busbw_gbps", pa.float64(), "GB/s", "S x bus_factor / transfer_ns"),
+    ],
+    "instances",
+    "Per run (metrics/): one row per collective instance across its ranks (nccltrace.metrics).",
+)
+
+STRAGGLER_SCHEMA = _schema(
+    [
+        _f("logical_id", pa.int32(), "", "logical communicator"),
+        _f("parallelism", pa.string(), "", "parallelism the communicator serves"),
+        _f("nranks", pa.int32(), "", "communicator size"),
+        _f("global_rank", pa.int32(), "", "member"),
+        _f("instances", pa.int64(), "", "complete instances of the communicator this rank took part in"),
+        _f("last_arrivals", pa.int64(), "", "instances in which this rank arrived last"),
+        _f("last_share", pa.float64(), "", "last_arrivals / instances"),
+        _f("wait_caused_ns", pa.int64(), "ns", "sum of the other ranks' wait in the instances this rank arrived last"),
+        _f("own_wait_ns", pa.int64(), "ns", "sum of this rank's own wait"),
+        _f("mean_arrival_offset_ns", pa.float64(), "ns", "mean of own start - first start"),
+    ],
+    "stragglers",
+    "Per run (metrics/): who arrives last at the collectives of each communicator, how often, at what cost.",
+)
+
+LIMIT_SCHEMA = _schema(
+    [
+        _f("logical_id", pa.int32(), "", "logical communicator"),
+        _f("nranks", pa.int32(), "", "communicator size"),
+        _f("parallelism", pa.string(), "", "parallelism the communicator serves"),
+        _f("members", pa.string(), "", "global ranks by rank in comm, comma-separated (-1 unknown)"),
+        _f("hosts", pa.int32(), "", "distinct hosts of the located members"),
+        _f("link_type", pa.string(), "", "type of the bottleneck: NVL, PCI, SYS or NET; null for fallbacks"),
+    ]
+    + _LIMIT_COLS
+    + [
+        _f("ops_timed", pa.int64(), "", "matched calls of the communicator with a bandwidth"),
+        _f("median_busbw_gbps", pa.float64(), "GB/s", "median kernel bus bandwidth of those calls"),
+        _f("median_efficiency", pa.float64(), "", "median efficiency of those calls"),
+        _f("median_transfer_efficiency", pa.float64(), "", "median transfer efficiency (complete instances)"),
+    ],
+    "limits",
+    "Per run (metrics/): theoretical limit of each logical communicator from the parsed topology.",
+)
+
+ALGORITHM_SCHEMA = _schema(
+    [
+        _f("logical_id", pa.int32(), "", "logical communicator"),
+        _f("parallelism", pa.string(), "", "parallelism the communicator serves"),
+        _f("op", pa.string(), "", "collective"),
+        _f("min_bytes", pa.int64(), "B", "smallest message size S of the range"),
+        _f("max_bytes", pa.int64(), "B", "largest message size S of the range"),
+        _f("algorithm", pa.string(), "", "algorithm used throughout the range (per size: the most frequent)"),
+        _f("protocol", pa.string(), "", "protocol used throughout the range"),
+        _f("source", pa.string(), "", "'tuning', 'kernel_name' or 'tuning+kernel_name' (calls of both kinds)"),
+        _f("count", pa.int64(), "", "calls in the range with this algorithm/protocol (all ranks)"),
+        _f("other_count", pa.int64(), "", "calls in the range whose size bucket chose differently (minority)"),
+    ],
+    "algorithms",
+    "Per run (metrics/): algorithm/protocol transitions over message size per communicator and op.",
+)
+
+TABLE_SCHEMAS: dict[str, pa.Schema] = {
+    "op_metrics": OP_METRICS_SCHEMA,
+    "instances": INSTANCE_SCHEMA,
+    "stragglers": STRAGGLER_SCHEMA,
+    "limits": LIMIT_SCHEMA,
+    "algorithms": ALGORITHM_SCHEMA,
+}
+
+
+@dataclass
+class RunMetrics:
+    """The metrics tables of one run (schemas above) and notes on what could not be computed."""
+
+    op_metrics: pd.DataFrame
+    instances: pd.DataFrame
+    stragglers: pd.DataFrame
+    limits: pd.DataFrame
+    algorithms: pd.DataFrame
+    problems: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------------------------
+# bus factors
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests bus-bandwidth factor of ``op`` on a communicator of ``n`` ranks.
+
+    AllReduce 2(n-1)/n; AllGather, ReduceScatter, AlltoAll, Gather, Scatter (n-1)/n; Broadcast,
+    Reduce, Send, Recv, SendRecv 1. For ``n == 1`` the result is NaN: a single-rank
+    communicator moves nothing over any link (NCCL launches no kernel), so a bus bandwidth
+    is undefined rather than 0 (the formula's value) or 1. Unknown ops and ``n < 1`` raise.
+    """
+    n = int(n)
+    if n < 1:
+        raise ValueError(f"communicator size must be >= 1, got {n}")
+    if op not in _FACTOR_2N | _FACTOR_N | _FACTOR_1:
+        raise ValueError(f"no bus factor for op {op!r}")
+    if n == 1:
+        return math.nan
+    if op in _FACTOR_2N:
+        return 2.0 * (n - 1) / n
+    if op in _FACTOR_N:
+        return (n - 1) / n
+    return 1.0
+
+
+def _bus_factors(op: pd.Series, n: pd.Series) -> np.ndarray:
+    """Vectorised :func:`bus_factor` (NaN for unknown ops, unknown or single-rank sizes)."""
+    nn = n.astype("Float64").to_numpy(dtype=float, na_value=np.nan)
+    ops = op.astype("string").fillna("")
+    out = np.full(len(op), np.nan)
+    valid = nn >= 2
+    with np.errstate(invalid="ignore", divide="ignore"):
+        two = (ops.isin(_FACTOR_2N).to_numpy()) & valid
+        one_n = (ops.isin(_FACTOR_N).to_numpy()) & valid
+        one = (ops.isin(_FACTOR_1).to_numpy()) & valid
+        out[two] = 2.0 * (nn[two] - 1) / nn[two]
+        out[one_n] = (nn[one_n] - 1) / nn[one_n]
+        out[one] = 1.0
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# small helpers
+
+
+def _i64(s: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """int64 values (0 where null) and the validity mask; nanosecond epochs must stay integers
+    (float64 has a 256 ns resolution at 1.7e18)."""
+    s = s.astype("Int64")
+    return s.to_numpy(dtype="int64", na_value=0), s.notna().to_numpy()
+
+
+def _f64(s: pd.Series) -> np.ndarray:
+    return s.astype("Float64").to_numpy(dtype=float, na_value=np.nan)
+
+
+def _nullable_int(values: np.ndarray, valid: np.ndarray, dtype: str = "Int64") -> pd.api.extensions.ExtensionArray:
+    """Nullable integer array: ``values`` where ``valid``, null elsewhere."""
+    arr = pd.array(np.where(valid, values, 0).astype("int64"), dtype=dtype)
+    arr[~np.asarray(valid, dtype=bool)] = pd.NA
+    return arr
+
+
+def _read_parsed(dirs: Sequence[Path | str], name: str, columns: list[str] | None = None) -> pd.DataFrame:
+    """Concatenate one parse table over the process directories (missing files are skipped)."""
+    frames = []
+    for d in dirs:
+        p = Path(d) / f"{name}.parquet"
+        if p.exists():
+            frames.append(read_table(p, columns=columns))
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return pd.DataFrame(columns=columns or [])
+    return pd.concat(frames, ignore_index=True)
+
+
+def _fmt_bw(x: float) -> str:
+    return f"{x:.1f} GB/s"
+
+
+# --------------------------------------------------------------------------------------------
+# topology model
+
+
+def _node_key(node: object) -> tuple[str, int] | None:
+    """('GPU', 0x7000) from 'GPU/0-7000' or 'GPU/7000' (the local id is the hex after the last '-')."""
+    if not isinstance(node, str) or "/" not in node:
+        return None
+    kind, _, rest = node.partition("/")
+    try:
+        return kind, int(rest.rsplit("-", 1)[-1], 16)
+    except ValueError:
+        return None
+
+
+def _gpu_name(bus: int) -> str:
+    return f"GPU 0-{bus:x}"
+
+
+@dataclass
+class _HostTopology:
+    """What the topology dumps of one host say, merged over all dumps (sub-communicator dumps
+    only list their own GPUs, so the union is the host)."""
+
+    host: str
+    gpu_up: dict[int, tuple[float, tuple[str, int] | None]] = field(default_factory=dict)  # bus -> (PCI bw, CPU)
+    nvl: dict[int, dict[tuple[str, int], float]] = field(default_factory=dict)  # bus -> {peer node: NVL bw}
+    nics: dict[int, tuple[float, float]] = field(default_factory=dict)  # NIC id -> (NET bw, PCI bw to its CPU)
+    sys: dict[frozenset, float] = field(default_factory=dict)  # {CPU a, CPU b} -> SYS bw
+    total_bw: float | None = None  # largest totalBw header of the host
+
+    def nvs_bw(self, bus: int) -> float:
+        return sum(bw for (kind, _), bw in self.nvl.get(bus, {}).items() if kind == "NVS")
+
+    def nvlink(self, a: int, b: int) -> float:
+        """Direct NVLink bandwidth a -> b (either direction as printed), 0 if none."""
+        return self.nvl.get(a, {}).get(("GPU", b), 0.0) or self.nvl.get(b, {}).get(("GPU", a), 0.0)
+
+    def nic_bw(self, nic: int) -> float:
+        net, pci = self.nics[nic]
+        return min(net, pci)
+
+
+def _pci_up(parent: dict, node: tuple[str, int]) -> tuple[float, tuple[str, int] | None]:
+    """Slowest PCI link from ``node`` up to its CPU, and that CPU (inf/None when not printed)."""
+    bw, cur, seen = math.inf, node, set()
+    while cur in parent and cur not in seen:
+        seen.add(cur)
+        cur, link_bw = parent[cur]
+        bw = min(bw, link_bw)
+    return bw, (cur if cur[0] == "CPU" else None)
+
+
+def _build_topology(host: str, rows: Sequence[tuple[str, str, str, float]], total_bw: float | None) -> _HostTopology:
+    """A host's topology from link rows ``(from_node, link_type, to_node, bw)``; earlier rows win
+    when several dumps print the same link."""
+    t = _HostTopology(host, total_bw=total_bw)
+    parent: dict[tuple[str, int], tuple[tuple[str, int], float]] = {}
+    nets: dict[int, float] = {}
+    for frm, typ, to, bw in rows:
+        a, b = _node_key(frm), _node_key(to)
+        if a is None or b is None:
+            continue
+        bw = float(bw)
+        if typ == "PCI":
+            parent.setdefault(b, (a, bw))  # NCCL prints the PCI tree top-down from each CPU
+        elif typ == "NVL" and a[0] == "GPU" and b[0] in ("GPU", "NVS"):
+            t.nvl.setdefault(a[1], {}).setdefault(b, bw)  # one line per peer, all its links summed
+        elif typ == "NET" and a[0] == "NIC":
+            nets.setdefault(a[1], bw)
+        elif typ == "SYS" and a[0] == "CPU" and b[0] == "CPU":
+            t.sys.setdefault(frozenset((a, b)), bw)
+    for g in {b[1] for b in parent if b[0] == "GPU"} | set(t.nvl):
+        t.gpu_up[g] = _pci_up(parent, ("GPU", g))
+    for nic, net in nets.items():
+        t.nics[nic] = (net, _pci_up(parent, ("NIC", nic))[0])
+    return t
+
+
+class _Topologies:
+    """The topology dumps of a run, by host and by the communicator whose init printed them.
+
+    NCCL prints a dump at every communicator init, holding only that communicator's GPUs on
+    the host, with the link bandwidths it uses for it. A communicator's own dump is therefore
+    preferred; the host view (largest dump first, others only filling gaps) serves the rest.
+    Dumps are not merged by taking maxima: dumps of different communicators may print
+    different bandwidths for the same pair of GPUs.
+    """
+
+    def __init__(self, links: pd.DataFrame, systems: pd.DataFrame, comms: pd.DataFrame,
+                 comm_lid: dict[tuple[str, int, int], int]) -> None:  # fmt: skip
+        self._rows: dict[tuple[str, int], list[tuple[str, str, str, float]]] = {}
+        self._host: dict[tuple[str, int], str] = {}
+        self._total: dict[tuple[str, int], float] = {}
+        self.comm_dump: dict[tuple[int, str], tuple[str, int]] = {}
+        self._cache: dict[object, _HostTopology] = {}
+        if len(links):
+            links = links.assign(host=links.groupby("file")["host"].transform(lambda x: x.ffill().bfill()))
+            links = links.dropna(subset=["host", "system", "from_node", "to_node", "link_type", "bw_gbps"])
+            for (f, sysno, host), g in links.groupby(["file", "system", "host"], sort=False):
+                key = (str(f), int(sysno))
+                self._rows[key] = list(zip(g["from_node"], g["link_type"], g["to_node"], g["bw_gbps"].astype(float)))
+                self._host[key] = str(host)
+        if len(systems):
+            for f, sysno, bw in systems.dropna(subset=["system", "total_bw_gbps"])[
+                    ["file", "system", "total_bw_gbps"]].itertuples(index=False):  # fmt: skip
+                self._total[(str(f), int(sysno))] = float(bw)
+        self.hosts: dict[str, list[tuple[str, int]]] = {}
+        for key in sorted(self._rows, key=lambda k: -len(self._rows[k])):
+            self.hosts.setdefault(self._host[key], []).append(key)
+        self._assign_to_comms(systems, comms, comm_lid)
+
+    def _assign_to_comms(self, systems: pd.DataFrame, comms: pd.DataFrame,
+                         comm_lid: dict[tuple[str, int, int], int]) -> None:  # fmt: skip
+        """A dump belongs to the communicator whose Init START precedes it (or, for versions
+        without START lines, whose Init COMPLETE follows it) in the same file."""
+        if systems.empty or comms.empty:
+            return
+        d = systems.dropna(subset=["file", "line", "system"])[["file", "line", "system"]].copy()
+        c = comms.dropna(subset=["file", "line", "comm", "host", "pid"])
+        c = c[c["event"].isin(["init", "split", "legacy_init"])][["file", "line", "phase", "comm", "host", "pid"]]
+        if d.empty or c.empty:
+            return
+        d["line"] = d["line"].astype("int64")
+        d["file"] = d["file"].astype(str)
+        c = c.assign(line=c["line"].astype("int64"), file=c["file"].astype(str))
+        d = d.sort_values("line")
+        start = c[c["phase"] == "START"].sort_values("line")
+        done = c[(c["phase"] != "START") | c["phase"].isna()].sort_values("line")
+        cols = ["line", "file", "comm", "host", "pid"]
+        back = pd.merge_asof(d, start[cols], on="line", by="file", direction="backward")
+        fwd = pd.merge_asof(d, done[cols], on="line", by="file", direction="forward")
+        use_back = back["comm"].notna().to_numpy()
+        for i in range(len(d)):  # one iteration per topology dump
+            src = back if use_back[i] else fwd
+            comm, host, pid = src["comm"].iat[i], src["host"].iat[i], src["pid"].iat[i]
+            if pd.isna(comm) or pd.isna(host) or pd.isna(pid):
+                continue
+            lid = comm_lid.get((str(host), int(pid), int(comm)))
+            key = (str(d["file"].iat[i]), int(d["system"].iat[i]))
+            if lid is not None and key in self._rows:
+                self.comm_dump.setdefault((lid, self._host[key]), key)
+
+    def _make(self, host: str, keys: list[tuple[str, int]]) -> _HostTopology:
+        rows = [r for k in keys for r in self._rows[k]]
+        totals = [self._total[k] for k in keys if k in self._total]
+        return _build_topology(host, rows, max(totals) if totals else None)
+
+    def host_view(self, host: str) -> _HostTopology | None:
+        if host not in self.hosts:
+            return None
+        if ("host", host) not in self._cache:
+            self._cache[("host", host)] = self._make(host, self.hosts[host])
+        return self._cache[("host", host)]
+
+    def comm_view(self, lid: int | None, host: str) -> _HostTopology | None:
+        key = self.comm_dump.get((lid, host)) if lid is not None else None
+        if key is None:
+            return None
+        if key not in self._cache:
+            self._cache[key] = self._make(host, [key])
+        return self._cache[key]
+
+
+@dataclass
+class _Limit:
+    limit_gbps: float | None
+    link_type: str | None
+    limit_link: str | None
+    limit_source: str
+
+
+def _intra_host_limit(t: _HostTopology, gpus: list[int]) -> tuple[float, str, str]:
+    """Bottleneck among the member GPUs of one host: their NVLink bandwidth toward each other
+    when every pair is NVLink-connected, else the slowest PCIe/SYS path of a pair without NVLink."""
+    no_nvl = [(a, b) for i, a in enumerate(gpus) for b in gpus[i + 1:]
+              if not t.nvlink(a, b) and not (t.nvs_bw(a) and t.nvs_bw(b))]  # fmt: skip
+    if not no_nvl:
+        # Rings/trees use every NVLink of a GPU at once (one channel per link), so a GPU's
+        # usable bandwidth is the sum of its links to the other members (or its NVSwitch ports).
+        best: tuple[float, str, str] | None = None
+        for g in gpus:
+            nvs = t.nvs_bw(g)
+            peers = [(p, t.nvlink(g, p)) for p in gpus if p != g and t.nvlink(g, p)]
+            bw = nvs if nvs else sum(b for _, b in peers)
+            if best is not None and bw >= best[0]:
+                continue
+            if nvs:
+                text = f"NVL {_fmt_bw(bw)}: {_gpu_name(g)} on {t.host} to the NVSwitch"
+            elif len(peers) == 1:
+                text = f"NVL {_fmt_bw(bw)} between {_gpu_name(g)} and {_gpu_name(peers[0][0])} on {t.host}"
+            else:
+                each = " + ".join(f"{b:.1f}" for _, b in peers)
+                text = f"NVL {_fmt_bw(bw)}: {_gpu_name(g)} on {t.host} (NVLinks to {len(peers)} members: {each})"
+            best = (bw, "NVL", text)
+        assert best is not None
+        return best
+    worst: tuple[float, str, str] | None = None
+    for a, b in no_nvl:
+        (pa_bw, cpu_a), (pb_bw, cpu_b) = t.gpu_up[a], t.gpu_up[b]
+        bw, typ = min(pa_bw, pb_bw), "PCI"
+        if cpu_a != cpu_b:
+            typ = "SYS"
+            sys_bw = t.sys.get(frozenset((cpu_a, cpu_b))) if cpu_a and cpu_b else None
+            bw = min(bw, sys_bw) if sys_bw else bw
+        if worst is None or bw < worst[0]:
+            worst = (bw, typ, f"{typ} {_fmt_bw(bw)} between {_gpu_name(a)} and {_gpu_name(b)} on {t.host}")
+    assert worst is not None
+    return worst
+
+
+def _locate_limit(located: list[tuple[str, int | None]], missing: list[str], topologies: _Topologies,
+                  lid: int | None) -> _Limit:  # fmt: skip
+    """Limit of the member GPUs ``(host, bus id)`` of communicator ``lid``; ``missing`` lists
+    members that could not be located at all. See docs/metrics.md for the model."""
+    by_host: dict[str, list[int | None]] = {}
+    for host, bus in located:
+        if bus not in by_host.setdefault(host, []):
+            by_host[host].append(bus)
+    multi = len(by_host) > 1
+    problems = list(missing)
+    views: dict[str, _HostTopology] = {}
+    own_everywhere = True
+    for host, buses in by_host.items():
+        known = [b for b in buses if b is not None]
+        t = topologies.comm_view(lid, host)
+        if t is None or any(b not in t.gpu_up for b in known) or (multi and not t.nics):
+            t, own_everywhere = topologies.host_view(host), False
+        if t is None or not t.gpu_up:
+            problems.append(f"no topology dump for {host}")
+            continue
+        views[host] = t
+        if len(known) < len(buses):
+            problems.append(f"GPU bus id of a process on {host} unknown")
+        problems += [f"{_gpu_name(b)} not in the topology dumps of {host}" for b in known if b not in t.gpu_up]
+    if problems:
+        reason = "; ".join(sorted(set(problems)))
+        # A single-host communicator can still use NCCL's own per-GPU total bandwidth of that
+        # host (the totalBw header), an upper bound of what its GPUs can move.
+        if not missing and len(by_host) == 1:
+            host = next(iter(by_host))
+            t = topologies.comm_view(lid, host) or topologies.host_view(host)
+            if t is not None and t.total_bw:
+                return _Limit(t.total_bw, None, f"totalBw {_fmt_bw(t.total_bw)} of {host}",
+                              f"fallback: totalBw {_fmt_bw(t.total_bw)} of the topology header of {host} ({reason})")
+        return _Limit(None, None, None, f"unavailable: {reason}")
+    candidates: list[tuple[float, str, str]] = []
+    for host, gpus in by_host.items():
+        if len(gpus) > 1:
+            candidates.append(_intra_host_limit(views[host], gpus))  # type: ignore[arg-type]
+    if multi:
+        for host, gpus in by_host.items():
+            t = views[host]
+            if not t.nics:
+                return _Limit(None, None, None, f"unavailable: no NET link in the topology dumps of {host}")
+            # Each member GPU drives at most one NIC (rail-style); a ring crossing hosts carries
+            # every channel through some NIC, so the host's usable NICs bound the bus bandwidth,
+            # and so does the PCIe of the member GPUs the traffic leaves through.
+            nic_bws = sorted((t.nic_bw(n) for n in t.nics), reverse=True)[: len(gpus)]
+            net = sum(nic_bws)
+            gpu_pci = sum(t.gpu_up[g][0] for g in gpus)  # type: ignore[index]
+            bw = min(net, gpu_pci)
+            what = f"{len(nic_bws)} NIC(s) of {host} for {len(gpus)} member GPU(s)"
+            if gpu_pci < net:
+                what += f", limited by the GPUs' PCI {_fmt_bw(gpu_pci)}"
+            candidates.append((bw, "NET", f"NET {_fmt_bw(bw)}: {what}"))
+    if not candidates:
+        return _Limit(None, None, None, "unavailable: fewer than two member GPUs")
+    bw, typ, text = min(candidates, key=lambda c: c[0])
+    return _Limit(bw, typ, text, "topology" if own_everywhere else "topology: host view")
+
+
+# --------------------------------------------------------------------------------------------
+# algorithms
+
+
+def _kernel_algorithms(names: pd.Series) -> tuple[pd.Series, pd.Series]:
+    """Algorithm and protocol parsed from kernel names (per distinct name)."""
+    uniq = pd.Series(names.dropna().unique())
+    parsed = {n: _KERNEL_ALGO.search(str(n)) for n in uniq}
+    algo = {n: m.group(1) for n, m in parsed.items() if m}
+    proto = {n: m.group(2) for n, m in parsed.items() if m}
+    return names.map(algo).astype("string"), names.map(proto).astype("string")
+
+
+# Spellings of older named TUNING formats -> the kernel-name spelling used throughout.
+_ALGO_ALIASES = {"COLLNETDIRECT": "COLLNET_DIRECT", "COLLNETCHAIN": "COLLNET_CHAIN", "NVLSTREE": "NVLS_TREE"}
+
+
+def _norm_name(s: pd.Series, aliases: dict[str, str]) -> pd.Series:
+    up = s.astype("string").str.upper()
+    return up.replace(aliases) if aliases else up
+
+
+def _tuning_per_call(calls: pd.DataFrame, tuning: pd.DataFrame) -> pd.DataFrame:
+    """(file, line, algo, proto) of every call a TUNING line was attached to. Lines of the
+    2.20-2.23 format may cover a group of consecutive same-op calls (``n_calls``); the attached
+    call is the first of them."""
+    if tuning.empty or "call_line" not in tuning:
+        return pd.DataFrame(columns=["file", "line", "t_algo", "t_proto"])
+    t = tuning.dropna(subset=["call_line", "algo"])
+    t = pd.DataFrame({"file": t["file"].astype("string"), "line": t["call_line"].astype("int64"),
+                      "n": t["n_calls"].astype("Int64").fillna(1).astype("int64"),
+                      "t_algo": _norm_name(t["algo"], _ALGO_ALIASES), "t_proto": _norm_name(t["proto"], {})})  # fmt: skip
+    single = t[t["n"] <= 1][["file", "line", "t_algo", "t_proto"]]
+    multi = t[t["n"] > 1]
+    if multi.empty:
+        return single.drop_duplicates(["file", "line"])
+    calls = pd.DataFrame({"file": calls["file"].astype("string"), "line": calls["line"].astype("Int64"),
+                          "comm": calls["comm"].astype("Int64").fillna(-1).astype("int64"),
+                          "op_count": calls["op_count"].astype("Int64").fillna(-1).astype("int64")})  # fmt: skip
+    calls = calls.sort_values(["file", "comm", "line"]).reset_index(drop=True)
+    calls["pos"] = np.arange(len(calls))
+    start = multi.merge(calls, on=["file", "line"], how="inner")
+    rep = start.loc[start.index.repeat(start["n"])].copy()
+    rep["pos"] = rep["pos"] + rep.groupby(level=0).cumcount().to_numpy()
+    rep = rep[rep["pos"] < len(calls)]
+    cover = calls.iloc[rep["pos"].to_numpy()].reset_index(drop=True)
+    # the covered calls are the group's: same file, communicator and opCount as the first
+    same = ((cover["file"].to_numpy(dtype=object) == rep["file"].to_numpy(dtype=object))
+            & (cover["comm"].to_numpy() == rep["comm"].to_numpy())
+            & (cover["op_count"].to_numpy() == rep["op_count"].to_numpy()))  # fmt: skip
+    grouped = pd.DataFrame({"file": cover["file"], "line": cover["line"], "t_algo": rep["t_algo"].to_numpy(),
+                            "t_proto": rep["t_proto"].to_numpy()})[same]  # fmt: skip
+    return pd.concat([single, grouped], ignore_index=True).drop_duplicates(["file", "line"])
+
+
+def _transition_table(om: pd.DataFrame, keep: np.ndarray) -> pd.DataFrame:
+    """Runs of consecutive message sizes with the same algorithm/protocol per communicator/op."""
+    d = om.loc[keep & om["algorithm"].notna().to_numpy() & om["logical_id"].notna().to_numpy()
+               & om["message_bytes"].notna().to_numpy(),
+               ["logical_id", "parallelism", "op", "message_bytes", "algorithm", "protocol", "algo_source"]]  # fmt: skip
+    if d.empty:
+        return coerce_to_schema(pd.DataFrame(), ALGORITHM_SCHEMA)
+    d = d.fillna({"protocol": ""})
+    key = ["logical_id", "op", "message_bytes"]
+    c = d.groupby(key + ["algorithm", "protocol"], dropna=False).agg(
+        n=("algo_source", "size"), n_tuning=("algo_source", lambda s: int((s == "tuning").sum())),
+        parallelism=("parallelism", "first")).reset_index()  # fmt: skip
+    c["bucket_total"] = c.groupby(key)["n"].transform("sum")
+    # the dominant choice per size bucket (ties: alphabetical, so the table is deterministic)
+    c = c.sort_values(key + ["n", "algorithm", "protocol"], ascending=[True, True, True, False, True, True])
+    b = c.drop_duplicates(key).sort_values(key).reset_index(drop=True)
+    change = np.zeros(len(b), dtype=bool)
+    change[0] = True
+    for col in ("logical_id", "op", "algorithm", "protocol"):
+        v = b[col].astype(str).to_numpy()
+        change[1:] |= v[1:] != v[:-1]
+    b["run"] = np.cumsum(change)
+    r = b.groupby("run").agg(logical_id=("logical_id", "first"), parallelism=("parallelism", "first"),
+                             op=("op", "first"), min_bytes=("message_bytes", "min"),
+                             max_bytes=("message_bytes", "max"), algorithm=("algorithm", "first"),
+                             protocol=("protocol", "first"), count=("n", "sum"), n_tuning=("n_tuning", "sum"),
+                             total=("bucket_total", "sum"))  # fmt: skip
+    r["other_count"] = r["total"] - r["count"]
+    r["source"] = np.where(r["n_tuning"] == r["count"], "tuning",
+                           np.where(r["n_tuning"] == 0, "kernel_name", "tuning+kernel_name"))  # fmt: skip
+    r["protocol"] = r["protocol"].replace("", pd.NA)
+    return coerce_to_schema(r.reset_index(drop=True), ALGORITHM_SCHEMA)
+
+
+# --------------------------------------------------------------------------------------------
+# main entry
+
+_OPS_COLUMNS = ["file", "line", "host", "pid", "op", "comm", "op_count", "kernel_global_pid", "kernel_correlation_id",
+                "kernel_name", "kernel_start", "kernel_end", "status", "duplicate_of", "nranks", "root", "bytes",
+                "message_bytes", "logical_id", "global_rank", "rank_in_comm", "parallelism", "instance",
+                "kernel_start_sync", "kernel_end_sync"]  # fmt: skip
+
+
+def compute_run_metrics(
+    ops: pd.DataFrame,
+    parsed_nccl_dirs: Sequence[Path | str],
+    communicators: pd.DataFrame | None = None,
+) -> RunMetrics:
+    """Compute every metrics table of a run.
+
+    ``ops`` is the run's ops table (``nccltrace.ops.OPS_SCHEMA``), ``parsed_nccl_dirs`` the
+    per-process parse directories (for topology dumps, TUNING lines and the GPU bus ids of the
+    init lines), ``communicators`` the logical communicators (members by rank in comm); without
+    it, membership is taken from the ranks seen in ``ops``.
+    """
+    problems: list[str] = []
+    # only the columns used here: row selections on wide frames with string columns are costly
+    cols = [c for c in _OPS_COLUMNS if c in ops.columns]
+    calls = ops.loc[(ops["row_kind"] == "call").fillna(False).to_numpy(), cols].reset_index(drop=True)
+    for c in _OPS_COLUMNS:
+        if c not in calls:
+            calls[c] = pd.NA
+    n = len(calls)
+    om = pd.DataFrame({c: calls[c] for c in ("file", "line", "host", "pid", "global_rank", "rank_in_comm",
+                                              "logical_id", "nranks", "op", "parallelism", "instance", "status",
+                                              "message_bytes")})  # fmt: skip
+    matched = (calls["status"] == "matched").fillna(False).to_numpy(dtype=bool)
+
+    # -- bandwidth from the kernel duration (node clock; only matched calls have a kernel)
+    k_start, ks_ok = _i64(calls["kernel_start"])
+    k_end, ke_ok = _i64(calls["kernel_end"])
+    timed = matched & ks_ok & ke_ok
+    dur = k_end - k_start
+    timed &= dur > 0
+    if (matched & ks_ok & ke_ok & (dur <= 0)).any():
+        problems.append(f"{int((matched & ks_ok & ke_ok & (dur <= 0)).sum())} matched calls have a kernel of zero "
+                        "or negative duration: no bandwidth")  # fmt: skip
+    durf = np.where(timed, dur, np.nan).astype(float)
+    msg = _f64(calls["message_bytes"])
+    factor = _bus_factors(calls["op"], calls["nranks"])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        algbw = msg / durf
+    busbw = algbw * factor
+    om["duration_ns"] = _nullable_int(dur, timed)
+    om["algbw_gbps"] = pd.array(algbw, dtype="Float64")
+    om["bus_factor"] = pd.array(factor, dtype="Float64")
+    om["busbw_gbps"] = pd.array(busbw, dtype="Float64")
+
+    # -- calls sharing one kernel launch (fused groups): bus bytes of the whole kernel
+    op_s = calls["op"].astype("string").fillna("")
+    is_send = (op_s == "Send").to_numpy()
+    is_recv = (op_s == "Recv").to_numpy()
+    by = np.nan_to_num(_f64(calls["bytes"]))
+    kernel = pd.DataFrame({
+        "gpid": calls["kernel_global_pid"], "corr": calls["kernel_correlation_id"],
+        "coll": np.where(is_send | is_recv, 0.0, msg * factor), "send": np.where(is_send, by, 0.0),
+        "recv": np.where(is_recv, by, 0.0), "peer": calls["root"].astype("Int64"),
+    })  # fmt: skip
+    kernel_calls = np.ones(n, dtype="int64")
+    kernel_bus = np.where(is_send | is_recv, by, msg * factor)
+    single_peer = np.ones(n, dtype=bool)
+    has_kernel = matched & kernel["gpid"].notna().to_numpy() & kernel["corr"].notna().to_numpy()
+    if has_kernel.any():
+        g = kernel[has_kernel].groupby(["gpid", "corr"])
+        kernel_calls[has_kernel] = g["coll"].transform("size").to_numpy()
+        sums = g[["coll", "send", "recv"]].transform("sum")
+        kernel_bus[has_kernel] = (sums["coll"] + np.maximum(sums["send"], sums["recv"])).to_numpy()
+        single_peer[has_kernel] = (g["peer"].transform("nunique") <= 1).to_numpy()
+    om["kernel_calls"] = pd.array(np.where(matched, kernel_calls, 1), dtype="Int32")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        kbusbw = kernel_bus / durf
+    # P2P on single-rank communicators (self-sends) have no bus traffic either
+    kbusbw = np.where(np.isnan(factor), np.nan, kbusbw)
+    om["kernel_busbw_gbps"] = pd.array(kbusbw, dtype="Float64")
+
+    # -- cross-rank: wait and transfer per collective instance
+    instances, per_row = _instance_metrics(calls, timed, dur, kernel_bus, problems)
+    for col in ("arrival_offset_ns", "wait_ns", "transfer_ns", "arrival_skew_ns"):
+        om[col] = per_row[col]
+    om["transfer_busbw_gbps"] = per_row["transfer_busbw_gbps"]
+    om["instance_status"] = per_row["instance_status"]
+    stragglers = _straggler_table(per_row, instances, om)
+
+    # -- theoretical limits
+    limits, op_limits = _limits(calls, parsed_nccl_dirs, communicators, single_peer, problems)
+    for col in ("limit_gbps", "limit_link", "limit_source", "limit_scope"):
+        om[col] = op_limits[col]
+    lim = _f64(om["limit_gbps"])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        om["algbw_limit_gbps"] = pd.array(lim / factor, dtype="Float64")
+        om["efficiency"] = pd.array(kbusbw / lim, dtype="Float64")
+        om["transfer_efficiency"] = pd.array(_f64(om["transfer_busbw_gbps"]) / lim, dtype="Float64")
+
+    # -- algorithm / protocol
+    tun = _read_parsed(parsed_nccl_dirs, "tuning", ["file", "line", "algo", "proto", "call_line", "n_calls"])
+    per_call = _tuning_per_call(calls, tun)
+    t = calls[["file", "line"]].merge(per_call, on=["file", "line"], how="left")
+    t_algo, t_proto = t["t_algo"].astype("string"), t["t_proto"].astype("string")
+    inst = calls["instance"].astype("string")
+    if inst.notna().any() and t_algo.notna().any():
+        # every rank of an instance runs what NCCL chose; TUNING lines may be printed by one rank only
+        frame = pd.DataFrame({"i": inst, "a": t_algo, "p": t_proto})
+        fill = frame[inst.notna().to_numpy()].groupby("i")[["a", "p"]].first()
+        miss = t_algo.isna() & inst.notna()
+        t_algo = t_algo.where(~miss, inst.map(fill["a"]))
+        t_proto = t_proto.where(~miss, inst.map(fill["p"]))
+    k_algo, k_proto = _kernel_algorithms(calls["kernel_name"].where(pd.Series(matched)))
+    from_tuning = t_algo.notna()
+    om["algorithm"] = t_algo.where(from_tuning, k_algo)
+    om["protocol"] = t_proto.where(from_tuning, k_proto)
+    om["algo_source"] = pd.Series(np.where(from_tuning, "tuning", np.where(k_algo.notna(), "kernel_name", None)),
+                                  dtype="string")  # fmt: skip
+    dup = calls["duplicate_of"].notna().to_numpy()
+    algorithms = _transition_table(om, ~dup)
+
+    om = coerce_to_schema(om, OP_METRICS_SCHEMA)
+    limits = _limit_summary(limits, om)
+    return RunMetrics(op_metrics=om, instances=instances, stragglers=stragglers, limits=limits,
+                      algorithms=algorithms, problems=problems)  # fmt: skip
+
+
+def _instance_metrics(calls: pd.DataFrame, timed: np.ndarray, dur: np.ndarray, kernel_bus: np.ndarray,
+                      problems: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
+    """Instances table and the per-row cross-rank columns (``timed``/``dur``: calls with a kernel of
+    positive duration on the node clock; ``kernel_bus``: bus bytes of each call's kernel)."""
+    n = len(calls)
+    codes, keys = pd.factorize(calls["instance"].astype("string"), use_na_sentinel=True)
+    has = codes >= 0
+    s_start, ss_ok = _i64(calls["kernel_start_sync"])
+    s_end, se_ok = _i64(calls["kernel_end_sync"])
+    matched = (calls["status"] == "matched").fillna(False).to_numpy(dtype=bool)
+    synced = matched & ss_ok & se_ok
+    # the node-clock duration; the synchronised one where the node clock lacks it
+    dur = np.maximum(np.where(timed, dur, s_end - s_start), 0)
+    rank, rank_ok = _i64(calls["global_rank"])
+
+    rows = pd.DataFrame({"code": codes[has], "matched": matched[has], "synced": synced[has],
+                         "rank": np.where(matched & rank_ok, rank, -1)[has],
+                         "host": calls["host"].astype("string")[has].to_numpy()})  # fmt: skip
+    rows["unsynced_host"] = rows["host"].where(rows["matched"] & ~rows["synced"])
+    rows["rank"] = rows["rank"].where(rows["rank"] >= 0)
+    g = rows.groupby("code")
+    inst = pd.DataFrame({
+        "rows": g.size(), "matched_rows": g["matched"].sum(), "ranks_matched": g["rank"].nunique(),
+        "synced_rows": g["synced"].sum(), "unsynced_host": g["unsynced_host"].first(),
+        "unsynced_hosts": g["unsynced_host"].nunique(),
+    })  # fmt: skip
+    first = pd.DataFrame({"code": codes[has], "logical_id": calls["logical_id"][has].to_numpy(),
+                          "op": calls["op"][has].to_numpy(), "parallelism": calls["parallelism"][has].to_numpy(),
+                          "nranks": calls["nranks"][has].to_numpy(),
+                          "message_bytes": calls["message_bytes"][has].to_numpy()}).groupby("code").first()  # fmt: skip
+    inst = inst.join(first)
+    inst["instance"] = pd.Series(np.asarray(keys, dtype=object)[inst.index.to_numpy()], index=inst.index)
+    nr = inst["nranks"].astype("Int64").fillna(0).astype("int64")
+    complete = ((nr >= 2) & (inst["ranks_matched"] == nr) & (inst["matched_rows"] == nr)
+                & (inst["synced_rows"] == nr))  # fmt: skip
+    incomplete = ~complete & ((inst["ranks_matched"] < nr) | (inst["matched_rows"] != nr) | (nr < 2))
+    inst["status"] = np.where(complete, "complete", np.where(incomplete, "incomplete", "not_synced"))
+    extra = np.where(inst["matched_rows"] > inst["ranks_matched"], " (several rows of one rank)", "")
+    reason_inc = (inst["ranks_matched"].astype(str) + " of " + nr.astype(str) + " ranks matched to a kernel" + extra)
+    others = np.where(inst["unsynced_hosts"] > 1, " and others", "")
+    reason_ns = "no synchronised clock for " + inst["unsynced_host"].astype(str) + others
+    inst["reason"] = np.where(complete, None, np.where(incomplete, reason_inc, reason_ns))
+
+    # per-row cross-rank figures, complete instances only (every row matched and synced)
+    comp_codes = inst.index[complete.to_numpy()].to_numpy()
+    in_comp = np.zeros(n, dtype=bool)
+    in_comp[has] = np.isin(codes[has], comp_codes)
+    sel = in_comp & synced
+    t = pd.DataFrame({"code": codes[sel], "start": s_start[sel], "end": s_end[sel], "dur": dur[sel],
+                      "rank": rank[sel], "row": np.flatnonzero(sel)})  # fmt: skip
+    gt = t.groupby("code")
+    stats = pd.DataFrame({"first_start": gt["start"].min(), "last_start": gt["start"].max(),
+                          "first_end": gt["end"].min(), "last_end": gt["end"].max()})  # fmt: skip
+    ls = stats["last_start"].reindex(t["code"]).to_numpy()
+    # the straggler is the rank with the strictly latest start; a shared latest start names nobody
+    at_last = t[t["start"].to_numpy() == ls]
+    n_last = at_last.groupby("code").size()
+    stats["last_rank"] = at_last.drop_duplicates("code").set_index("code")["rank"].where(n_last == 1)
+    fs = stats["first_start"].reindex(t["code"]).to_numpy()
+    wait = np.clip(ls - t["start"].to_numpy(), 0, t["dur"].to_numpy())
+    transfer = t["dur"].to_numpy() - wait
+    t["wait"] = wait
+    stats["total_wait"] = t.groupby("code")["wait"].sum()
+    stats = stats.astype("Int64")  # stays integer (epoch ns) when joined to the non-complete instances
+    bad = int((transfer <= 0).sum())
+    if bad:
+        problems.append(f"{bad} ranks of complete instances ended before the last rank started (clock-sync error "
+                        "larger than the transfer): transfer bandwidth left null")  # fmt: skip
+
+    per_row = pd.DataFrame(index=range(n))
+    for name, vals in (("arrival_offset_ns", t["start"].to_numpy() - fs), ("wait_ns", wait),
+                       ("transfer_ns", transfer)):  # fmt: skip
+        full = np.zeros(n, dtype="int64")
+        full[sel] = vals
+        per_row[name] = _nullable_int(full, sel)
+    skew = np.zeros(n, dtype="int64")
+    skew[sel] = ls - fs
+    per_row["arrival_skew_ns"] = _nullable_int(skew, sel)
+    tb = np.full(n, np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tb[sel] = np.where(transfer > 0, kernel_bus[sel] / np.where(transfer > 0, transfer, 1), np.nan)
+    per_row["transfer_busbw_gbps"] = pd.array(tb, dtype="Float64")
+    per_row["instance_status"] = pd.Series(pd.NA, index=range(n), dtype="string")
+    per_row.loc[has, "instance_status"] = inst["status"].reindex(codes[has]).to_numpy()
+    per_row["logical_id"] = calls["logical_id"].to_numpy()
+    per_row["global_rank"] = calls["global_rank"].to_numpy()
+    per_row["code"] = codes
+    per_row["sel"] = sel
+
+    # instance-level figures
+    inst = inst.join(stats)
+    ok = inst["first_start"].notna().to_numpy()
+    inst["arrival_skew_ns"] = inst["last_start"] - inst["first_start"]
+    inst["end_skew_ns"] = inst["last_end"] - inst["first_end"]
+    inst["transfer_ns"] = inst["last_end"] - inst["last_start"]
+    bus_row = pd.Series(np.where(timed, kernel_bus / np.where(timed, dur, 1), np.nan))
+    inst["median_busbw_gbps"] = bus_row[sel].groupby(codes[sel]).median()
+    fac = _bus_factors(inst["op"], inst["nranks"])
+    tr = _f64(inst["transfer_ns"])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        inst["transfer_busbw_gbps"] = np.where(ok & (tr > 0), _f64(inst["message_bytes"]) * fac / tr, np.nan)
+    inst = inst.rename(columns={"first_start": "first_start_ns", "last_start": "last_start_ns",
+                                "last_end": "last_end_ns", "total_wait": "total_wait_ns"})  # fmt: skip
+    inst = inst.sort_index().reset_index(drop=True)
+    counts = inst["status"].value_counts()
+    for status in ("incomplete", "not_synced"):
+        if counts.get(status, 0):
+            problems.append(f"{int(counts[status])} of {len(inst)} collective instances {status.replace('_', ' ')}: "
+                            "no wait/transfer figures for them (see instances.reason)")  # fmt: skip
+    return coerce_to_schema(inst, INSTANCE_SCHEMA), per_row
+
+
+def _straggler_table(per_row: pd.DataFrame, instances: pd.DataFrame, om: pd.DataFrame) -> pd.DataFrame:
+    """Per (communicator, rank): last arrivals, their share and the wait they caused."""
+    sel = per_row["sel"].to_numpy()
+    if not sel.any():
+        return coerce_to_schema(pd.DataFrame(), STRAGGLER_SCHEMA)
+    r = pd.DataFrame({"logical_id": per_row["logical_id"][sel].to_numpy(),
+                      "global_rank": per_row["global_rank"][sel].to_numpy(),
+                      "instance": om["instance"][sel].to_numpy(),
+                      "wait": per_row["wait_ns"][sel].astype("int64").to_numpy(),
+                      "offset": per_row["arrival_offset_ns"][sel].astype("int64").to_numpy()})  # fmt: skip
+    inst = instances.set_index("instance")
+    last_rank = inst["last_rank"].reindex(r["instance"]).astype("Int64").fillna(-1).astype("int64").to_numpy()
+    r["is_last"] = r["global_rank"].astype("int64").to_numpy() == last_rank
+    total_wait = inst["total_wait_ns"].reindex(r["instance"]).astype("int64").to_numpy()
+    r["caused"] = np.where(r["is_last"], total_wait, 0)  # the last rank's own wait is 0
+    g = r.groupby(["logical_id", "global_rank"])
+    s = pd.DataFrame({"instances": g.size(), "last_arrivals": g["is_last"].sum(), "wait_caused_ns": g["caused"].sum(),
+                      "own_wait_ns": g["wait"].sum(), "mean_arrival_offset_ns": g["offset"].mean()}).reset_index()
+    s["last_share"] = s["last_arrivals"] / s["instances"]
+    meta = instances.groupby("logical_id")[["parallelism", "nranks"]].first()
+    s = s.join(meta, on="logical_id")
+    return coerce_to_schema(s.sort_values(["logical_id", "global_rank"]).reset_index(drop=True), STRAGGLER_SCHEMA)
+
+
+def _limits(calls: pd.DataFrame, parsed_nccl_dirs: Sequence[Path | str], communicators: pd.DataFrame | None,
+            single_peer: np.ndarray, problems: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Limit per logical communicator and per call row (P2P kernels with one peer: the pair)."""
+    links = _read_parsed(parsed_nccl_dirs, "topology_links", ["file", "host", "system", "from_node", "link_type",
+                                                              "bw_gbps", "to_node"])  # fmt: skip
+    systems = _read_parsed(parsed_nccl_dirs, "topology_systems", ["file", "line", "system", "total_bw_gbps"])
+    comms = _read_parsed(parsed_nccl_dirs, "comms", ["file", "line", "host", "pid", "event", "phase", "comm",
+                                                     "bus_id"])  # fmt: skip
+    cl = calls[["host", "pid", "comm", "logical_id"]].dropna().drop_duplicates(["host", "pid", "comm"])
+    comm_lid = {(str(h), int(p), int(c)): int(k) for h, p, c, k in cl[["host", "pid", "comm", "logical_id"]]
+                .itertuples(index=False)}  # fmt: skip
+    topologies = _Topologies(links, systems, comms, comm_lid)
+
+    # where each global rank runs, and on which GPU (bus id of its init lines)
+    known = calls[["global_rank", "host", "pid"]].dropna()
+    proc = known.groupby(known["global_rank"].astype("int64"))[["host", "pid"]].first()
+    bus_of: dict[tuple[str, int], int] = {}
+    if len(comms):
+        c = comms.dropna(subset=["host", "pid", "bus_id"])
+        for (h, p), b in c.groupby(["host", "pid"])["bus_id"].agg(lambda x: x.mode().iloc[0]).items():
+            bus_of[(str(h), int(p))] = int(b)
+
+    def locate(ranks: list[int], lid: int | None) -> _Limit:
+        located, missing = [], []
+        for r in ranks:
+            if r < 0 or r not in proc.index:
+                missing.append(f"rank {r if r >= 0 else '?'} has no process in the logs")
+                continue
+            h, p = str(proc.at[r, "host"]), int(proc.at[r, "pid"])
+            located.append((h, bus_of.get((h, p))))
+        return _locate_limit(located, missing, topologies, lid)
+
+    # members by rank in comm: the communicators table first, then what the ops show
+    lc = calls.loc[calls["logical_id"].notna().to_numpy(), ["logical_id", "nranks", "parallelism", "rank_in_comm",
+                                                             "global_rank"]]  # fmt: skip
+    lid_key = lc["logical_id"].astype("int64")
+    sizes = lc.groupby(lid_key)["nranks"].max()
+    par = lc.groupby(lid_key)["parallelism"].first()
+    members: dict[int, list[int]] = {}
+    if communicators is not None and len(communicators):
+        for lid, mem, nr in zip(communicators["logical_id"], communicators["members"], communicators["nranks"]):
+            if pd.isna(lid):
+                continue
+            listed = [int(x) for x in mem] if isinstance(mem, (list, tuple, np.ndarray)) else []
+            members[int(lid)] = listed or [-1] * (0 if pd.isna(nr) else int(nr))
+    seen = lc.dropna(subset=["rank_in_comm", "global_rank"])
+    seen_members = seen.groupby([seen["logical_id"].astype("int64"), seen["rank_in_comm"].astype("int64")])[
+        "global_rank"].first()  # fmt: skip
+    for (lid, rk), gr in seen_members.items():
+        size = sizes.get(lid)
+        lst = members.setdefault(int(lid), [-1] * (int(size) if not pd.isna(size) else int(rk) + 1))
+        if rk >= len(lst):
+            lst.extend([-1] * (int(rk) + 1 - len(lst)))
+        if lst[rk] < 0:
+            lst[rk] = int(gr)
+
+    rows, comm_limit = [], {}
+    for lid in sorted(members):
+        mem = members[lid]
+        lim = (locate(mem, lid) if len(mem) > 1 else
+               _Limit(None, None, None, "unavailable: single-rank communicator (nothing crosses a link)"))  # fmt: skip
+        comm_limit[lid] = lim
+        located_hosts = {str(proc.at[r, "host"]) for r in mem if r >= 0 and r in proc.index}
+        rows.append({"logical_id": lid, "nranks": len(mem), "parallelism": par.get(lid),
+                     "members": ",".join(str(m) for m in mem), "hosts": len(located_hosts),
+                     "limit_gbps": lim.limit_gbps, "link_type": lim.link_type, "limit_link": lim.limit_link,
+                     "limit_source": lim.limit_source})  # fmt: skip
+    limits = pd.DataFrame(rows)
+    by_source: dict[str, list[int]] = {}
+    for r in rows:
+        if r["nranks"] > 1 and not r["limit_source"].startswith("topology"):
+            by_source.setdefault(r["limit_source"], []).append(r["logical_id"])
+    for src, lids in by_source.items():
+        head = ", ".join(str(x) for x in lids[:8]) + (" ..." if len(lids) > 8 else "")
+        problems.append(f"limit of communicator(s) {head}: {src}")
+
+    # per row: the communicator's limit ...
+    lid = calls["logical_id"].astype("Int64")
+    cols = ["limit_gbps", "limit_link", "limit_source"]
+    tab = pd.DataFrame([[k, v.limit_gbps, v.limit_link, v.limit_source] for k, v in comm_limit.items()],
+                       columns=["logical_id"] + cols).astype({"logical_id": "Int64", "limit_gbps": "Float64"})
+    out = pd.DataFrame({"logical_id": lid}).merge(tab, on="logical_id", how="left")
+    out["limit_scope"] = pd.Series(np.where(lid.notna().to_numpy(), "communicator", None), dtype="string")
+    # ... except P2P kernels talking to one peer only: the two GPUs involved
+    me, peer = calls["global_rank"].astype("Int64"), calls["root"].astype("Int64")
+    is_pair = calls["op"].isin(list(_P2P)).fillna(False).to_numpy() & single_peer
+    is_pair &= (lid.notna() & me.notna() & peer.notna()).to_numpy()
+    if is_pair.any():
+        mm = pd.DataFrame([(k, r, g) for k, mem in members.items() for r, g in enumerate(mem)],
+                          columns=["logical_id", "peer", "peer_global"]).astype("Int64")  # fmt: skip
+        sub = pd.DataFrame({"logical_id": lid[is_pair].to_numpy(), "peer": peer[is_pair].to_numpy(),
+                            "me": me[is_pair].to_numpy()}).astype("Int64")  # fmt: skip
+        sub = sub.merge(mm, on=["logical_id", "peer"], how="left")
+        pg = sub["peer_global"].fillna(-1).astype("int64").to_numpy()
+        mine = sub["me"].astype("int64").to_numpy()
+        sub["a"] = np.where(pg < 0, pg, np.minimum(mine, pg))  # unknown peer (-1): locate() says so
+        sub["b"] = np.where(pg < 0, mine, np.maximum(mine, pg))
+        uniq = sub[["logical_id", "a", "b"]].drop_duplicates()
+        found = []
+        for k, x, y in uniq.itertuples(index=False):  # one iteration per distinct GPU pair
+            lim = (locate([int(x), int(y)], int(k)) if x != y else
+                   _Limit(None, None, None, "unavailable: send to self (no link)"))  # fmt: skip
+            found.append((k, x, y, lim.limit_gbps, lim.limit_link, lim.limit_source))
+        tab = pd.DataFrame(found, columns=["logical_id", "a", "b"] + cols).astype({"limit_gbps": "Float64"})
+        res = sub.merge(tab, on=["logical_id", "a", "b"], how="left")
+        idx = np.flatnonzero(is_pair)
+        for col in cols:
+            out.loc[idx, col] = res[col].to_numpy()
+        out.loc[idx, "limit_scope"] = "pair"
+    return limits, out
+
+
+def _limit_summary(limits: pd.DataFrame, om: pd.DataFrame) -> pd.DataFrame:
+    """Attach per-communicator medians of the timed calls to the limits table."""
+    if limits.empty:
+        return coerce_to_schema(limits, LIMIT_SCHEMA)
+    cols = ["logical_id", "kernel_busbw_gbps", "efficiency", "transfer_efficiency"]
+    t = om.loc[(om["kernel_busbw_gbps"].notna() & om["logical_id"].notna()).to_numpy(), cols]
+    g = t.groupby(t["logical_id"].astype("int64"))
+    summary = pd.DataFrame({"ops_timed": g.size(), "median_busbw_gbps": g["kernel_busbw_gbps"].median(),
+                            "median_efficiency": g["efficiency"].median(),
+                            "median_transfer_efficiency": g["transfer_efficiency"].median()})  # fmt: skip
+    out = limits.join(summary, on="logical_id")
+    out["ops_timed"] = out["ops_timed"].fillna(0)
+    return coerce_to_schema(out, LIMIT_SCHEMA)
+
+
+def write_run_metrics(result: RunMetrics, out_dir: Path | str) -> dict[str, Path]:
+    """Write the five metrics tables atomically into ``out_dir``; returns name -> path."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {}
+    for name, schema in TABLE_SCHEMAS.items():
+        df = coerce_to_schema(getattr(result, name), schema)
+        path = out_dir / f"{name}.parquet"
+        write_table_atomic(pa.Table.from_pandas(df, schema=schema, preserve_index=False), path)
+        paths[name] = path
+    return paths
