@@ -20,10 +20,15 @@ configfile: "config/config.yaml"
 validate(config, "workflow/schemas/config.schema.yaml")
 
 
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/acquire.smk"
 include: "workflow/rules/parse.smk"
 include: "workflow/rules/correlate.smk"
+include: "workflow/rules/metrics.smk"
+include: "workflow/rules/report.smk"
 
 
 rule all:
@@ -33,4 +38,9 @@ rule all:
         expand(f"{RESULTS}/{{run}}/communicators/communicators.parquet", run=RUN_IDS),
         aligned_outputs,
         expand(f"{RESULTS}/{{run}}/ops/ops.parquet", run=RUN_IDS),
+        expand(f"{RESULTS}/{{run}}/metrics/op_metrics.parquet", run=RUN_IDS),
+        expand(f"{RESULTS}/{{run}}/volume/volume_validation.parquet", run=RUN_IDS),
+        expand(f"{RESULTS}/{{run}}/trace/trace.json.gz", run=RUN_IDS),
+        expand(f"{RESULTS}/{{run}}/report/report.html", run=RUN_IDS),
+        f"{RESULTS}/campaign/report.html",
     default_target: True

@@ -36,10 +36,18 @@ def test_workflow_emulates_and_parses_every_run_then_has_nothing_to_do(tmp_path)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(SMALL))
     first = _snakemake(tmp_path)
     assert first.returncode == 0, first.stderr[-4000:]
-    runs = sorted(p.name for p in (tmp_path / "results" / "small").iterdir())
-    assert runs == ["tiny_T4_n2_tp1_pp2_ep1_cp1_vpp1_sp0_dp2", "tiny_T4_n2_tp2_pp1_ep1_cp1_vpp1_sp0_dp2"]
+    entries = sorted(p.name for p in (tmp_path / "results" / "small").iterdir())
+    runs = ["tiny_T4_n2_tp1_pp2_ep1_cp1_vpp1_sp0_dp2", "tiny_T4_n2_tp2_pp1_ep1_cp1_vpp1_sp0_dp2"]
+    assert entries == ["campaign", *runs]
+    campaign_html = (tmp_path / "results" / "small" / "campaign" / "report.html").read_text()
+    assert all(run in campaign_html for run in runs)
     for run in runs:
         base = tmp_path / "results" / "small" / run
+        # what users look at: metrics, volume validation, trace, tables, plots and report
+        for out in ("metrics/op_metrics.parquet", "volume/volume_validation.csv", "trace/trace.json.gz",
+                    "report/report.html", "report/tables/op_counts.csv", "report/plots/timeline.png"):
+            assert (base / out).is_file(), out
+            assert json.loads((base / out.split("/")[0] / "manifest.json").read_text())["outputs"]
         summary = json.loads((base / "parsed" / "parse_summary.json").read_text())
         truth = read_table(base / "raw" / "ground_truth" / "ops.parquet")
         assert summary["processes"] == 4 and summary["nodes"] == 2 and not summary["partial"]

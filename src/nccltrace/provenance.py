@@ -79,6 +79,10 @@ STAGE_MODULES: dict[str, tuple[str, ...]] = {
     "align": ("align", "tables.py"),
     "ops": ("ops.py", "align/correlate.py", "parallelism.py", "clocksync.py", "emulator/layout.py",
             "emulator/config.py", "tables.py"),
+    "metrics": ("metrics.py", "tables.py"),
+    "volume": ("volume.py", "emulator/config.py", "emulator/params.py", "tables.py"),
+    "trace": ("trace.py", "tables.py"),
+    "report": ("summary.py", "plots.py", "report.py", "templates", "tables.py"),
 }
 
 
@@ -88,7 +92,8 @@ def stage_code_hash(stage: str) -> str:
     h = hashlib.sha256()
     for entry in STAGE_MODULES[stage]:
         p = pkg / entry
-        files = sorted(q for q in p.rglob("*") if q.is_file() and q.suffix in (".py", ".sql")) if p.is_dir() else [p]
+        files = (sorted(q for q in p.rglob("*") if q.is_file() and q.suffix in (".py", ".sql", ".j2"))
+                 if p.is_dir() else [p])
         for f in files:
             h.update(str(f.relative_to(pkg)).encode())
             h.update(f.read_bytes())

@@ -349,6 +349,19 @@ def tables_markdown() -> str:
                                                 "call arguments + communicator, ranks, parallelism, instance, "
                                                 "clock-synchronised kernel times (nccltrace.ops)."}),
     }
+    from .metrics import TABLE_SCHEMAS as METRICS_SCHEMAS
+    from .summary import RUN_SCHEMAS
+    from .volume import VOLUME_SCHEMA
+
+    for name, schema in METRICS_SCHEMAS.items():
+        derived[name] = schema.with_metadata({"doc": f"Per run (metrics/{name}.parquet; nccltrace.metrics)."})
+    derived["volume_validation"] = VOLUME_SCHEMA.with_metadata({
+        "doc": "Per run (volume/): theoretical vs observed communication volume per rank, thesis table 5.1 style "
+               "(nccltrace.volume; also as CSV)."})  # fmt: skip
+    for name, schema in RUN_SCHEMAS.items():
+        derived[f"report/tables/{name}"] = schema.with_metadata({
+            "doc": f"Per run (report/tables/{name}.parquet and .csv; nccltrace.summary). The campaign's "
+                   f"campaign/tables/{name} stacks the runs' tables with a leading run column."})  # fmt: skip
     for name, schema in {**TABLES, **derived}.items():
         meta = schema.metadata or {}
         out += [f"## `{name}.parquet`", "", meta.get(b"doc", b"").decode(), "", "| column | type | unit | meaning |",

@@ -1,0 +1,568 @@
+"""Figures of a run and of a campaign (in the spirit of the thesis figures 5.4-5.31).
+
+Run figures: calls and kernels per NCCL function stacked by parallelism, payload volume per
+function, volume per rank, the message-size distribution, a timeline excerpt of about one training
+iteration, and bandwidth per message size when op metrics exist. The campaign figure puts all
+configurations side by side. Figures are drawn on the Agg canvas without pyplot (no global state,
+no display needed) with fixed styling and without timestamps in the files, so the same inputs give
+byte-identical PNGs.
+
+Volumes are shown in binary units (GiB = 2^30 B): the thesis labels GiB values as "GB".
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+import zlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib import rc_context
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from .summary import LARGE_MESSAGE_BYTES, format_bytes_binary
+
+GIB = float(1 << 30)
+LARGE_BUCKET = LARGE_MESSAGE_BYTES.bit_length() - 1  # size bucket of the smallest "large" message
+DPI = 100
+_STYLE = {
+    "font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "legend.fontsize": 8.5,
+    "xtick.labelsize": 9, "ytick.labelsize": 9, "axes.spines.top": False, "axes.spines.right": False,
+    "axes.grid": True, "axes.axisbelow": True, "grid.alpha": 0.3, "svg.hashsalt": "nccltrace",
+    "svg.fonttype": "none", "figure.dpi": DPI, "savefig.dpi": DPI,
+}  # fmt: skip
+
+# Fixed colours so a parallelism or function looks the same in every figure of every run.
+_PAR_COLORS = {
+    "dp": "#1f77b4", "dp-cp": "#4c9be8", "tp": "#d62728", "pp": "#2ca02c", "ep": "#9467bd", "cp": "#8c564b",
+    "edp": "#17becf", "tp-ep": "#e377c2", "tp-ep-pp": "#f7b6d2", "mp": "#ff7f0e", "embd": "#bcbd22",
+    "embedding": "#bcbd22", "pos-embd": "#dbdb8d", "world": "#7f7f7f", "intra-distopt": "#aec7e8",
+    "tp-pp": "#ff9896", "tp-cp": "#c49c94", "collective": "#c7c7c7", "unknown": "#3b3b3b",
+}  # fmt: skip
+_OP_COLORS = {
+    "AllReduce": "#e45756", "AllGather": "#4c78a8", "ReduceScatter": "#72b7b2", "Broadcast": "#f58518",
+    "Reduce": "#b279a2", "Send": "#54a24b", "Recv": "#88d27a", "SendRecv": "#54a24b", "AlltoAll": "#9d755d",
+    "Gather": "#bab0ac", "Scatter": "#eeca3b",
+}  # fmt: skip
+_FALLBACK = ["#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#5254a3", "#8ca252", "#bd9e39", "#ad494a",
+             "#a55194", "#6b6ecf", "#b5cf6b", "#e7ba52", "#d6616b", "#ce6dbd"]  # fmt: skip
+
+
+def _color(name: str, table: Mapping[str, str]) -> str:
+    # crc32 rather than hash(): stable across processes, so unknown names keep their colour too
+    return table.get(name) or _FALLBACK[zlib.crc32(str(name).encode()) % len(_FALLBACK)]
+
+
+def par_color(name: str) -> str:
+    """Colour of a parallelism label."""
+    return _color(name, _PAR_COLORS)
+
+
+def op_color(name: str) -> str:
+    """Colour of an NCCL function / kernel type."""
+    return _color(name, _OP_COLORS)
+
+
+def _figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig: Figure, out_dir: Path, name: str, formats: Sequence[str]) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for fmt in formats:
+        path = out_dir / f"{name}.{fmt}"
+        tmp = path.with_name(f".{path.name}.tmp")
+        # no software/date metadata: identical inputs give identical files
+        meta = {"Software": None} if fmt == "png" else {"Date": None, "Creator": None}
+        fig.savefig(tmp, format=fmt, metadata=meta)
+        if fmt == "svg":
+            _stable_svg_ids(tmp)
+        tmp.replace(path)
+        out[path.name] = path
+    return out
+
+
+def _stable_svg_ids(path: Path) -> None:
+    """Number the SVG's element ids in order of appearance: the writer derives some clip-path ids
+    from object representations that differ between processes, which made files differ."""
+    text = path.read_text()
+    ids: dict[str, str] = {}
+    for m in re.finditer(r'id="([^"]+)"', text):
+        ids.setdefault(m.group(1), f"e{len(ids)}")
+    if ids:
+        text = re.sub(r'(id="|url\(#|xlink:href="#|href="#)([^")]+)',
+                      lambda m: m.group(1) + ids.get(m.group(2), m.group(2)), text)
+    path.write_text(text)
+
+
+def _note(fig: Figure, text: str) -> None:
+    """A footnote under the axes; the layout keeps a strip free for it so it never hits labels."""
+    lines = textwrap.wrap(text, width=int(fig.get_figwidth() * 14))  # ~14 characters per inch at 8 pt
+    h = fig.get_figheight()
+    strip = min((0.1 + 0.16 * len(lines)) / h, 0.3)
+    fig.get_layout_engine().set(rect=(0, strip, 1, 1 - strip))
+    fig.text(0.005, 0.04 / h, "\n".join(lines), fontsize=8, color="#555555", ha="left", va="bottom")
+
+
+def _fmt_count(n: float) -> str:
+    return f"{int(n):,}".replace(",", "\u2009")
+
+
+def _stacked_bars(ax, pivot: pd.DataFrame, colors: Mapping[str, str], *, scale: float = 1.0,
+                  horizontal: bool = False) -> None:
+    """Bars for the index of ``pivot``, stacked over its columns."""
+    pos = np.arange(len(pivot.index))
+    bottom = np.zeros(len(pos))
+    for col in pivot.columns:
+        vals = pivot[col].to_numpy(dtype=float) / scale
+        if not vals.any():
+            continue
+        if horizontal:
+            ax.barh(pos, vals, left=bottom, color=colors[col], label=str(col), height=0.7)
+        else:
+            ax.bar(pos, vals, bottom=bottom, color=colors[col], label=str(col), width=0.7)
+        bottom += vals
+
+
+def _annotate_totals(ax, totals: np.ndarray, labels: Sequence[str]) -> None:
+    top = float(totals.max()) if len(totals) else 0.0
+    for x, (v, lab) in enumerate(zip(totals, labels)):
+        ax.annotate(lab, (x, v), xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", fontsize=8.5)
+    if top > 0:
+        ax.set_ylim(0, top * 1.15)
+
+
+# --------------------------------------------------------------------------- run figures
+
+
+def _plot_op_counts(tables: Mapping[str, pd.DataFrame], title: str) -> Figure | None:
+    counts = tables.get("op_counts")
+    kernels = tables.get("kernel_counts")
+    if counts is None or counts["calls"].sum() == 0:
+        return None
+    fig = _figure(12, 4.6)
+    axes = fig.subplots(1, 2)
+    panels = [(counts, "op", "calls", "Calls per NCCL function", "calls (sum over ranks)")]
+    if kernels is not None and len(kernels):
+        panels.append((kernels, "kernel_op", "kernels", "GPU kernels per kernel type (fused P2P = one SendRecv)",
+                       "kernels (sum over ranks)"))
+    else:
+        axes[1].set_visible(False)
+    for ax, (df, key, value, head, ylabel) in zip(axes, panels):
+        pivot = df.pivot_table(index=key, columns="parallelism", values=value, aggfunc="sum", fill_value=0)
+        pivot = pivot.loc[pivot.sum(axis=1).sort_values(ascending=False, kind="stable").index]
+        pivot = pivot[sorted(pivot.columns)]
+        _stacked_bars(ax, pivot, {c: par_color(c) for c in pivot.columns})
+        totals = pivot.sum(axis=1).to_numpy(dtype=float)
+        share = totals / totals.sum() if totals.sum() else totals
+        _annotate_totals(ax, totals, [f"{_fmt_count(t)}\n{s:.1%}" for t, s in zip(totals, share)])
+        ax.set_xticks(np.arange(len(pivot.index)), [str(i) for i in pivot.index], rotation=20, ha="right")
+        ax.set_ylabel(ylabel)
+        ax.set_title(head)
+        ax.legend(title="parallelism", loc="upper right", frameon=False)
+    fig.suptitle(f"{title} - operation counts".strip(" -"))
+    single = int(counts["calls_single_rank"].sum())
+    dups = int(counts["duplicate_lines"].sum())
+    _note(fig, f"Not counted: {_fmt_count(single)} calls on single-rank communicators (no data moved, no kernel) "
+               f"and {_fmt_count(dups)} duplicate log lines.")
+    return fig
+
+
+def _plot_volume_by_op(tables: Mapping[str, pd.DataFrame], title: str) -> Figure | None:
+    counts = tables.get("op_counts")
+    if counts is None or counts["bytes"].sum() == 0:
+        return None
+    pivot = counts.pivot_table(index="op", columns="parallelism", values="bytes", aggfunc="sum", fill_value=0)
+    pivot = pivot.loc[pivot.sum(axis=1).sort_values(ascending=False, kind="stable").index]
+    pivot = pivot[sorted(pivot.columns)]
+    fig = _figure(8, 4.8)
+    ax = fig.subplots()
+    _stacked_bars(ax, pivot, {c: par_color(c) for c in pivot.columns}, scale=GIB)
+    totals = pivot.sum(axis=1).to_numpy(dtype=float)
+    share = totals / totals.sum()
+    _annotate_totals(ax, totals / GIB, [f"{t / GIB:.2f} GiB\n{s:.1%}" for t, s in zip(totals, share)])
+    ax.set_xticks(np.arange(len(pivot.index)), [str(i) for i in pivot.index], rotation=20, ha="right")
+    ax.set_ylabel("payload volume [GiB] (sum over ranks)")
+    ax.set_title(f"Volume per NCCL function (total {totals.sum() / GIB:.2f} GiB)")
+    ax.legend(title="parallelism", loc="upper right", frameon=False)
+    fig.suptitle(f"{title} - volume per collective type".strip(" -"))
+    single = float(counts["bytes_single_rank"].sum())
+    _note(fig, "Per-rank payload (count x datatype size) summed over ranks; Send and Recv both counted. "
+               f"Calls on single-rank communicators ({single / GIB:.2f} GiB) move no data and are not included.")
+    return fig
+
+
+def _plot_rank_volume(tables: Mapping[str, pd.DataFrame], title: str) -> Figure | None:
+    by_op = tables.get("rank_volume_by_op")
+    if by_op is None or by_op["bytes"].sum() == 0:
+        return None
+    df = by_op.assign(global_rank=by_op["global_rank"].astype("Int64").fillna(-1))
+    pivot = df.pivot_table(index="global_rank", columns="op", values="bytes", aggfunc="sum", fill_value=0)
+    pivot = pivot.sort_index()[sorted(pivot.columns)]
+    n = len(pivot)
+    fig = _figure(min(max(7.0, 0.35 * n + 3), 18), 4.6)
+    ax = fig.subplots()
+    _stacked_bars(ax, pivot, {c: op_color(c) for c in pivot.columns}, scale=GIB)
+    totals = pivot.sum(axis=1).to_numpy(dtype=float) / GIB
+    mean = float(totals.mean())
+    ax.axhline(mean, color="#333333", linestyle="--", linewidth=1, label=f"mean {mean:.2f} GiB")
+    step = max(1, n // 32)
+    ticks = np.arange(0, n, step)
+    ax.set_xticks(ticks, [("?" if r < 0 else str(r)) for r in pivot.index[ticks]])
+    ax.set_xlabel("global rank")
+    ax.set_ylabel("payload volume per rank [GiB]")
+    ax.set_title(f"Per-rank volume: mean {mean:.2f} GiB, min {totals.min():.2f}, max {totals.max():.2f}")
+    ax.legend(title="function", loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    fig.suptitle(f"{title} - per-rank volume".strip(" -"))
+    _note(fig, "Payload bytes of the rank's calls (Send and Recv both counted); single-rank communicators "
+               "and duplicate lines excluded.")
+    return fig
+
+
+def _plot_message_sizes(tables: Mapping[str, pd.DataFrame], title: str) -> Figure | None:
+    ms = tables.get("message_sizes")
+    if ms is None or ms["calls"].sum() == 0:
+        return None
+    ms = ms[ms["calls"] > 0]
+    lo, hi = int(ms["bucket"].min()), int(ms["bucket"].max())
+    buckets = list(range(lo, hi + 1))  # empty buckets too: the gaps are part of the shape
+    fig = _figure(max(8.0, 0.42 * len(buckets) + 3), 6.4)
+    ax_n, ax_b = fig.subplots(2, 1, sharex=True)
+    for ax, value, scale, ylabel in ((ax_n, "calls", 1.0, "calls (sum over ranks)"),
+                                     (ax_b, "bytes", GIB, "payload volume [GiB]")):
+        pivot = ms.pivot_table(index="bucket", columns="op", values=value, aggfunc="sum", fill_value=0)
+        pivot = pivot.reindex(buckets, fill_value=0)[sorted(pivot.columns)]
+        _stacked_bars(ax, pivot, {c: op_color(c) for c in pivot.columns}, scale=scale)
+        ax.set_ylabel(ylabel)
+        if value == "calls":  # small buckets are invisible next to the peak: print every count
+            totals = pivot.sum(axis=1).to_numpy(dtype=float)
+            _annotate_totals(ax, totals, [_fmt_count(t) if t else "" for t in totals])
+    labels = ["0 B" if b < 0 else format_bytes_binary(1 << b) for b in buckets]
+    ax_b.set_xticks(np.arange(len(buckets)), labels, rotation=45, ha="right")
+    ax_b.set_xlabel("per-rank payload of one call (power-of-two bucket, lower bound)")
+    ax_n.set_title(f"Message-size distribution ({_fmt_count(ms['calls'].sum())} calls)")
+    ax_n.legend(title="function", loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    fig.suptitle(f"{title} - message sizes".strip(" -"))
+    _note(fig, "Bucket k holds calls of 2^k to 2^(k+1) - 1 bytes; single-rank communicators and duplicate "
+               "lines excluded.")
+    return fig
+
+
+def _timeline_kernels(ops: pd.DataFrame) -> pd.DataFrame:
+    """Distinct kernels of multi-rank, non-duplicate calls with synchronised times."""
+    c = ops[(ops["row_kind"].astype("string") == "call") & ops["duplicate_of"].isna()]
+    c = c[(pd.to_numeric(c["nranks"], errors="coerce") != 1).fillna(True)]
+    c = c[c["kernel_start_sync"].notna() & c["kernel_end_sync"].notna() & c["global_rank"].notna()]
+    c = c.drop_duplicates(["host", "kernel_global_pid", "kernel_correlation_id"])
+    return pd.DataFrame({
+        "rank": c["global_rank"].astype("int64").to_numpy(),
+        "host": c["host"].astype("string").fillna("?").to_numpy(),
+        "start": c["kernel_start_sync"].astype("int64").to_numpy(),
+        "end": c["kernel_end_sync"].astype("int64").to_numpy(),
+        "parallelism": c["parallelism"].astype("string").fillna("unknown").to_numpy(),
+        "key": (c["op"].astype("string").fillna("?") + "@" + c["logical_id"].astype("string").fillna("?")).to_numpy(),
+    }).sort_values(["rank", "start", "end"], kind="stable").reset_index(drop=True)
+
+
+def sequence_period(keys: np.ndarray, max_period: int = 20000, tolerance: float = 0.005) -> tuple[int, float]:
+    """Smallest period p at which the op sequence repeats best: (p, share of equal positions).
+
+    Training iterations issue the same operations in the same order, so the share of positions with
+    ``keys[i] == keys[i + p]`` peaks at the iteration length and its multiples. Only the middle of the
+    sequence is compared (the first and last iterations carry set-up and tear-down operations); a
+    period within ``tolerance`` of the best score is preferred when shorter. Returns (0, 0.0) when
+    the sequence is too short to tell."""
+    n = len(keys)
+    if n < 16:
+        return 0, 0.0
+    codes = pd.factorize(pd.Series(keys))[0].astype(np.int32)
+    lo, hi = n // 4, n - n // 4
+    hi = min(hi, lo + 3 * max_period)  # bounded work on long runs: three of the longest periods suffice
+    max_p = min(max_period, (hi - lo) // 2)
+    if max_p < 2:
+        return 0, 0.0
+    seg = codes[lo:hi]
+    scores = np.array([np.mean(seg[:-p] == seg[p:]) for p in range(1, max_p + 1)])
+    best = float(scores.max())
+    p = int(np.argmax(scores >= best - tolerance)) + 1
+    return p, float(scores[p - 1])
+
+
+def _idle_gaps(k: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(gap_start, gap_end) of the intervals in which no rank runs a communication kernel."""
+    order = np.argsort(k["start"].to_numpy(), kind="stable")
+    st, en = k["start"].to_numpy()[order], k["end"].to_numpy()[order]
+    reach = np.maximum.accumulate(en)
+    is_gap = st[1:] > reach[:-1]
+    return reach[:-1][is_gap], st[1:][is_gap]
+
+
+def _boundary_near(gs: np.ndarray, ge: np.ndarray, lo: float, hi: float) -> int | None:
+    """Middle of the longest idle gap overlapping [lo, hi] (None if there is none)."""
+    sel = (ge > lo) & (gs < hi)
+    if not sel.any():
+        return None
+    i = int(np.argmax(np.where(sel, ge - gs, -1)))
+    return int((gs[i] + ge[i]) // 2)
+
+
+def iteration_window(ops: pd.DataFrame) -> tuple[int, int, str] | None:
+    """(start_ns, end_ns, how) of about one training iteration in the middle of the run, on the
+    synchronised clock; None without kernel times.
+
+    The lowest rank's op sequence gives the iteration length in ops (``sequence_period``) and, from
+    the time that many ops take, its duration. Iterations are separated by compute phases, so the
+    window starts in the longest interval in which no rank communicates within one iteration of the
+    middle of the run, and ends in the longest such interval about one iteration later. Without a
+    clear period, the middle tenth of the run is shown."""
+    return _window(_timeline_kernels(ops))
+
+
+def _window(k: pd.DataFrame) -> tuple[int, int, str] | None:
+    if k.empty:
+        return None
+    r0 = k[k["rank"] == k["rank"].min()].reset_index(drop=True)
+    p, score = sequence_period(r0["key"].to_numpy())
+    if p >= 2 and score >= 0.8 and len(r0) > 2 * p:
+        n = len(r0)
+        starts = r0["start"].to_numpy()
+        mid = slice(n // 4, n - n // 4 - p)
+        period = float(np.median(starts[p:][mid] - starts[:-p][mid])) if n - n // 4 - p > n // 4 else 0.0
+        if period > 0:
+            gs, ge = _idle_gaps(k)
+            t_mid = float(starts[n // 2])
+            a = _boundary_near(gs, ge, t_mid - period / 2, t_mid + period / 2)
+            a = int(t_mid - period / 2) if a is None else a
+            b = _boundary_near(gs, ge, a + 0.9 * period, a + 1.1 * period)
+            b = int(a + period) if b is None else b
+            return a, b, f"about one iteration ({p} kernels on rank {int(r0['rank'][0])}, period match {score:.0%})"
+    t0, t1 = int(k["start"].min()), int(k["end"].max())
+    centre, half = (t0 + t1) // 2, max((t1 - t0) // 20, 1)
+    return centre - half, centre + half, "middle tenth of the run (no repeating iteration found)"
+
+
+def _plot_timeline(ops: pd.DataFrame, title: str, window: tuple[int, int] | None,
+                   max_ranks: int = 64) -> Figure | None:
+    every = _timeline_kernels(ops)
+    if every.empty:
+        return None
+    if window is None:
+        a, b, how = _window(every)
+    else:
+        a, b = window
+        how = "requested window"
+    ranks = sorted(every["rank"].unique())
+    if len(ranks) > max_ranks:  # evenly spaced subset keeps the figure readable
+        ranks = [ranks[i] for i in np.linspace(0, len(ranks) - 1, max_ranks).round().astype(int)]
+    k = every[(every["end"] >= a) & (every["start"] <= b) & every["rank"].isin(ranks)]
+    hosts = every.groupby("rank")["host"].first()
+    fig = _figure(14, max(3.0, 0.42 * len(ranks) + 1.8))
+    ax = fig.subplots()
+    span_ms = (b - a) / 1e6
+    min_w = span_ms / 1500  # sub-pixel kernels would vanish; give them a visible width
+    row = {r: i for i, r in enumerate(ranks)}
+    pars = sorted(k["parallelism"].unique())
+    for par in pars:
+        sub = k[k["parallelism"] == par]
+        for r, g in sub.groupby("rank"):
+            x = (g["start"].to_numpy() - a) / 1e6
+            w = np.maximum((g["end"].to_numpy() - g["start"].to_numpy()) / 1e6, min_w)
+            ax.broken_barh(list(zip(x, w)), (row[r] - 0.38, 0.76), facecolors=par_color(par), linewidth=0)
+    ax.set_yticks(range(len(ranks)), [f"rank {r} ({hosts.get(r, '?')})" for r in ranks])
+    ax.set_ylim(len(ranks) - 0.5, -0.5)
+    ax.set_xlim(0, span_ms)
+    ax.set_xlabel("time since window start [ms] (synchronised clock)")
+    ax.grid(axis="y", visible=False)
+    ax.legend(handles=[Patch(color=par_color(p), label=p) for p in pars], title="parallelism", loc="upper left",
+              bbox_to_anchor=(1.0, 1.0), frameon=False)
+    ax.set_title(f"Communication kernels over {span_ms:.1f} ms: {how}")
+    fig.suptitle(f"{title} - timeline excerpt".strip(" -"))
+    _note(fig, f"{len(k):,} kernels of multi-rank calls; a fused group of P2P calls is one bar. Open the full "
+               "trace in Perfetto for every event.")
+    return fig
+
+
+def _plot_bandwidth(tables: Mapping[str, pd.DataFrame], title: str) -> Figure | None:
+    bw = tables.get("bandwidth")
+    if bw is None or bw.empty or bw["busbw_median_gbps"].notna().sum() == 0:
+        return None
+    bw = bw[bw["busbw_median_gbps"].notna()]
+    fig = _figure(10, 5)
+    ax = fig.subplots()
+    markers = ["o", "s", "^", "D", "v", "P", "X", "*"]
+    pars = sorted(bw["parallelism"].astype(str).unique())
+    for (op, par), g in bw.groupby([bw["op"].astype(str), bw["parallelism"].astype(str)], sort=True):
+        # aggregate communicators of one kind: calls-weighted mean of the per-communicator medians
+        agg = g.groupby("bucket").apply(lambda d: pd.Series({
+            "med": float(np.average(d["busbw_median_gbps"].astype(float), weights=d["calls"].astype(float))),
+            "p10": float(d["busbw_p10_gbps"].astype(float).min()),
+            "p90": float(d["busbw_p90_gbps"].astype(float).max())}), include_groups=False).sort_index()
+        x = np.exp2(agg.index.to_numpy(dtype=float))
+        m = markers[pars.index(par) % len(markers)]
+        # clip: a weighted mean of equal medians can exceed their p90 by a rounding error
+        yerr = [(agg["med"] - agg["p10"]).clip(lower=0).fillna(0), (agg["p90"] - agg["med"]).clip(lower=0).fillna(0)]
+        ax.errorbar(x, agg["med"], yerr=yerr, marker=m,
+                    color=op_color(op), label=f"{op} / {par}", capsize=2, linewidth=1)
+    lim = bw.dropna(subset=["limit_gbps"])
+    # one line per distinct limit, named by the link type (first word of the bottleneck description)
+    kinds = lim["limit_link"].astype("string").fillna("link").str.split().str[0]
+    for value, names in lim.groupby(lim["limit_gbps"].astype(float))[[]].apply(
+            lambda g: sorted(set(kinds[g.index]))).items():  # fmt: skip
+        ax.axhline(float(value), color="#555555", linestyle=":", linewidth=1)
+        ax.annotate(f"limit {'/'.join(names)} {float(value):.0f} GB/s", (0.01, float(value)),
+                    xycoords=("axes fraction", "data"), fontsize=8, va="bottom", color="#555555")
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(lambda v, _pos: format_bytes_binary(int(v)) if v >= 1 else "")
+    ax.set_xlabel("message size S (nccl-tests convention; bucket lower bound)")
+    ax.set_ylabel("bus bandwidth [GB/s] (10^9 B/s)")
+    ax.set_title("Bus bandwidth per message size: median, whiskers p10-p90")
+    ax.legend(title="function / parallelism", loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    fig.suptitle(f"{title} - bandwidth".strip(" -"))
+    return fig
+
+
+def run_plots(
+    ops: pd.DataFrame,
+    tables: Mapping[str, pd.DataFrame],
+    out_dir: Path | str,
+    title: str = "",
+    *,
+    formats: Sequence[str] = ("png",),
+    window: tuple[int, int] | None = None,
+) -> dict[str, Path]:
+    """Draw the run figures into ``out_dir``; returns {file name: path} of what was drawn.
+
+    Names: op_counts, volume_by_op, rank_volume, message_sizes, timeline, bandwidth (each
+    ``<name>.<format>``); a figure without data (no calls, no kernel times, no metrics) is skipped.
+    ``window`` (start_ns, end_ns on the synchronised clock) overrides the detected iteration."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+    with rc_context(_STYLE):
+        figures = {
+            "op_counts": _plot_op_counts(tables, title),
+            "volume_by_op": _plot_volume_by_op(tables, title),
+            "rank_volume": _plot_rank_volume(tables, title),
+            "message_sizes": _plot_message_sizes(tables, title),
+            "timeline": _plot_timeline(ops, title, window),
+            "bandwidth": _plot_bandwidth(tables, title),
+        }
+        for name, fig in figures.items():
+            if fig is not None:
+                written.update(_save(fig, out_dir, name, formats))
+    return written
+
+
+# --------------------------------------------------------------------------- campaign figure
+
+
+def campaign_plots(
+    campaign: Mapping[str, pd.DataFrame], out_dir: Path | str, *, formats: Sequence[str] = ("png",)
+) -> dict[str, Path]:
+    """Draw ``campaign_comparison`` (every configuration side by side: op mix, volume per rank by
+    parallelism, per-rank spread and, with metrics, median bus bandwidth) into ``out_dir``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs = campaign.get("runs")
+    if runs is None or runs.empty:
+        return {}
+    order = list(runs["run"].astype(str))
+    avail = dict(zip(order, runs["available"].fillna(False).astype(bool)))
+    bw = campaign.get("bandwidth")
+    has_bw = bw is not None and not bw.empty and (bw["busbw_median_gbps"].notna() & (bw["bucket"] >= LARGE_BUCKET)).any()
+    with rc_context(_STYLE):
+        ncols = 4 if has_bw else 3
+        fig = _figure(5.0 * ncols + 3, 1.6 + 0.45 * len(order))
+        axes = fig.subplots(1, ncols, sharey=True)
+        pos = np.arange(len(order))
+        _campaign_op_mix(axes[0], campaign.get("op_counts"), runs, order)
+        _campaign_volume(axes[1], campaign.get("volume_by_parallelism"), runs, order)
+        _campaign_rank_spread(axes[2], campaign.get("rank_volume"), order)
+        if has_bw:
+            _campaign_bandwidth(axes[3], bw, order)
+        axes[0].set_yticks(pos, order)
+        axes[0].set_ylim(len(order) - 0.5, -0.5)
+        for i, run in enumerate(order):
+            if not avail[run]:
+                axes[0].annotate("no results", (0.01, i), xycoords=("axes fraction", "data"), va="center",
+                                 color="#b00020", fontsize=9)
+        fig.suptitle("Campaign: configurations side by side")
+        _note(fig, "Calls and payload volume exclude single-rank communicators and duplicate log lines; GiB = 2^30 B.")
+        return _save(fig, out_dir, "campaign_comparison", formats)
+
+
+def _campaign_op_mix(ax, counts: pd.DataFrame | None, runs: pd.DataFrame, order: list[str]) -> None:
+    ax.set_title("Op mix (share of calls per function)")
+    ax.set_xlabel("share of calls")
+    if counts is None or counts.empty:
+        return
+    pivot = counts.pivot_table(index="run", columns="op", values="calls", aggfunc="sum", fill_value=0)
+    pivot = pivot.reindex(order, fill_value=0)[sorted(pivot.columns)]
+    totals = pivot.sum(axis=1)
+    share = pivot.div(totals.where(totals > 0, 1), axis=0)
+    _stacked_bars(ax, share, {c: op_color(c) for c in share.columns}, horizontal=True)
+    kernels = dict(zip(runs["run"].astype(str), runs["kernels"]))
+    for i, run in enumerate(order):
+        if totals[run] > 0:
+            ax.annotate(f"{_fmt_count(totals[run])} calls / {_fmt_count(kernels.get(run) or 0)} kernels", (1.01, i),
+                        xycoords=("axes fraction", "data"), va="center", fontsize=8)
+    ax.set_xlim(0, 1)
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.04), ncol=4, frameon=False, fontsize=8)
+
+
+def _campaign_volume(ax, vol: pd.DataFrame | None, runs: pd.DataFrame, order: list[str]) -> None:
+    ax.set_title("Mean payload volume per rank by parallelism")
+    ax.set_xlabel("GiB per rank")
+    if vol is None or vol.empty:
+        return
+    pivot = vol.pivot_table(index="run", columns="parallelism", values="bytes_per_rank_mean", aggfunc="sum",
+                            fill_value=0)
+    pivot = pivot.reindex(order, fill_value=0)
+    pivot = pivot[[c for c in sorted(pivot.columns) if pivot[c].sum() > 0]]
+    _stacked_bars(ax, pivot, {c: par_color(c) for c in pivot.columns}, scale=GIB, horizontal=True)
+    ax.set_xlim(left=0)
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.04), ncol=4, frameon=False, fontsize=8)
+
+
+def _campaign_rank_spread(ax, rv: pd.DataFrame | None, order: list[str]) -> None:
+    ax.set_title("Per-rank volume: min - max, mean (dot)")
+    ax.set_xlabel("GiB per rank")
+    if rv is None or rv.empty:
+        return
+    g = rv.groupby("run")["bytes"]
+    stats = pd.DataFrame({"min": g.min(), "max": g.max(), "mean": g.mean()}).astype(float) / GIB
+    for i, run in enumerate(order):
+        if run in stats.index:
+            s = stats.loc[run]
+            ax.plot([s["min"], s["max"]], [i, i], color="#555555", linewidth=2, solid_capstyle="butt")
+            ax.plot([s["mean"]], [i], "o", color="#1f77b4")
+            label = f"{s['min']:.2f}" if np.isclose(s["min"], s["max"]) else f"{s['min']:.2f}-{s['max']:.2f}"
+            ax.annotate(label, (s["max"], i), xytext=(4, 0), textcoords="offset points",
+                        va="center", fontsize=8)
+    ax.set_xlim(left=0)
+
+
+def _campaign_bandwidth(ax, bw: pd.DataFrame, order: list[str]) -> None:
+    ax.set_title("Bus bandwidth per function, messages \u2265 1 MiB")
+    ax.set_xlabel("busbw [GB/s], calls-weighted mean of medians")
+    # small messages measure launch latency, not bandwidth; they would pull every run towards zero
+    bw = bw[bw["busbw_median_gbps"].notna() & (bw["bucket"] >= LARGE_BUCKET)]
+    ops = sorted(bw["op"].astype(str).unique())
+    offsets = np.linspace(-0.3, 0.3, len(ops)) if len(ops) > 1 else [0.0]
+    for off, op in zip(offsets, ops):
+        g = bw[bw["op"].astype(str) == op]
+        med = g.groupby("run").apply(lambda d: float(np.average(d["busbw_median_gbps"].astype(float),
+                                                                 weights=d["calls"].astype(float))),
+                                     include_groups=False)  # fmt: skip
+        ys = [i + off for i, r in enumerate(order) if r in med.index]
+        xs = [med[r] for r in order if r in med.index]
+        ax.plot(xs, ys, "o", color=op_color(op), label=op)
+    ax.set_xlim(left=0)
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.04), ncol=3, frameon=False, fontsize=8)

@@ -1,0 +1,26 @@
+"""Rule report: a run's summary tables (Parquet + CSV), plots and self-contained HTML report."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(snakemake.scriptdir)))  # noqa: F821
+from _bootstrap import setup  # noqa: E402
+
+setup(snakemake)  # noqa: F821
+from nccltrace.plots import run_plots  # noqa: E402
+from nccltrace.provenance import write_manifest  # noqa: E402
+from nccltrace.report import render_run_report  # noqa: E402
+from nccltrace.summary import run_tables, write_tables  # noqa: E402
+from nccltrace.tables import read_table  # noqa: E402
+
+inp, out = snakemake.input, snakemake.output  # noqa: F821
+run = snakemake.wildcards.run  # noqa: F821
+run_dir = Path(inp.ops).parents[1]
+ops = read_table(inp.ops)
+tables = run_tables(ops, read_table(inp.op_metrics), read_table(inp.volume))
+written = write_tables(tables, out.tables)
+plots = run_plots(ops, tables, out.plots, title=run)
+render_run_report(run_dir, out.html, tables_dir=out.tables, plots_dir=out.plots, run_id=run)
+write_manifest(out.manifest, stage="report", inputs=[inp.ops, inp.op_metrics, inp.volume, inp.trace],
+               outputs=[*written.values(), *plots.values(), out.html])
+print(f"{len(written)} table files, {len(plots)} plots, report {out.html}")
