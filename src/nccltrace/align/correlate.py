@@ -13,6 +13,7 @@ import pandas as pd
 import pyarrow as pa
 
 from ..nccl.versions import NcclVersion
+from ..tables import _NULLABLE_DTYPES
 from ..tables import documented_field as _f
 from .default import AlignParams, align_units
 from .sequences import FAMILIES, GENERIC, build_kernel_sequence, build_log_units, is_nccl_kernel
@@ -64,7 +65,7 @@ def _kernel_cols(k: pd.DataFrame, idx: np.ndarray) -> dict[str, object]:
                      ("kernel_stream_id", "stream_id"), ("kernel_start", "start"), ("kernel_end", "end"),
                      ("launch_start", "launch_start")):  # fmt: skip
         if src not in k or len(k) == 0:
-            out[col] = pd.arrays.IntegerArray(np.zeros(len(idx), np.int64), np.ones(len(idx), bool))
+            out[col] = _nulls("Int64", len(idx))
             continue
         series = k[src].astype("Int64")
         vals = series.to_numpy(dtype=np.int64, na_value=0)[safe]
@@ -106,26 +107,26 @@ def _constant(value: str | None, n: int) -> pd.api.extensions.ExtensionArray:
     return pd.array(pa.repeat(pa.scalar(value), n).to_pandas(types_mapper=pd.ArrowDtype).array, dtype="string")
 
 
+def _nulls(dtype: str, n: int) -> pd.api.extensions.ExtensionArray:
+    """An all-null column of a nullable dtype ('string', 'Int64', 'Float64')."""
+    return _constant(None, n) if dtype == "string" else _typed(np.zeros(n), np.ones(n, bool), dtype)
+
+
 def _column(df: pd.DataFrame, name: str, field: pa.Field, n: int) -> pd.api.extensions.ExtensionArray:
     """Column ``name`` of ``df`` in the schema's nullable dtype (all null when absent)."""
-    from ..tables import _NULLABLE_DTYPES
-
     dtype = _NULLABLE_DTYPES[str(field.type)]
     if name not in df:
-        return _constant(None, n) if dtype == "string" else _typed(np.zeros(n), np.ones(n, bool), dtype)
+        return _nulls(dtype, n)
     return df[name].astype(dtype).array
 
 
 def _frame(cols: dict[str, object], n: int) -> pd.DataFrame:
     """The columns of ALIGNMENT_SCHEMA in order, each already typed; absent ones all null."""
-    from ..tables import _NULLABLE_DTYPES
-
     out = {}
     for field in ALIGNMENT_SCHEMA:
         v = cols.get(field.name)
         if v is None:
-            dtype = _NULLABLE_DTYPES[str(field.type)]
-            v = _constant(None, n) if dtype == "string" else _typed(np.zeros(n), np.ones(n, bool), dtype)
+            v = _nulls(_NULLABLE_DTYPES[str(field.type)], n)
         out[field.name] = v
     return pd.DataFrame(out, copy=False)
 

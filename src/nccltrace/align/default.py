@@ -758,7 +758,6 @@ def _relocate_placeholders(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, a
     key = np.arange(n, dtype=np.float64)
     placed = np.zeros(n, bool)  # placeholders whose position the kernels fixed
     copies: list[tuple[int, float]] = []  # (placeholder, position) of optional copies
-    moved = False
     per_comm: dict[int, tuple] = {}
     done = np.zeros(n, bool)
     for u in ph:
@@ -813,9 +812,6 @@ def _relocate_placeholders(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, a
             key[g] = spots[0] + r * 1e-3  # keep the lost lines' opCount order
             placed[g] = exact
             copies += [(int(g), spot + r * 1e-3) for spot in spots[1:]]
-        moved = True
-    if not moved:
-        return None, placed
     src = np.r_[np.arange(n), np.asarray([c[0] for c in copies], np.int64)]
     take = src[np.argsort(np.r_[key, [c[1] for c in copies]], kind="stable")]
     return None if np.array_equal(take, np.arange(n)) else take, placed
@@ -895,7 +891,6 @@ def align_units(units: LogUnits, ks: KernelSeq, params: AlignParams = AlignParam
     ugrid = _learn_grid(units, ks, kernel, cgrid)
     kgrid = _odd_grids(ks, cstream, cgrid)
     usize, kcap = _learn_rate(units, ks, np.where(amb, -1, kernel))
-    original = units
     perm: np.ndarray | None = None  # current unit order (position -> original index)
     units, perm, moved = _place(units, ks, kernel, amb, smap, kgrid, perm)
     if moved is not None:
@@ -934,7 +929,6 @@ def align_units(units: LogUnits, ks: KernelSeq, params: AlignParams = AlignParam
     stream_map = {int(units.streams[s]): int(ks.streams[smap[s]]) for s in range(len(smap)) if smap[s] >= 0}
     if perm is not None:  # back to the caller's unit order
         kernel, amb, conf, method = (_unpermute(x, perm) for x in (kernel, amb, conf, method))
-    del original
     return UnitAlignment(kernel, amb, conf, method, stream_map, t_off if t_tol else None, t_tol or None)
 
 

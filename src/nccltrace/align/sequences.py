@@ -15,7 +15,7 @@ on the unsigned kernels from 2.19, so types are compared by class (width and kin
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numba as nb
 import numpy as np
@@ -142,8 +142,6 @@ class LogUnits:
 
     def with_optional(self, optional: np.ndarray) -> LogUnits:
         """The same units with other optional placeholders."""
-        from dataclasses import replace
-
         return replace(self, optional=np.asarray(optional, bool))
 
 
