@@ -25,7 +25,6 @@ from nccltrace.metrics import (
 from nccltrace.ops import OPS_SCHEMA
 from nccltrace.tables import TABLES, coerce_to_schema, read_table, write_table_atomic
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "results" / "example"
 T0 = 1_760_000_000_000_000_000  # an epoch in ns: arithmetic must stay exact at this magnitude
 
 
@@ -570,19 +569,8 @@ def test_emulated_run_limits_name_nvlink_inside_and_the_network_across_nodes(emu
     assert om.loc[om["instance"].notna() & (om["status"] == "matched"), "algorithm"].notna().all()
 
 
-# --------------------------------------------------------------------------------------------
-# the real example outputs, when this checkout has them
-
-
-@pytest.mark.skipif(not EXAMPLES.is_dir(), reason="no example outputs in this checkout")
-def test_example_run_outputs():
-    run = next((p for p in sorted(EXAMPLES.iterdir()) if (p / "ops" / "ops.parquet").exists()), None)
-    if run is None:
-        pytest.skip("no analysed example run")
-    ops = read_table(run / "ops" / "ops.parquet")
-    comms = read_table(run / "communicators" / "communicators.parquet")
-    dirs = sorted(p for p in (run / "parsed" / "nccl").iterdir() if p.is_dir())
-    m = compute_run_metrics(ops, dirs, comms)
+def test_emulated_run_has_one_metrics_row_per_call_and_topology_limits_for_every_communicator(emulated):
+    _, ops, m = emulated
     calls = ops[ops["row_kind"] == "call"]
     assert len(m.op_metrics) == len(calls)
     assert m.op_metrics[["file", "line"]].duplicated().sum() == 0
