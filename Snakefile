@@ -34,13 +34,6 @@ include: "workflow/rules/report.smk"
 rule all:
     localrule: True
     input:
-        expand(f"{RESULTS}/{{run}}/parsed/parse_summary.json", run=RUN_IDS),
-        expand(f"{RESULTS}/{{run}}/communicators/communicators.parquet", run=RUN_IDS),
-        aligned_outputs,
-        expand(f"{RESULTS}/{{run}}/ops/ops.parquet", run=RUN_IDS),
-        expand(f"{RESULTS}/{{run}}/metrics/op_metrics.parquet", run=RUN_IDS),
-        expand(f"{RESULTS}/{{run}}/volume/volume_validation.parquet", run=RUN_IDS),
-        expand(f"{RESULTS}/{{run}}/trace/trace.json.gz", run=RUN_IDS),
-        expand(f"{RESULTS}/{{run}}/report/report.html", run=RUN_IDS),
+        analysis_targets,
         f"{RESULTS}/campaign/report.html",
     default_target: True

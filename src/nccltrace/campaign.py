@@ -117,7 +117,10 @@ def expand_campaign(config: dict[str, Any]) -> list[RunSpec]:
             if any(_matches(p, entry) for p in config.get("exclude", [])):
                 continue
             rid = run_id_for(model, hw.get("gpu", hw_name), settings)
-            backend = settings.pop("backend", block.get("backend", "emulate"))
+            # Precedence: the entry's own settings, then the matrix block, then the defaults.
+            explicit = next((d["backend"] for d in (opt, par, models[model]) if "backend" in d), None)
+            backend = explicit or block.get("backend") or settings.get("backend") or "emulate"
+            settings.pop("backend", None)
             if backend == "emulate":
                 preset = hw.get("preset") or str(hw.get("gpu", "")).lower()
                 if preset not in EMULATOR_PRESETS:
@@ -132,6 +135,32 @@ def expand_campaign(config: dict[str, Any]) -> list[RunSpec]:
     if not runs:
         raise CampaignError("the campaign matrix expands to no runs (check 'matrix' and 'exclude')")
     return list(runs.values())
+
+
+def run_problems(spec: RunSpec) -> list[str]:
+    """Why a run cannot work, checked before anything is queued: Megatron-LM's own constraints
+    (divisibility of world size, experts, layers per virtual stage, batch sizes; SP without TP;
+    MoE without bf16) for every backend, and the emulator's full validation for emulated runs."""
+    from .acquisition.megatron import launch_problems
+
+    problems = launch_problems(spec.settings)
+    if spec.backend == "emulate" and not problems:
+        from .emulator.config import ConfigError, EmulatorConfig
+
+        try:
+            EmulatorConfig.from_dict({k: v for k, v in spec.settings.items() if k not in ("env", "megatron_args")})
+        except ConfigError as exc:
+            problems.append(str(exc))
+    if spec.backend == "import" and not spec.settings.get("import_dir"):
+        problems.append("import_dir: backend 'import' needs import_dir (the directory with the run's logs and exports)")
+    return problems
+
+
+def validate_runs(runs: list[RunSpec]) -> None:
+    """Raise :class:`CampaignError` listing every run that cannot work (all of them, not the first)."""
+    lines = [f"{spec.run_id}: {problem}" for spec in runs for problem in run_problems(spec)]
+    if lines:
+        raise CampaignError(f"{len(lines)} problem(s) in the campaign; nothing was started:\n  " + "\n  ".join(lines))
 
 
 def load_campaign(path: Path | str) -> dict[str, Any]:

@@ -1,14 +1,65 @@
-# Acquisition: produce a run's immutable raw/ directory (NCCL logs, nsys exports, launch
-# record). Backend 'emulate' runs the workload emulator; the SLURM launch path (backend
-# 'slurm') and imports are added by the acquisition stage.
+# Acquisition: every run gets an immutable raw/ directory (NCCL logs, nsys exports, launch
+# record, run.yaml, status.json), whatever its backend:
+#   slurm   train (sbatch'ed: Megatron-LM under nsys with NCCL logging) -> nsys_export per
+#           report -> acquire (assembles raw/ from hard links)
+#   emulate acquire runs the workload emulator
+#   import  acquire brings in logs and exports of a run made elsewhere (import_dir)
+# The training capture and the exports are protected: analysis code, plots or templates
+# changing never re-runs them.
+
+
+checkpoint train:
+    output:
+        capture=protected(directory(f"{RESULTS}/{{run}}/capture")),
+    params:
+        settings=run_settings,
+        training=config.get("training", {}),
+        runtime=lambda wc: hardware_of(wc).get("runtime", 60),
+        attempts=TRAIN_RETRIES + 1,
+    retries: TRAIN_RETRIES
+    resources:
+        **train_resources(),
+    log:
+        f"{RESULTS}/{{run}}/logs/train.log",
+    benchmark:
+        f"{RESULTS}/{{run}}/benchmarks/train.tsv"
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/train.py"
+
+
+rule nsys_export:
+    input:
+        report=f"{RESULTS}/{{run}}/capture/nsys/{{host}}.nsys-rep",
+    output:
+        export=protected(f"{RESULTS}/{{run}}/export/{{host}}.sqlite"),
+        record=f"{RESULTS}/{{run}}/export/{{host}}.json",
+    params:
+        nsys=config.get("training", {}).get("nsys", "nsys"),
+    resources:
+        mem_mb=16000,
+        runtime=60,
+    log:
+        f"{RESULTS}/{{run}}/logs/nsys_export/{{host}}.log",
+    benchmark:
+        f"{RESULTS}/{{run}}/benchmarks/nsys_export/{{host}}.tsv"
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/nsys_export.py"
 
 
 checkpoint acquire:
+    input:
+        unpack(acquire_inputs),
     output:
         raw=directory(f"{RESULTS}/{{run}}/raw"),
     params:
         settings=run_settings,
-        code=stage_code_hash("emulate"),
+        backend=lambda wc: RUNS[wc.run].backend,
+        code=acquire_code_hash,
+        nsys=config.get("training", {}).get("nsys", "nsys"),
     log:
         f"{RESULTS}/{{run}}/logs/acquire.log",
     benchmark:
@@ -16,4 +67,4 @@ checkpoint acquire:
     conda:
         "../../envs/analysis.yaml"
     script:
-        "../scripts/emulate.py"
+        "../scripts/acquire.py"

@@ -2,11 +2,14 @@
 import json
 from pathlib import Path
 
-from nccltrace.campaign import expand_campaign
+from nccltrace.campaign import expand_campaign, validate_runs
 from nccltrace.nccl.log_reader import TABLE_NAMES as NCCL_TABLES
 from nccltrace.provenance import stage_code_hash
 
 RUNS = {run.run_id: run for run in expand_campaign(config)}
+# Every run is checked before anything is queued (divisibility, experts, VPP, batch sizes, ...).
+validate_runs(list(RUNS.values()))
+TRAIN_RETRIES = int(config.get("training", {}).get("retries", 1))
 RUN_IDS = sorted(RUNS)
 RESULTS = f"results/{config['campaign']}"
 NSYS_TABLES = ["kernels", "nvtx", "processes", "launches_without_kernel"]
@@ -23,6 +26,83 @@ def run_settings(wildcards):
     return RUNS[wildcards.run].settings
 
 
+def hardware_of(wildcards):
+    return RUNS[wildcards.run].hardware
+
+
+def _hw(key, default=""):
+    return lambda wc: hardware_of(wc).get(key) or default
+
+
+def _gres(wc):
+    hw = hardware_of(wc)
+    kind = f"{hw['gpu_gres_type']}:" if hw.get("gpu_gres_type") else ""
+    return f"gpu:{kind}{int(hw['gpus_per_node'])}"
+
+
+def _sbatch_extra(wc):
+    hw = hardware_of(wc)
+    extra = ["--ntasks-per-node=1"]  # one torchrun per node
+    if hw.get("qos"):
+        extra.append(f"--qos={hw['qos']}")
+    if hw.get("constraint"):
+        extra.append(f"--constraint={hw['constraint']}")
+    if hw.get("slurm_extra"):
+        extra.append(hw["slurm_extra"])
+    return " ".join(extra)
+
+
+def train_resources():
+    """The training job's SLURM resources, from the run's hardware profile. One task per node
+    (torchrun starts the per-GPU ranks), GPUs as per-node GRES. The 'mpi' key makes the job
+    step run the rule body in the batch step, which starts the nodes itself with srun; a
+    one-node job must not declare mpi (the plugin rejects tasks=1 for MPI jobs), but the
+    empty value still keeps the key present."""
+    nodes = lambda wc: int(hardware_of(wc).get("nodes", 1))  # noqa: E731
+    return {
+        "slurm_partition": _hw("partition"),
+        "slurm_account": _hw("account"),
+        "runtime": _hw("runtime", 60),
+        "mem_mb": _hw("mem_mb", 16000),
+        "cpus_per_task": _hw("cpus_per_task", 8),
+        "nodes": nodes,
+        "tasks": nodes,
+        "tasks_per_gpu": 0,
+        "gres": _gres,
+        "mpi": lambda wc: "srun" if nodes(wc) > 1 else "",
+        "slurm_extra": _sbatch_extra,
+    }
+
+
+def acquire_inputs(wildcards):
+    """Backend slurm: the training capture and one export per nsys report (known once the
+    training checkpoint has run). Other backends need nothing upstream."""
+    if RUNS[wildcards.run].backend != "slurm":
+        return {}
+    capture = Path(checkpoints.train.get(run=wildcards.run).output.capture)
+    hosts = sorted(p.stem for p in (capture / "nsys").glob("*.nsys-rep"))
+    return {
+        "capture": str(capture),
+        "exports": [f"{RESULTS}/{wildcards.run}/export/{h}.sqlite" for h in hosts],
+    }
+
+
+def acquire_code_hash(wildcards):
+    """Only emulated raw data depends on our code (the emulator); a real capture does not."""
+    return stage_code_hash("emulate") if RUNS[wildcards.run].backend == "emulate" else "-"
+
+
+def acquired(run):
+    """True when the run's acquisition succeeded (a failed training run is recorded, not raised)."""
+    from nccltrace.acquisition.raw import read_status
+
+    return read_status(checkpoints.acquire.get(run=run).output.raw)["status"] == "ok"
+
+
+def acquired_runs():
+    return [run for run in RUN_IDS if acquired(run)]
+
+
 def raw_dir(wildcards):
     return checkpoints.acquire.get(run=wildcards.run).output.raw
 
@@ -37,9 +117,42 @@ def nccl_processes(wildcards):
     return processes_of(wildcards.run)
 
 
-def aligned_outputs(wildcards):
-    """Alignment tables of every process of every run (rule all)."""
-    return [f"{RESULTS}/{run}/aligned/{proc}/alignment.parquet" for run in RUN_IDS for proc in processes_of(run)]
+def analysis_targets(wildcards):
+    """Every per-run output of every run whose acquisition succeeded (rule all). Runs whose
+    training failed are listed, with the reason, in the campaign report instead."""
+    out = []
+    for run in acquired_runs():
+        out += [f"{RESULTS}/{run}/aligned/{proc}/alignment.parquet" for proc in processes_of(run)]
+        out += [
+            f"{RESULTS}/{run}/{path}"
+            for path in (
+                "parsed/parse_summary.json",
+                "communicators/communicators.parquet",
+                "ops/ops.parquet",
+                "metrics/op_metrics.parquet",
+                "volume/volume_validation.parquet",
+                "trace/trace.json.gz",
+                "report/report.html",
+            )
+        ]
+    return out
+
+
+def run_report_manifests(wildcards):
+    """Reports the campaign report combines: those of the runs that were acquired."""
+    return [f"{RESULTS}/{run}/report/manifest.json" for run in acquired_runs()]
+
+
+def failed_runs(wildcards):
+    """Run id -> why it has no results (its recorded acquisition failure)."""
+    from nccltrace.acquisition.raw import read_status
+
+    out = {}
+    for run in RUN_IDS:
+        status = read_status(checkpoints.acquire.get(run=run).output.raw)
+        if status["status"] != "ok":
+            out[run] = status.get("reason") or "acquisition failed"
+    return out
 
 
 def nsys_hosts_of(run):

@@ -31,7 +31,7 @@ rule report:
 
 rule campaign_report:
     input:
-        reports=expand(f"{RESULTS}/{{run}}/report/manifest.json", run=RUN_IDS),
+        reports=run_report_manifests,
     output:
         tables=directory(f"{RESULTS}/campaign/tables"),
         plots=directory(f"{RESULTS}/campaign/plots"),
@@ -44,6 +44,7 @@ rule campaign_report:
     params:
         code=stage_code_hash("report"),
         settings={run: RUNS[run].settings for run in RUN_IDS},
+        failed=failed_runs,
     log:
         f"{RESULTS}/campaign/logs/campaign_report.log",
     benchmark:

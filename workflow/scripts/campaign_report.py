@@ -22,7 +22,9 @@ for manifest in inp.reports:
     run_dir = Path(manifest).parents[1]
     run_dirs[run_dir.name] = run_dir
     per_run[run_dir.name] = {p.stem: pd.read_parquet(p) for p in sorted(tables_dir.glob("*.parquet"))}
-missing = {run: "no results (run not analysed)" for run in settings if run not in per_run}
+failed = dict(snakemake.params.failed)  # noqa: F821
+missing = {run: f"training failed: {failed[run]}" if run in failed else "no results (run not analysed)"
+           for run in settings if run not in per_run}
 tables = campaign_tables(per_run, settings)
 written = write_tables(tables, out.tables)
 plots = campaign_plots(tables, out.plots)

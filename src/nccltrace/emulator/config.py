@@ -222,6 +222,7 @@ class EmulatorConfig:
     # emulator
     seed: int = 0
     start_time_utc_ns: int = 1_760_000_000_000_000_000
+    host_names: list[str] | None = None  # node host names (default node000, node001, ...)
     imperfections: Imperfections = field(default_factory=Imperfections)
 
     # ------------------------------------------------------------------ construction
@@ -397,6 +398,12 @@ class EmulatorConfig:
         _choice(self, "init_style", ("plain", "split"))
         _choice(self, "nvtx_payloads", ("none", "blob", "dynamic", "json"))
         _choice(self, "position_embedding_type", ("learned_absolute", "rope"))
+        if self.host_names is not None:
+            if len(self.host_names) != self.nodes or len(set(self.host_names)) != self.nodes:
+                raise ConfigError("host_names", f"give {self.nodes} distinct host names, one per node")
+            bad = [h for h in self.host_names if not h or not all(c.isalnum() or c in "-." for c in str(h))]
+            if bad:
+                raise ConfigError("host_names", f"{bad[0]!r} is not a host name (letters, digits, '-', '.')")
         if self.hardware not in HARDWARE_PRESETS:
             raise ConfigError("hardware", f"unknown hardware {self.hardware!r}; choose one of {sorted(HARDWARE_PRESETS)}")
         if self.gpu_tflops is not None and self.gpu_tflops <= 0:

@@ -295,7 +295,7 @@ class _Context:
         self.skel = Skeleton(cfg, self.layout, self.link, self.tparams)
         self.nccl = cfg.nccl
         self.clocks = _clocks(cfg)
-        self.hosts = [f"node{n:03d}" for n in range(cfg.nodes)]
+        self.hosts = list(cfg.host_names) if cfg.host_names else [f"node{n:03d}" for n in range(cfg.nodes)]
         self.pids = {}
         for r in range(cfg.world_size):
             n, lr = divmod(r, cfg.gpus_per_node)

@@ -1,0 +1,211 @@
+"""Megatron-LM ``pretrain_gpt.py`` arguments for a run, and the checks a run must pass before
+anything is queued.
+
+The arguments follow the thesis's launch script (appendix A.3): GPT model dimensions, Adam with
+the GPT-3 recipe, fp16 (bf16 for MoE), sequence parallelism whenever TP > 1 unless the run says
+otherwise, MoE with aux-loss balancing and grouped GEMM, and ``--mock-data`` unless a dataset is
+configured. They are written for Megatron-Core r0.13 (the thesis's pinned commit) and later; the
+flags used here exist unchanged in both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+# Settings that only the workload emulator reads; a real launch ignores them.
+EMULATOR_ONLY = ("hardware", "imperfections", "seed_emulator", "nccl_timestamps", "init_style", "nvtx_payloads",
+                 "nsys_version", "nccl_version", "gpu_tflops", "compute_kernels")  # fmt: skip
+
+DEFAULT_VOCAB_SIZE = 50257  # GPT-2 BPE; NullTokenizer with --mock-data needs an explicit size
+
+
+def _int(s: Mapping[str, Any], key: str, default: int) -> int:
+    value = s.get(key)
+    return default if value is None else int(value)
+
+
+def launch_problems(settings: Mapping[str, Any]) -> list[str]:
+    """Everything that would make Megatron-LM refuse (or silently change) this configuration.
+
+    Returns messages of the form ``"<field>: <what is wrong>; <what to do>"``; empty when the
+    run can be launched. Mirrors Megatron's own argument checks so that a bad matrix entry fails
+    at workflow start, not after hours in the queue.
+    """
+    s = settings
+    out: list[str] = []
+    nodes, gpn = _int(s, "nodes", 1), _int(s, "gpus_per_node", 1)
+    world = nodes * gpn
+    tp, pp, cp, ep, vpp = (_int(s, k, 1) for k in ("tp", "pp", "cp", "ep", "vpp"))
+    layers = _int(s, "num_layers", 16)
+    heads = _int(s, "num_attention_heads", 8)
+    hidden = _int(s, "hidden_size", 512)
+    seq = _int(s, "seq_length", 1024)
+    mbs, gbs = _int(s, "micro_batch_size", 4), _int(s, "global_batch_size", 64)
+    experts = _int(s, "num_experts", 0)
+    precision = s.get("precision", "fp16")
+    mp = tp * pp * cp
+    if world % mp:
+        out.append(f"tp/pp/cp: world size {world} ({nodes} nodes x {gpn} GPUs) is not divisible by "
+                   f"tp*pp*cp = {tp}*{pp}*{cp}; change the parallel sizes or the hardware profile")
+        return out  # everything below needs dp
+    dp = world // mp
+    # Megatron folds expert parallelism over the data- and context-parallel ranks: the expert
+    # grid etp x ep x pp (etp defaults to tp) must tile the world.
+    if ep > 1 and world % (tp * ep * pp):
+        out.append(f"ep: world size {world} is not divisible by tp*ep*pp = {tp}*{ep}*{pp} "
+                   f"(Megatron's expert grid); change ep or the hardware profile")
+    if ep > 1 and experts == 0:
+        out.append("ep: expert parallelism needs a MoE model; set num_experts or use ep: 1")
+    if experts and experts % ep:
+        out.append(f"num_experts: {experts} experts are not divisible by ep={ep}; use an ep that divides them")
+    if experts and precision != "bf16":
+        out.append(f"precision: MoE with grouped GEMM needs bf16 (got {precision}); set precision: bf16")
+    if heads % tp:
+        out.append(f"num_attention_heads: {heads} heads are not divisible by tp={tp}")
+    if hidden % heads:
+        out.append(f"hidden_size: {hidden} is not divisible by num_attention_heads={heads}")
+    if layers % pp:
+        out.append(f"num_layers: {layers} layers are not divisible by pp={pp}")
+    elif vpp > 1:
+        if pp < 2:
+            out.append("vpp: virtual pipeline stages need pp > 1")
+        elif layers % (pp * vpp):
+            out.append(f"vpp: {layers} layers cannot be split into pp*vpp = {pp}*{vpp} chunks of equal size "
+                       f"(--num-layers-per-virtual-pipeline-stage must be a whole number)")
+    if s.get("sequence_parallel") and tp == 1:
+        out.append("sequence_parallel: needs tp > 1 (Megatron would silently turn it off); "
+                   "drop it or set tp")
+    if cp > 1 and seq % (2 * cp):
+        out.append(f"seq_length: context parallelism needs seq_length divisible by 2*cp = {2 * cp}")
+    if gbs % (mbs * dp):
+        out.append(f"global_batch_size: {gbs} is not divisible by micro_batch_size*dp = {mbs}*{dp}")
+    elif vpp > 1 and pp > 1:
+        m = gbs // (mbs * dp)
+        if m % pp:
+            out.append(f"global_batch_size: the interleaved schedule needs the number of microbatches ({m}) "
+                       f"to be a multiple of pp ({pp})")
+    return out
+
+
+def megatron_arguments(settings: Mapping[str, Any], *, dataset: Mapping[str, Any] | None = None) -> list[str]:
+    """The ``pretrain_gpt.py`` command-line arguments for a run (list of strings, no shell quoting)."""
+    s = settings
+    tp, pp, cp, ep, vpp = (_int(s, k, 1) for k in ("tp", "pp", "cp", "ep", "vpp"))
+    layers, seq = _int(s, "num_layers", 16), _int(s, "seq_length", 1024)
+    args = [
+        "--num-layers", str(layers),
+        "--hidden-size", str(_int(s, "hidden_size", 512)),
+        "--num-attention-heads", str(_int(s, "num_attention_heads", 8)),
+        "--seq-length", str(seq),
+        "--max-position-embeddings", str(seq),
+    ]  # fmt: skip
+    if s.get("ffn_hidden_size"):
+        args += ["--ffn-hidden-size", str(int(s["ffn_hidden_size"]))]
+    if s.get("position_embedding_type") == "rope":
+        args += ["--position-embedding-type", "rope"]
+    if s.get("untie_embeddings"):
+        args += ["--untie-embeddings-and-output-weights"]
+    args += [
+        "--micro-batch-size", str(_int(s, "micro_batch_size", 4)),
+        "--global-batch-size", str(_int(s, "global_batch_size", 64)),
+        "--train-iters", str(_int(s, "iterations", 10)),
+        "--weight-decay", "0.1", "--adam-beta1", "0.9", "--adam-beta2", "0.95",
+        "--init-method-std", "0.006", "--clip-grad", "1.0",
+        "--lr", "6.0e-5", "--lr-decay-style", "cosine", "--min-lr", "6.0e-6",
+        "--lr-warmup-fraction", ".001", "--lr-decay-iters", "430000",
+        "--seed", str(_int(s, "seed", 42)),
+    ]  # fmt: skip
+    precision = s.get("precision", "fp16")
+    if precision in ("fp16", "bf16"):
+        args.append(f"--{precision}")
+    args += ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp)]
+    if cp > 1:
+        args += ["--context-parallel-size", str(cp)]
+    if vpp > 1:
+        args += ["--num-layers-per-virtual-pipeline-stage", str(layers // (pp * vpp))]
+    if s.get("sequence_parallel") and tp > 1:
+        args.append("--sequence-parallel")
+    if s.get("distributed_optimizer"):
+        args.append("--use-distributed-optimizer")
+    recompute = s.get("recompute", "none")
+    if recompute == "selective":
+        args.append("--recompute-activations")
+    elif recompute == "full":
+        args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    experts = _int(s, "num_experts", 0)
+    if experts:
+        args += [
+            "--num-experts", str(experts),
+            "--expert-model-parallel-size", str(ep),
+            "--moe-router-topk", str(_int(s, "moe_router_topk", 2)),
+            "--moe-router-load-balancing-type", "aux_loss",
+            "--moe-aux-loss-coeff", "0.01",
+            "--moe-grouped-gemm",
+            "--moe-token-dispatcher-type", str(s.get("moe_token_dispatcher", "alltoall")),
+            "--disable-bias-linear",
+        ]  # fmt: skip
+        if _int(s, "moe_layer_freq", 1) > 1:
+            args += ["--moe-layer-freq", str(int(s["moe_layer_freq"]))]
+    ds = dict(dataset or {})
+    if ds.get("data_path"):
+        args += ["--data-path", str(ds["data_path"]), "--split", str(ds.get("split", "949,50,1")),
+                 "--tokenizer-type", str(ds.get("tokenizer_type", "GPT2BPETokenizer"))]  # fmt: skip
+        if ds.get("vocab_file"):
+            args += ["--vocab-file", str(ds["vocab_file"])]
+        if ds.get("merge_file"):
+            args += ["--merge-file", str(ds["merge_file"])]
+    else:
+        # No corpus download: synthetic tokens with the run's vocabulary size.
+        args += ["--mock-data", "--tokenizer-type", "NullTokenizer",
+                 "--vocab-size", str(_int(s, "vocab_size", DEFAULT_VOCAB_SIZE))]  # fmt: skip
+    # Per-iteration timers (the NVTX/timeline context the analysis uses); no evaluation, no checkpoints.
+    args += ["--log-interval", "1", "--eval-interval", "1000000", "--eval-iters", "0", "--log-timers-to-tensorboard"]
+    args += [str(a) for a in s.get("megatron_args", [])]
+    return args
+
+
+def parse_megatron_arguments(argv: list[str]) -> dict[str, Any]:
+    """Read run settings back from ``pretrain_gpt.py`` arguments (the inverse of
+    :func:`megatron_arguments` for the settings that shape communication). Used by the test
+    double of ``torchrun`` and to check an imported run's recorded command line."""
+    flags = {"--sequence-parallel": "sequence_parallel", "--use-distributed-optimizer": "distributed_optimizer",
+             "--untie-embeddings-and-output-weights": "untie_embeddings"}  # fmt: skip
+    ints = {"--num-layers": "num_layers", "--hidden-size": "hidden_size", "--num-attention-heads": "num_attention_heads",
+            "--seq-length": "seq_length", "--ffn-hidden-size": "ffn_hidden_size", "--vocab-size": "vocab_size",
+            "--micro-batch-size": "micro_batch_size", "--global-batch-size": "global_batch_size",
+            "--train-iters": "iterations", "--tensor-model-parallel-size": "tp",
+            "--pipeline-model-parallel-size": "pp", "--context-parallel-size": "cp",
+            "--expert-model-parallel-size": "ep", "--num-experts": "num_experts", "--moe-router-topk": "moe_router_topk",
+            "--moe-layer-freq": "moe_layer_freq", "--seed": "seed"}  # fmt: skip
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a in flags:
+            out[flags[a]] = True
+        elif a in ints and i + 1 < len(argv):
+            out[ints[a]] = int(argv[i + 1])
+            i += 1
+        elif a in ("--fp16", "--bf16"):
+            out["precision"] = a[2:]
+        elif a == "--moe-token-dispatcher-type" and i + 1 < len(argv):
+            out["moe_token_dispatcher"] = argv[i + 1]
+            i += 1
+        elif a == "--num-layers-per-virtual-pipeline-stage" and i + 1 < len(argv):
+            out["_layers_per_virtual_stage"] = int(argv[i + 1])
+            i += 1
+        elif a == "--recompute-activations":
+            out["recompute"] = "selective"
+        elif a == "--recompute-granularity" and i + 1 < len(argv):
+            out["recompute"] = argv[i + 1]
+            i += 1
+        elif a == "--position-embedding-type" and i + 1 < len(argv):
+            out["position_embedding_type"] = argv[i + 1]
+            i += 1
+        i += 1
+    per_stage = out.pop("_layers_per_virtual_stage", None)
+    if per_stage:
+        out["vpp"] = out.get("num_layers", 0) // (out.get("pp", 1) * per_stage)
+    out.setdefault("precision", "fp32")
+    return out
