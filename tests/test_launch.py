@@ -91,7 +91,7 @@ def test_node_script_sets_the_thesis_launch_environment(tmp_path):
                    'NCCL_DEBUG_FILE="$CAPTURE/nccl/nccl_%h_%p.log"', "NCCL_TOPO_DUMP_FILE",
                    "NCCL_DEBUG_TIMESTAMP_LEVELS=WARN,INFO", "CUDA_DEVICE_MAX_CONNECTIONS=1", "--trace=cuda,nvtx",
                    "--rdzv_backend=c10d", "--sequence-parallel", "module load cuda/12.8", "conda activate megatron",
-                   "export NCCL_ALGO=Ring", "scontrol show hostnames"):
+                   'export NCCL_ALGO="Ring"', "scontrol show hostnames"):
         assert needle in script, needle
     assert script.index("--output") < script.index("--nnodes=1")  # nsys wraps torchrun
 
@@ -165,3 +165,27 @@ def test_import_renames_logs_by_their_process_and_rejects_unusable_directories(t
 def test_the_doubles_say_they_are_doubles():
     for name in ("fake_torchrun.py", "fake_nsys.py"):
         assert (DOUBLES / name).read_text().startswith('"""TEST DOUBLE')
+
+
+def test_a_megatron_checkout_at_another_commit_than_pinned_fails_with_the_fix(tmp_path):
+    import subprocess
+
+    meg = tmp_path / "Megatron-LM"
+    meg.mkdir()
+    git = ["git", "-C", str(meg), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], check=True)
+    setup = _setup(megatron={"path": str(meg), "commit": "73a28a1078a8da8e6062199f7f1079a52173ab77"})
+    rec = run_training("r", TINY, setup, tmp_path / "capture", runtime_minutes=30)
+    assert rec["status"] == "failed" and "code 78" in rec["reason"]
+    assert "pins 73a28a1" in rec["log_tail"] and "checkout" in rec["log_tail"]
+
+
+def test_the_thesis_chapter5_campaign_is_sixteen_valid_slurm_runs():
+    from nccltrace.campaign import load_campaign
+
+    runs = expand_campaign(load_campaign(REPO / "config" / "thesis-chapter5.yaml"))
+    validate_runs(runs)
+    assert len(runs) == 16 and {r.backend for r in runs} == {"slurm"}
+    assert {r.hardware["gpu"] for r in runs} == {"A40", "A100"}
+    assert "dense_moe_A100_tp1_pp1_ep4_cp1_vpp1_sp0_dp4_a2a_rcselective" in {r.run_id for r in runs}

@@ -55,7 +55,7 @@ class TrainingSetup:
     """The campaign's ``training:`` section: where Megatron-LM and the tools are, and how the
     training environment is entered (conda env, container, or setup lines such as ``module load``)."""
 
-    megatron_path: str | None = None
+    megatron_path: str | None = None  # checkout; its commit is recorded (and checked when pinned)
     megatron_commit: str | None = None
     pretrain_script: str | None = None
     conda: str | None = None
@@ -102,6 +102,13 @@ def _q(value: Any) -> str:
     return shlex.quote(str(value))
 
 
+def _dq(value: Any) -> str:
+    """Double-quoted for bash, so that $VARIABLES expand (e.g. $CONDA_PREFIX); quotes, backslashes
+    and backticks are escaped."""
+    text = str(value).replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`")
+    return f'"{text}"'
+
+
 def _cmd(command: str) -> str:
     """A configured command (may carry arguments, e.g. 'python /opt/x/torchrun.py'), shell-quoted."""
     return " ".join(_q(a) for a in shlex.split(command))
@@ -114,13 +121,14 @@ def render_node_script(run_id: str, settings: Mapping[str, Any], setup: Training
     env = jinja2.Environment(loader=jinja2.PackageLoader("nccltrace", "templates"), keep_trailing_newline=True,
                              undefined=jinja2.StrictUndefined, autoescape=False)  # fmt: skip
     env.filters["q"] = _q
+    env.filters["dq"] = _dq
     run_env = {**setup.env, **{str(k): str(v) for k, v in (settings.get("env") or {}).items()}}
     return env.get_template("launch_node.sh.j2").render(
         run_id=run_id, version=__version__, capture=str(capture), nodes=int(settings["nodes"]),
         gpus_per_node=int(settings["gpus_per_node"]), master_port=int(setup.master_port),
         setup=setup.setup, conda=setup.conda, python=_cmd(setup.python), nsys=_cmd(setup.nsys),
         torchrun=_cmd(setup.torchrun),
-        megatron_path=setup.megatron_path, pretrain_script=setup.script,
+        megatron_path=setup.megatron_path, megatron_commit=setup.megatron_commit, pretrain_script=setup.script,
         nccl_debug_subsys=setup.nccl_debug_subsys, env=run_env, nsys_profile_args=list(setup.nsys_profile_args),
         megatron_args=megatron_arguments(settings, dataset=setup.dataset),
     )  # fmt: skip
