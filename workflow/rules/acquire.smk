@@ -31,7 +31,7 @@ checkpoint train:
 
 rule nsys_export:
     input:
-        report=f"{RESULTS}/{{run}}/capture/nsys/{{host}}.nsys-rep",
+        report=nsys_report,
     output:
         export=protected(f"{RESULTS}/{{run}}/export/{{host}}.sqlite"),
         record=f"{RESULTS}/{{run}}/export/{{host}}.json",

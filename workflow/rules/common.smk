@@ -80,11 +80,25 @@ def acquire_inputs(wildcards):
     if RUNS[wildcards.run].backend != "slurm":
         return {}
     capture = Path(checkpoints.train.get(run=wildcards.run).output.capture)
-    hosts = sorted(p.stem for p in (capture / "nsys").glob("*.nsys-rep"))
+    hosts = sorted({p.stem for p in (capture / "nsys").iterdir() if p.suffix in REPORT_SUFFIXES})
     return {
         "capture": str(capture),
         "exports": [f"{RESULTS}/{wildcards.run}/export/{h}.sqlite" for h in hosts],
     }
+
+
+# nsys profile leaves .nsys-rep (older: .qdrep); Debian's packaged nsys can only leave the raw
+# .qdstrm stream (its importer is not where it looks), which the export imports first.
+REPORT_SUFFIXES = (".nsys-rep", ".qdrep", ".qdstrm")
+
+
+def nsys_report(wildcards):
+    """The node's report in the training capture, whichever form nsys left."""
+    nsys_dir = Path(f"{RESULTS}/{wildcards.run}/capture/nsys")
+    for suffix in REPORT_SUFFIXES:
+        if (nsys_dir / f"{wildcards.host}{suffix}").exists():
+            return str(nsys_dir / f"{wildcards.host}{suffix}")
+    return str(nsys_dir / f"{wildcards.host}.nsys-rep")
 
 
 def acquire_code_hash(wildcards):

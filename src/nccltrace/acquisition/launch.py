@@ -12,7 +12,8 @@ starts it once per node with ``srun``, and leaves a *capture directory*::
     launch/versions_<host>.env   python/torch/CUDA/NCCL/nsys/driver/Megatron versions per node
     nccl/nccl_<host>_<pid>.log   NCCL_DEBUG_FILE, one per process
     nccl/topo_<host>.xml         NCCL_TOPO_DUMP_FILE
-    nsys/<host>.nsys-rep         one Nsight Systems report per node (all its ranks)
+    nsys/<host>.nsys-rep         one Nsight Systems report per node (all its ranks); a .qdstrm
+                                 when the installed nsys cannot import its own capture
 
 A training run that fails or outlives its time budget is retried by Snakemake; on the last
 attempt the failure itself is recorded (``status: failed`` with the reason and the log tail)
@@ -196,7 +197,7 @@ def check_capture(capture: Path, settings: Mapping[str, Any]) -> list[str]:
     logs = sorted((capture / "nccl").glob("nccl_*.log"))
     if len(logs) < world:
         problems.append(f"{len(logs)} NCCL logs for {world} ranks in {capture / 'nccl'} (NCCL_DEBUG_FILE)")
-    reports = sorted((capture / "nsys").glob("*.nsys-rep"))
+    reports = sorted(p for p in (capture / "nsys").glob("*") if p.suffix in (".nsys-rep", ".qdrep", ".qdstrm"))
     if len(reports) < int(settings["nodes"]):
         problems.append(f"{len(reports)} nsys reports for {settings['nodes']} nodes in {capture / 'nsys'}")
     empty = [p.name for p in [*logs, *reports] if p.stat().st_size == 0]

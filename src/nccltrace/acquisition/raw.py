@@ -152,7 +152,7 @@ def import_raw(source: Path | str, raw: Path | str, *, run_id: str, settings: Ma
         raise RawImportError(f"import_dir {source}: no NCCL debug log found (a file whose first lines contain "
                            "'host:pid:tid [dev] NCCL INFO'); was the run made with NCCL_DEBUG=INFO and NCCL_DEBUG_FILE?")
     sqlites = [p for p in files if p.suffix == ".sqlite"]
-    reports = [p for p in files if p.suffix in (".nsys-rep", ".qdrep")]
+    reports = [p for p in files if p.suffix in (".nsys-rep", ".qdrep", ".qdstrm")]
     exported = {p.stem for p in sqlites}
     partial = _fresh(raw)
     for (host, pid), p in sorted(logs.items()):
@@ -169,6 +169,7 @@ def import_raw(source: Path | str, raw: Path | str, *, run_id: str, settings: Ma
             out = partial / "nsys" / f"{rep.stem}.sqlite"
             records.append(export_report(rep, out, nsys=nsys).to_dict())
             sqlites.append(out)
+            exported.add(rep.stem)
     if not sqlites:
         raise RawImportError(f"import_dir {source}: no nsys export (*.sqlite) or report (*.nsys-rep) found; "
                            "profile with nsys profile --trace=cuda,nvtx and copy the reports")
