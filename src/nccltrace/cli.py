@@ -93,9 +93,15 @@ def cmd_communicators(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from .campaign import expand_campaign, load_campaign
+    from .campaign import CampaignError, expand_campaign, load_campaign, validate_runs
 
-    for run in expand_campaign(load_campaign(args.config)):
+    runs = expand_campaign(load_campaign(args.config))
+    try:
+        validate_runs(runs)
+    except CampaignError as exc:
+        print(f"error: {args.config}: {exc}", file=sys.stderr)
+        return 2
+    for run in runs:
         print(run.run_id if not args.verbose else json.dumps({"run": run.run_id, "backend": run.backend,
                                                               **run.settings}, default=str))
     return 0

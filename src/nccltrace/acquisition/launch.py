@@ -72,6 +72,7 @@ class TrainingSetup:
     env: dict[str, str] = field(default_factory=dict)
     dataset: dict[str, Any] = field(default_factory=dict)
     time_margin_minutes: float = 5.0
+    retries: int = 1  # read by the workflow (the train rule's retries), recorded here
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any] | None) -> TrainingSetup:
