@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from nccltrace.acquisition.launch import LaunchError, TrainingSetup, parse_minutes, render_node_script, run_training
+from nccltrace.acquisition.launch import TrainingSetup, parse_minutes, render_node_script, run_training
 from nccltrace.acquisition.megatron import launch_problems, megatron_arguments, parse_megatron_arguments
 from nccltrace.acquisition.raw import RawImportError, assemble_raw, import_raw, read_status
 from nccltrace.campaign import CampaignError, expand_campaign, validate_runs
@@ -110,7 +111,8 @@ def test_one_node_run_through_the_doubles_leaves_a_complete_capture_and_raw_dir(
     assert json.loads((cap / "launch" / "launch.json").read_text())["megatron_arguments"][:2] == ["--num-layers", "4"]
     export = tmp_path / "export" / f"{report.stem}.sqlite"
     export.parent.mkdir()
-    shutil.copyfile(report, export)  # what the nsys double's export does
+    assert subprocess.run([sys.executable, str(DOUBLES / "fake_nsys.py"), "export", "--type", "sqlite", "-o",
+                           str(export), str(report)], check=False).returncode == 0
     assemble_raw(cap, [export], tmp_path / "raw", run_id="r", settings=TINY)
     raw = find_raw_inputs(tmp_path / "raw")
     assert len(raw.logs) == 4 and list(raw.exports) == [report.stem] and raw.run_yaml is not None
@@ -120,14 +122,13 @@ def test_one_node_run_through_the_doubles_leaves_a_complete_capture_and_raw_dir(
     assert os.stat(log).st_ino == os.stat(tmp_path / "raw" / "nccl" / log.name).st_ino
 
 
-def test_failed_training_raises_while_attempts_remain_and_is_recorded_on_the_last(tmp_path):
+def test_a_failed_training_is_retried_in_the_job_then_recorded_not_raised(tmp_path):
     settings = {**TINY, "env": {"FAKE_TORCHRUN_EXIT_CODE": "3"}}
-    with pytest.raises(LaunchError, match="attempt 1/2: training exited with code 3"):
-        run_training("r", settings, _setup(), tmp_path / "capture", runtime_minutes=30, attempt=1, attempts=2)
-    assert not (tmp_path / "capture").exists()
-    rec = run_training("r", settings, _setup(), tmp_path / "capture", runtime_minutes=30, attempt=2, attempts=2)
+    rec = run_training("r", settings, _setup(retries=1), tmp_path / "capture", runtime_minutes=30)
     assert rec["status"] == "failed" and "exited with code 3" in rec["reason"]
+    assert rec["attempt"] == rec["attempts"] == 2 and [h["exit_code"] for h in rec["history"]] == [3, 3]
     assert "out of memory" in rec["log_tail"]
+    assert not (tmp_path / "capture.partial").exists()
     assemble_raw(tmp_path / "capture", [], tmp_path / "raw", run_id="r", settings=TINY)
     assert read_status(tmp_path / "raw")["status"] == "failed"
 
@@ -137,7 +138,8 @@ def test_a_hung_training_is_stopped_before_the_job_limit_and_recorded(tmp_path, 
 
     monkeypatch.setattr(launch, "MIN_TRAINING_BUDGET_S", 3.0)
     settings = {**TINY, "env": {"FAKE_TORCHRUN_SLEEP": "600"}}
-    rec = run_training("r", settings, _setup(time_margin_minutes=0.0), tmp_path / "capture", runtime_minutes=0.05)
+    rec = run_training("r", settings, _setup(time_margin_minutes=0.0, retries=0), tmp_path / "capture",
+                       runtime_minutes=0.05)
     assert rec["status"] == "failed" and rec["reason"].startswith("time limit")
     assert rec["wall_s"] < 60
 
@@ -149,7 +151,8 @@ def test_import_renames_logs_by_their_process_and_rejects_unusable_directories(t
     for i, log in enumerate(sorted((tmp_path / "capture" / "nccl").glob("*.log"))):
         shutil.copyfile(log, src / f"rank{i}.out.log")  # names that say nothing
     (report,) = (tmp_path / "capture" / "nsys").glob("*.nsys-rep")
-    shutil.copyfile(report, src / "profile_node0.sqlite")
+    subprocess.run([sys.executable, str(DOUBLES / "fake_nsys.py"), "export", "--type", "sqlite", "-o",
+                    str(src / "profile_node0.sqlite"), str(report)], check=True)
     rec = import_raw(src, tmp_path / "raw", run_id="r", settings=TINY)
     raw = find_raw_inputs(tmp_path / "raw")
     assert sorted(raw.logs) == sorted(p.stem for p in (tmp_path / "capture" / "nccl").glob("*.log"))
@@ -168,8 +171,6 @@ def test_the_doubles_say_they_are_doubles():
 
 
 def test_a_megatron_checkout_at_another_commit_than_pinned_fails_with_the_fix(tmp_path):
-    import subprocess
-
     meg = tmp_path / "Megatron-LM"
     meg.mkdir()
     git = ["git", "-C", str(meg), "-c", "user.name=t", "-c", "user.email=t@t"]

@@ -8,7 +8,8 @@
   nsys export --type sqlite -o OUT REPORT
                                   writes the SQLite data kept in the fake report to OUT
 
-The fake report *contains* SQLite (a real .nsys-rep does not); only the double reads it.
+The fake report is a marker line followed by SQLite data (a real .nsys-rep is neither); only the
+double's export reads it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+MAGIC = b"NCCLTRACE-FAKE-NSYS-REPORT\n"
 VERSION = "NVIDIA Nsight Systems version 2022.4.2.1-fake (test double)"
 EXPORT_HELP = """usage: nsys export [<args>] [nsys-rep-file]
 
@@ -59,7 +61,10 @@ def _profile(argv: list[str]) -> int:
     code = subprocess.call(command, env=env)
     if os.path.exists(scratch):
         report = output if output.endswith(".nsys-rep") else output + ".nsys-rep"
-        shutil.move(scratch, report)
+        with open(report, "wb") as dst, open(scratch, "rb") as src:
+            dst.write(MAGIC)
+            shutil.copyfileobj(src, dst)
+        os.unlink(scratch)
         print(f"Generated:\n    {report}")
     return code
 
@@ -93,7 +98,12 @@ def _export(argv: list[str]) -> int:
     if not Path(positional[0]).is_file():
         print(f"fake nsys export: {positional[0]}: no such file", file=sys.stderr)
         return 1
-    shutil.copyfile(positional[0], out)
+    with open(positional[0], "rb") as src:
+        if src.read(len(MAGIC)) != MAGIC:
+            print(f"Exportation error: {positional[0]}: not a report of the nsys test double", file=sys.stderr)
+            return 1
+        with open(out, "wb") as dst:
+            shutil.copyfileobj(src, dst)
     return 0
 
 

@@ -15,8 +15,6 @@ checkpoint train:
         settings=run_settings,
         training=config.get("training", {}),
         runtime=lambda wc: hardware_of(wc).get("runtime", 60),
-        attempts=TRAIN_RETRIES + 1,
-    retries: TRAIN_RETRIES
     resources:
         **train_resources(),
     log:
@@ -38,7 +36,8 @@ rule nsys_export:
     params:
         nsys=config.get("training", {}).get("nsys", "nsys"),
     resources:
-        mem_mb=16000,
+        # large reports need memory; a retry after an out-of-memory kill asks for more
+        mem_mb=lambda wc, attempt: 8000 * attempt,
         runtime=60,
     log:
         f"{RESULTS}/{{run}}/logs/nsys_export/{{host}}.log",

@@ -9,7 +9,6 @@ from nccltrace.provenance import stage_code_hash
 RUNS = {run.run_id: run for run in expand_campaign(config)}
 # Every run is checked before anything is queued (divisibility, experts, VPP, batch sizes, ...).
 validate_runs(list(RUNS.values()))
-TRAIN_RETRIES = int(config.get("training", {}).get("retries", 1))
 RUN_IDS = sorted(RUNS)
 RESULTS = f"results/{config['campaign']}"
 NSYS_TABLES = ["kernels", "nvtx", "processes", "launches_without_kernel"]

@@ -16,7 +16,5 @@ record = run_training(
     TrainingSetup.from_config(sm.params.training),
     Path(sm.output.capture),
     runtime_minutes=parse_minutes(sm.params.runtime),
-    attempt=int(getattr(sm, "attempt", 1)),
-    attempts=int(sm.params.attempts),
 )
 print(f"{sm.wildcards.run}: {record['status']}" + (f" ({record['reason']})" if record["reason"] else ""))

@@ -15,9 +15,10 @@ starts it once per node with ``srun``, and leaves a *capture directory*::
     nsys/<host>.nsys-rep         one Nsight Systems report per node (all its ranks); a .qdstrm
                                  when the installed nsys cannot import its own capture
 
-A training run that fails or outlives its time budget is retried by Snakemake; on the last
-attempt the failure itself is recorded (``status: failed`` with the reason and the log tail)
-so that the other configurations and the campaign report go on. Everything is written to a
+A training run that fails or outlives its time budget is retried in the same job
+(``training.retries``); after the last attempt the failure itself is recorded (``status:
+failed`` with the reason and the log tail) so that the other configurations and the campaign
+report go on. Everything is written to a
 ``.partial`` sibling and renamed into place at the end: a killed job never leaves a capture
 that looks finished.
 """
@@ -72,7 +73,7 @@ class TrainingSetup:
     env: dict[str, str] = field(default_factory=dict)
     dataset: dict[str, Any] = field(default_factory=dict)
     time_margin_minutes: float = 5.0
-    retries: int = 1  # read by the workflow (the train rule's retries), recorded here
+    retries: int = 1  # extra attempts of a failed training, in the same job
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any] | None) -> TrainingSetup:
@@ -207,57 +208,15 @@ def check_capture(capture: Path, settings: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def run_training(
-    run_id: str,
-    settings: Mapping[str, Any],
-    setup: TrainingSetup,
-    capture: Path | str,
-    *,
-    runtime_minutes: float,
-    attempt: int = 1,
-    attempts: int = 1,
-) -> dict[str, Any]:
-    """Run one training configuration and leave its capture directory (module docstring).
-
-    Raises :class:`LaunchError` when the run failed and Snakemake has attempts left (so it
-    retries); on the last attempt a failure is recorded in ``launch/launch.json`` with
-    ``status: failed`` and returned instead. ``runtime_minutes`` is the job's time limit: the
-    training gets that minus ``setup.time_margin_minutes`` so a hung run is stopped and
-    recorded by us rather than killed by SLURM without a trace.
-    """
-    problems = launch_problems(settings)
-    if problems:
-        raise LaunchError(f"run {run_id} cannot be launched:\n  " + "\n  ".join(problems))
-    capture = Path(capture)
-    partial = capture.with_name(capture.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    (partial / "launch").mkdir(parents=True)
-    script = partial / "launch" / "launch_node.sh"
-    # The script names its final location: NCCL and nsys write straight into the partial tree,
-    # which is renamed as a whole, so paths inside the script are those of the partial tree.
-    script.write_text(render_node_script(run_id, settings, setup, partial))
-    script.chmod(0o755)
-    job_id = os.environ.get("SLURM_JOB_ID")
-    cmd = node_command(settings, setup, script, in_slurm=bool(job_id))
-    budget_s = max(MIN_TRAINING_BUDGET_S, (float(runtime_minutes) - float(setup.time_margin_minutes)) * 60.0)
-    record: dict[str, Any] = {
-        "run": run_id, "backend": "slurm", "nccltrace_version": __version__, "attempt": attempt,
-        "attempts": attempts, "command": cmd, "node_script": "launch/launch_node.sh",
-        "megatron_arguments": megatron_arguments(settings, dataset=setup.dataset),
-        "submit_host": socket.gethostname(), "slurm_job_id": job_id, "slurm_job": _slurm_job(job_id),
-        "environment": {k: v for k, v in os.environ.items() if k.startswith(_RECORDED_ENV)},
-        "time_budget_s": budget_s, "settings": dict(settings),
-    }  # fmt: skip
-    t0 = time.time()
-    console = partial / "launch" / "launcher.log"
-    status, reason, exit_code = "ok", None, None
+def _attempt(cmd: list[str], console: Path, budget_s: float) -> tuple[str, str | None, int | None]:
+    """One training attempt: (status, reason, exit code). A run past its budget is stopped."""
     with open(console, "w") as out:
         try:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as exc:
-            raise LaunchError(f"run {run_id}: cannot start {cmd[0]!r}: {exc}") from None
+            raise LaunchError(f"cannot start {cmd[0]!r}: {exc}") from None
         try:
-            exit_code = proc.wait(timeout=budget_s)
+            code = proc.wait(timeout=budget_s)
         except subprocess.TimeoutExpired:
             # Stop the whole process group (srun forwards the signal to every node's tasks).
             os.killpg(proc.pid, signal.SIGTERM)
@@ -266,23 +225,75 @@ def run_training(
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-            status, reason = "failed", f"time limit: training ran longer than {budget_s / 60:.0f} min and was stopped"
-            exit_code = proc.returncode
-    if status == "ok" and exit_code != 0:
-        status, reason = "failed", f"training exited with code {exit_code}"
-    if status == "ok":
-        missing = check_capture(partial, settings)
-        if missing:
-            status, reason = "failed", "incomplete capture: " + "; ".join(missing)
-    record.update(
-        status=status, reason=reason, exit_code=exit_code, wall_s=round(time.time() - t0, 3),
-        versions={p.stem.removeprefix("versions_"): _read_env_file(p)
-                  for p in sorted((partial / "launch").glob("versions_*.env"))},
-        log_tail=_tail(console) if status != "ok" else None,
-    )  # fmt: skip
+            return "failed", f"time limit: training ran longer than {budget_s / 60:.1f} min and was stopped", proc.returncode
+    if code != 0:
+        return "failed", f"training exited with code {code}", code
+    return "ok", None, code
+
+
+def run_training(
+    run_id: str,
+    settings: Mapping[str, Any],
+    setup: TrainingSetup,
+    capture: Path | str,
+    *,
+    runtime_minutes: float,
+) -> dict[str, Any]:
+    """Run one training configuration and leave its capture directory (module docstring).
+
+    A failed or hung training is retried ``setup.retries`` times inside the same job while
+    time is left; every attempt is in the record's ``history``. After the last attempt a
+    failure is recorded (``status: failed``, reason, log tail) and returned, not raised, so
+    the other configurations and the campaign report go on. ``runtime_minutes`` is the job's
+    time limit: training stops ``setup.time_margin_minutes`` before it, so a hang is recorded
+    by us rather than killed by SLURM without a trace. (Failures of the job itself, such as a
+    node failure, are Snakemake's to retry: ``retries`` in the profile.) Raises
+    :class:`LaunchError` only for a configuration that cannot be launched.
+    """
+    problems = launch_problems(settings)
+    if problems:
+        raise LaunchError(f"run {run_id} cannot be launched:\n  " + "\n  ".join(problems))
+    capture = Path(capture)
+    partial = capture.with_name(capture.name + ".partial")
+    job_id = os.environ.get("SLURM_JOB_ID")
+    deadline = time.monotonic() + (float(runtime_minutes) - float(setup.time_margin_minutes)) * 60.0
+    attempts = 1 + max(0, int(setup.retries))
+    history: list[dict[str, Any]] = []
+    t0 = time.time()
+    for attempt in range(1, attempts + 1):
+        budget_s = max(MIN_TRAINING_BUDGET_S, deadline - time.monotonic())
+        shutil.rmtree(partial, ignore_errors=True)
+        (partial / "launch").mkdir(parents=True)
+        script = partial / "launch" / "launch_node.sh"
+        # NCCL and nsys write straight into the partial tree, which is renamed as a whole.
+        script.write_text(render_node_script(run_id, settings, setup, partial))
+        script.chmod(0o755)
+        cmd = node_command(settings, setup, script, in_slurm=bool(job_id))
+        console = partial / "launch" / "launcher.log"
+        t_attempt = time.time()
+        status, reason, exit_code = _attempt(cmd, console, budget_s)
+        if status == "ok":
+            missing = check_capture(partial, settings)
+            if missing:
+                status, reason = "failed", "incomplete capture: " + "; ".join(missing)
+        history.append({"attempt": attempt, "status": status, "reason": reason, "exit_code": exit_code,
+                        "wall_s": round(time.time() - t_attempt, 3), "log_tail": _tail(console, 10)})  # fmt: skip
+        if status == "ok" or deadline - time.monotonic() < MIN_TRAINING_BUDGET_S:
+            break
+        print(f"[nccltrace] {run_id} attempt {attempt}/{attempts}: {reason}; retrying", flush=True)
+    record: dict[str, Any] = {
+        "run": run_id, "backend": "slurm", "nccltrace_version": __version__, "status": status, "reason": reason,
+        "exit_code": exit_code, "attempt": len(history), "attempts": attempts, "history": history,
+        "command": cmd, "node_script": "launch/launch_node.sh",
+        "megatron_arguments": megatron_arguments(settings, dataset=setup.dataset),
+        "submit_host": socket.gethostname(), "slurm_job_id": job_id, "slurm_job": _slurm_job(job_id),
+        "environment": {k: v for k, v in os.environ.items() if k.startswith(_RECORDED_ENV)},
+        "time_budget_s": round(budget_s, 1), "wall_s": round(time.time() - t0, 3), "settings": dict(settings),
+        "versions": {p.stem.removeprefix("versions_"): _read_env_file(p)
+                     for p in sorted((partial / "launch").glob("versions_*.env"))},
+        "log_tail": _tail(console) if status != "ok" else None,
+    }  # fmt: skip
     (partial / "launch" / "launch.json").write_text(json.dumps(record, indent=2, default=str))
-    if status != "ok" and attempt < attempts:
-        raise LaunchError(f"run {run_id} attempt {attempt}/{attempts}: {reason}\n{_tail(console)}")
     shutil.rmtree(capture, ignore_errors=True)
     os.replace(partial, capture)
     return record
