@@ -9,7 +9,7 @@ sys.path.insert(0, str(Path(snakemake.scriptdir)))  # noqa: F821
 from _bootstrap import setup  # noqa: E402
 
 setup(snakemake)  # noqa: F821
-from nccltrace.acquisition.raw import assemble_raw, import_raw, write_status  # noqa: E402
+from nccltrace.acquisition.raw import assemble_raw, import_raw, read_status, write_status  # noqa: E402
 from nccltrace.provenance import write_manifest  # noqa: E402
 
 sm = snakemake  # noqa: F821
@@ -41,8 +41,6 @@ elif backend == "slurm":
 else:
     raise SystemExit(f"run {run}: unknown backend {backend!r} (emulate, slurm or import)")
 if backend != "emulate":
-    from nccltrace.acquisition.raw import read_status
-
     status = read_status(raw)
     write_manifest(raw / "manifest.json", stage=f"acquire:{backend}", inputs=inputs, outputs=[raw], config=settings,
                    partial=status["status"] != "ok", extra={"run": run, "status": status})

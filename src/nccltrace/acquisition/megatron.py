@@ -13,10 +13,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-# Settings that only the workload emulator reads; a real launch ignores them.
-EMULATOR_ONLY = ("hardware", "imperfections", "seed_emulator", "nccl_timestamps", "init_style", "nvtx_payloads",
-                 "nsys_version", "nccl_version", "gpu_tflops", "compute_kernels")  # fmt: skip
-
 DEFAULT_VOCAB_SIZE = 50257  # GPT-2 BPE; NullTokenizer with --mock-data needs an explicit size
 
 

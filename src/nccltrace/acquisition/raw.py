@@ -21,7 +21,6 @@ import json
 import os
 import re
 import shutil
-import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -113,15 +112,15 @@ def _log_identity(path: Path) -> tuple[str, int] | None:
 
 
 def _export_host(path: Path) -> str | None:
+    """The host an export was captured on (``TARGET_INFO_SYSTEM_ENV``), or None when the file
+    does not say or cannot be read as an export (the parse stage reports what is wrong)."""
+    from ..nsys.reader import NsysExport, NsysFormatError
+
     try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
-            row = con.execute("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname' LIMIT 1").fetchone()
-        finally:
-            con.close()
-    except sqlite3.Error:
+        with NsysExport.open(path) as export:
+            return export.hostname or None
+    except NsysFormatError:
         return None
-    return str(row[0]) if row and row[0] else None
 
 
 def import_raw(source: Path | str, raw: Path | str, *, run_id: str, settings: Mapping[str, Any],
