@@ -132,6 +132,22 @@ def test_determinism_same_seed_identical_bytes(tmp_path):
     assert set(_files(c.out_dir)) != set(a)  # other pids -> other log file names
 
 
+def test_nodes_emulated_in_parallel_processes_give_the_serial_output(tmp_path):
+    cfg = {**SMALL, "nodes": 2, "gpus_per_node": 2, "iterations": 1,
+           "imperfections": {"fuse_grouped_p2p": True, "clock_offset_ns_max": 1000, "torn_lines": 0.05}}  # fmt: skip
+    serial = emulate_run(cfg, tmp_path / "serial")
+    parallel = emulate_run(cfg, tmp_path / "parallel", workers=2)
+    a, b = _files(serial.out_dir), _files(parallel.out_dir)
+    assert set(a) == set(b) and not any(".parts" in k for k in b)
+    for name in a:
+        if name.endswith(".parquet"):  # row groups may differ; the rows may not
+            assert pd.read_parquet(serial.out_dir / name).equals(pd.read_parquet(parallel.out_dir / name)), name
+        else:
+            assert a[name] == b[name], name
+    assert (parallel.n_ops, parallel.n_kernels, parallel.op_counts) == (serial.n_ops, serial.n_kernels,
+                                                                        serial.op_counts)  # fmt: skip
+
+
 def test_split_init_and_new_versions(tmp_path):
     res = emulate_run({**SMALL, "iterations": 1, "nodes": 2, "gpus_per_node": 2, "init_style": "split",
                        "nccl_version": "2.28.9", "nsys_version": "2026.4", "nvtx_payloads": "dynamic",

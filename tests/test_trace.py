@@ -29,7 +29,7 @@ import pandas as pd
 import pytest
 
 from nccltrace import trace as trace_mod
-from nccltrace.trace import UNKNOWN_RANK_PID_BASE, write_chrome_trace, write_run_traces
+from nccltrace.trace import UNKNOWN_RANK_PID_BASE, write_chrome_trace, write_run_traces, write_summary_trace
 
 B = 1_760_000_000_000_000_000  # UTC ns of the synthetic run's reference
 OFF0, OFF1 = B, B + 7  # session UTC offsets of the two synthetic nsys exports
@@ -849,3 +849,80 @@ def test_run_traces_of_an_emulated_run_load_in_perfetto(emulated_run, tmp_path, 
         one = _perfetto(perfetto_engine, s.path)
         assert _import_problems(one) == []
         assert one.query("select count(*) n from slice")[0]["n"] == s.events - s.counts["metadata"]
+
+
+# --------------------------------------------------------------------------- summary trace
+
+
+def _burst_ops(n_bursts: int, per_burst: int, gap_ns: int, ranks: int = 2) -> pd.DataFrame:
+    """Per rank: n_bursts bursts of per_burst back-to-back 100 ns TP kernels, bursts gap_ns apart."""
+    rows = []
+    line = iter(range(10, 10_000_000))
+    for r in range(ranks):
+        t = 0
+        for b in range(n_bursts):
+            for k in range(per_burst):
+                rows.append(_row(r, "AllGather", 1, t, t + 100, line=next(line), corr=b * per_burst + k + 1,
+                                 parallelism="tp", bytes=1000))  # fmt: skip
+                t += 110
+            t += gap_ns
+    df = pd.DataFrame(rows, dtype=object)
+    ints = ["line", "pid", "op_count", "kernel_global_pid", "kernel_correlation_id", "kernel_stream_id", "kernel_start",
+            "kernel_end", "count", "bytes", "message_bytes", "kernel_start_utc", "kernel_end_utc", "kernel_start_sync",
+            "kernel_end_sync"]  # fmt: skip
+    df = df.astype({c: "Int64" for c in ints} | {c: "Int32" for c in ["nranks", "root", "logical_id", "global_rank",
+                                                                        "rank_in_comm"]} | {"comm": "UInt64"})  # fmt: skip
+    for c in ["row_kind", "file", "host", "op", "kernel_name", "status", "reason", "method", "datatype_name",
+              "parallelism", "parallelism_candidates", "instance"]:  # fmt: skip
+        df[c] = df[c].astype("string")
+    return df
+
+
+def test_summary_trace_has_one_slice_per_burst_with_totals(tmp_path):
+    ops = _burst_ops(n_bursts=5, per_burst=20, gap_ns=50_000)
+    s = write_summary_trace(ops, tmp_path / "s.json.gz")
+    doc = _read(s.path)
+    assert validate_chrome_trace(doc) == []
+    bursts = _by(doc, ph="X", cat="summary")
+    assert len(bursts) == 2 * 5  # the 10 ns gaps inside a burst do not split it, the 50 us gaps do
+    first = min((e for e in bursts if e["pid"] == 0), key=lambda e: e["ts"])
+    assert first["name"] == "tp" and first["ts"] == 0
+    assert first["args"]["Ops"] == 20 and first["args"]["Kernels"] == 20 and first["args"]["Bytes"] == 20_000
+    assert first["args"]["Busy (ns)"] == 20 * 100
+    assert first["dur"] == pytest.approx((19 * 110 + 100) / 1e3)
+    assert first["args"]["Ops by Type"] == "AllGather x20"
+    assert doc["otherData"]["kind"] == "summary" and doc["otherData"]["burst_gap_ns"] < 50_000
+    # the summary shares the full trace's time origin
+    full = write_chrome_trace(ops, tmp_path / "full.json.gz")
+    assert full.origin_utc_ns == s.origin_utc_ns
+
+
+def test_summary_trace_stays_within_its_event_budget(tmp_path):
+    ops = _burst_ops(n_bursts=600, per_burst=3, gap_ns=5_000)  # 1200 bursts at the finest gap
+    s = write_summary_trace(ops, tmp_path / "s.json.gz", max_events=1_000)
+    doc = _read(s.path)
+    assert s.events <= 1_000 and validate_chrome_trace(doc) == []
+    bursts = _by(doc, ph="X", cat="summary")
+    # coarser bursts, but no op is lost: the totals still add up
+    assert sum(e["args"]["Ops"] for e in bursts) == len(ops)
+    assert sum(e["args"]["Busy (ns)"] for e in bursts) == 100 * len(ops)
+    assert doc["otherData"]["burst_gap_ns"] >= 5_000
+
+
+def test_overlapping_kernels_count_once_in_busy_time(tmp_path):
+    ops = synthetic_ops()  # rank 3 has two overlapping dp Broadcast kernels: 6000-7000 and 6500-7500
+    doc = _read(write_summary_trace(ops, tmp_path / "s.json.gz").path)
+    (dp,) = [e for e in _by(doc, ph="X", cat="summary", pid=3) if e["name"] == "dp"]
+    assert dp["args"]["Busy (ns)"] == 1500 and dp["args"]["Kernels"] == 2
+
+
+def test_trace_command_writes_window_rank_and_summary_files(emulated_run, tmp_path):
+    from nccltrace.cli import main
+
+    assert main(["trace", str(emulated_run), "-o", str(tmp_path), "--ranks", "0-1", "--split-per-rank",
+                 "--summary", "--window-nvtx", "iteration 1"]) == 0  # fmt: skip
+    names = sorted(p.name for p in tmp_path.glob("*.json.gz"))
+    assert names == ["trace.json.gz", "trace.rank0.json.gz", "trace.rank1.json.gz", "trace.summary.json.gz"]
+    doc = _read(tmp_path / "trace.json.gz")
+    assert {e["pid"] for e in doc["traceEvents"] if e["ph"] != "i"} == {0, 1}
+    assert main(["trace", str(emulated_run), "-o", str(tmp_path), "--ranks", "0-x"]) == 2

@@ -272,6 +272,34 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rank_list(text: str) -> list[int]:
+    """'0-3,8' -> [0, 1, 2, 3, 8]."""
+    out: list[int] = []
+    for part in filter(None, (t.strip() for t in text.split(","))):
+        a, _, b = part.partition("-")
+        try:
+            out += list(range(int(a), int(b) + 1)) if b else [int(a)]
+        except ValueError:
+            raise ValueError(f"--ranks: {part!r} is not a rank or a range like 0-7") from None
+    return out
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    """Chrome traces of one analysed run."""
+    from .trace import write_run_traces
+
+    summaries = write_run_traces(
+        args.run_dir, args.out, name=args.name, split_per_rank=args.split_per_rank,
+        window_ns=tuple(args.window_ns) if args.window_ns else None, window_nvtx=args.window_nvtx,
+        ranks=_rank_list(args.ranks) if args.ranks else None, max_events=args.max_events,
+        min_message_bytes=args.min_message_bytes, summary=args.summary, summary_max_events=args.summary_max_events,
+    )  # fmt: skip
+    for s in summaries:
+        flag = " (truncated)" if s.truncated else ""
+        print(f"{s.path}: {s.events:,} events, {s.bytes / 1e6:.1f} MB gz, {s.json_bytes / 1e6:.1f} MB JSON{flag}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="nccltrace",
@@ -348,6 +376,28 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--launches", help="launches_without_kernel.parquet (default: beside KERNELS)")
     s.add_argument("--pid", type=int, help="the process to align when CALLS holds several")
     s.set_defaults(func=cmd_align)
+
+    s = sub.add_parser("trace", help="write Chrome traces of one analysed run (windows, per rank, summary)",
+                       description="Write Chrome Trace Event files (open in ui.perfetto.dev) from a run directory "
+                                   "the workflow or `nccltrace analyze` produced (ops/, parsed/, optional "
+                                   "metrics/). For large runs: a window (--window-nvtx 'iteration 3' or "
+                                   "--window-ns), a subset of ranks, one file per rank, an event cap, and a "
+                                   "summary trace whose size does not grow with the number of ops.")
+    s.add_argument("run_dir", metavar="RUN_DIR", help="the run's result directory (with ops/ops.parquet)")
+    s.add_argument("-o", "--out", required=True, help="output directory")
+    s.add_argument("--name", default="trace", help="file name stem (default: %(default)s)")
+    s.add_argument("--window-nvtx", metavar="TEXT", help="only the extent of the NVTX ranges with this text")
+    s.add_argument("--window-ns", nargs=2, type=int, metavar=("START", "END"),
+                   help="only this window, ns since the run's first event")
+    s.add_argument("--ranks", metavar="LIST", help="global ranks to include, e.g. 0-7,16")
+    s.add_argument("--split-per-rank", action="store_true", help="also one file per rank")
+    s.add_argument("--max-events", type=int, help="cap on events per file (the trace is cut at one time)")
+    s.add_argument("--min-message-bytes", type=int, help="leave out calls below this message size")
+    s.add_argument("--summary", action="store_true", help="also <name>.summary.json.gz (bursts per rank and "
+                   "parallelism)")
+    s.add_argument("--summary-max-events", type=int, default=200_000, help="event budget of the summary "
+                   "(default: %(default)s)")
+    s.set_defaults(func=cmd_trace)
 
     s = sub.add_parser("validate", help="print the accuracy figures against emulator ground truth",
                        description="Emulate scenarios and score the analysis against their ground truth: "

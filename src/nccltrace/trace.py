@@ -50,7 +50,10 @@ import pandas as pd
 
 from .tables import atomic_path, read_table
 
-__all__ = ["TRACE_FORMAT_VERSION", "TraceSummary", "load_run_inputs", "write_chrome_trace", "write_run_traces"]
+__all__ = [
+    "SUMMARY_MAX_EVENTS", "TRACE_FORMAT_VERSION", "TraceSummary", "load_run_inputs", "write_chrome_trace",
+    "write_run_traces", "write_summary_trace",
+]
 
 TRACE_FORMAT_VERSION = 1
 UNKNOWN_RANK_PID_BASE = 1_000_000
@@ -1094,6 +1097,158 @@ def _iso(ns: int) -> str:
     return datetime.fromtimestamp(s, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{r:09d}Z"
 
 
+# --------------------------------------------------------------------------- summary trace
+
+# Events of the summary trace when no budget is given: loads in any viewer within seconds.
+SUMMARY_MAX_EVENTS = 200_000
+# Kernels closer than this on one (rank, parallelism) track always share a burst.
+_SUMMARY_MIN_GAP_NS = 1_000
+
+
+def _bursts(proc: np.ndarray, kind: np.ndarray, t0: np.ndarray, t1: np.ndarray, budget: int
+            ) -> tuple[np.ndarray, np.ndarray, int]:  # fmt: skip
+    """Group kernel intervals (sorted by proc, kind, t0) into bursts: a new burst starts where
+    the idle gap since everything before on the same track exceeds a threshold, chosen as small
+    as the event budget allows. Returns burst ids, each interval's contribution to the busy time
+    (the union of intervals, so overlapping kernels count once) and the threshold."""
+    n = len(t0)
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), _SUMMARY_MIN_GAP_NS
+    track_start = np.ones(n, dtype=bool)
+    track_start[1:] = (proc[1:] != proc[:-1]) | (kind[1:] != kind[:-1])
+    track_id = np.cumsum(track_start) - 1
+    # running max of the end time within each track (ends are >= starts, so offsetting each track
+    # by its index times a span larger than any time keeps the cumulative max within the track)
+    span = int(t1.max() - t0.min()) + 1
+    shifted = (t1 - t0.min()) + track_id * span
+    run_end = np.maximum.accumulate(shifted) - track_id * span + t0.min()
+    prev_end = np.empty(n, dtype=np.int64)
+    prev_end[0] = t0[0]
+    prev_end[1:] = run_end[:-1]
+    gap = np.where(track_start, 0, t0 - prev_end)
+    busy = np.where(track_start, t1 - t0, np.maximum(0, t1 - np.maximum(t0, prev_end)))
+    n_tracks = int(track_id[-1]) + 1
+    extra = max(0, budget - n_tracks)  # bursts beyond one per track that fit the budget
+    inner = gap[~track_start]
+    threshold = _SUMMARY_MIN_GAP_NS
+    if len(inner) > extra:
+        # the (extra+1)-th largest gap: only gaps strictly above it split, so at most `extra` splits
+        threshold = max(threshold, int(np.partition(inner, len(inner) - extra - 1)[len(inner) - extra - 1]))
+    new = track_start | (gap > threshold)
+    return np.cumsum(new) - 1, busy, threshold
+
+
+def _write_summary(prep: _Prepared, out_path: Path, *, max_events: int | None, run_label: str | None
+                   ) -> TraceSummary:  # fmt: skip
+    """One slice per burst of communication per rank and parallelism (see write_summary_trace)."""
+    t_start = time.perf_counter()
+    budget_total = SUMMARY_MAX_EVENTS if max_events is None else int(max_events)
+    rows = prep.rows[prep.rows["_is_call"].astype(bool)]
+    procs = prep.procs
+    shown = sorted(int(p) for p in procs.index)
+    n_meta = 3 * len(shown) + 2 * len(shown) * (len(_PAR_ORDER) + 2)
+    nv = prep.nvtx
+    iters = nv[(nv["t1"] >= 0) & nv["text"].astype("string").str.fullmatch(r"iteration \d+").fillna(False)] \
+        if len(nv) else nv  # fmt: skip
+    budget = max(1, budget_total - n_meta - len(iters) - 1)
+    if len(rows):
+        kkey = _kernel_key(rows)
+        par = (rows["parallelism"].astype("string").fillna("unknown") if "parallelism" in rows
+               else pd.Series("unknown", index=rows.index, dtype="string"))  # fmt: skip
+        f = pd.DataFrame({"proc": rows["proc"].to_numpy(), "par": par.to_numpy(), "k": kkey,
+                          "t0": rows["t0"].to_numpy(), "t1": rows["t1"].to_numpy(),
+                          "op": rows["op"].astype("string").fillna("?").to_numpy() if "op" in rows else "?",
+                          "bytes": (rows["bytes"].astype("Float64").fillna(0).to_numpy(dtype=np.float64)
+                                    if "bytes" in rows else 0.0)})  # fmt: skip
+        # one interval per kernel launch and parallelism (grouped calls share their kernel)
+        kern = f.drop_duplicates(["proc", "par", "k"]).sort_values(["proc", "par", "t0"], kind="stable")
+        par_code = kern["par"].astype("category").cat.codes.to_numpy()
+        bid, busy, threshold = _bursts(kern["proc"].to_numpy(np.int64), par_code, kern["t0"].to_numpy(np.int64),
+                                       kern["t1"].to_numpy(np.int64), budget)  # fmt: skip
+        kern = kern.assign(_b=bid, _busy=busy)
+        f = f.merge(kern[["proc", "par", "k", "_b"]], on=["proc", "par", "k"], how="left")
+        g = kern.groupby("_b", sort=True)
+        bursts = pd.DataFrame({"proc": g["proc"].first(), "par": g["par"].first(), "t0": g["t0"].min(),
+                               "t1": g["t1"].max(), "kernels": g.size(), "busy": g["_busy"].sum()})  # fmt: skip
+        fg = f.groupby("_b", sort=True)
+        bursts["ops"] = fg.size()
+        bursts["bytes"] = fg["bytes"].sum()
+        by_op = f.groupby(["_b", "op"], sort=True).size().rename("n").reset_index()
+        by_op["s"] = by_op["op"].astype(str) + " x" + by_op["n"].astype(str)
+        bursts["by_op"] = by_op.groupby("_b")["s"].agg(", ".join)
+    else:
+        bursts = pd.DataFrame(columns=["proc", "par", "t0", "t1", "kernels", "busy", "ops", "bytes", "by_op"])
+        threshold = _SUMMARY_MIN_GAP_NS
+    origin = prep.origin
+    notes = list(prep.notes)
+    tmp = atomic_path(out_path)
+    counts: dict[str, int] = {}
+    try:
+        with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=_GZIP_LEVEL, mtime=0) as gz:
+            gz.write(b'{"traceEvents":[\n')
+            sink = _Sink(gz, None)
+            b_by = dict(tuple(bursts.groupby("proc", sort=False))) if len(bursts) else {}
+            nv_by = dict(tuple(iters.groupby("proc", sort=False))) if len(iters) else {}
+            for pid in shown:
+                b = b_by.get(pid, bursts.iloc[0:0])
+                kinds = sorted(b["par"].unique().tolist(),
+                               key=lambda k: (_PAR_ORDER.index(k) if k in _PAR_ORDER else len(_PAR_ORDER), k))
+                tids = {k: i + 2 for i, k in enumerate(kinds)}
+                meta = [_meta(pid, 0, "process_name", {"name": procs.loc[pid, "name"]}),
+                        _meta(pid, 0, "process_sort_index", {"sort_index": int(procs.loc[pid, "sort_index"])}),
+                        _meta(pid, 1, "thread_name", {"name": "iterations"}),
+                        _meta(pid, 1, "thread_sort_index", {"sort_index": 0})]  # fmt: skip
+                for k, tid in tids.items():
+                    meta.append(_meta(pid, tid, "thread_name", {"name": f"{k} communication"}))
+                    meta.append(_meta(pid, tid, "thread_sort_index", {"sort_index": tid}))
+                sink.write(meta, "metadata")
+                if origin is None:
+                    continue
+                it = nv_by.get(pid)
+                if it is not None and len(it):
+                    t0 = it["t0"].to_numpy(np.int64)
+                    t1 = it["t1"].to_numpy(np.int64)
+                    sink.write([f'{{"ph":"X","cat":"nvtx","pid":{pid},"tid":1,"ts":{s},"dur":{d},"name":{json.dumps(str(n))}}}'
+                                for s, d, n in zip(_ts(t0 - origin), _ts(np.maximum(t1 - t0, 0)), it["text"].tolist())],
+                               "nvtx")  # fmt: skip
+                if not len(b):
+                    continue
+                t0 = b["t0"].to_numpy(np.int64)
+                t1 = b["t1"].to_numpy(np.int64)
+                ev = []
+                for s, d, k, nk, no, by, busy, dur, ops in zip(
+                        _ts(t0 - origin), _ts(t1 - t0), b["par"].tolist(), b["kernels"].tolist(), b["ops"].tolist(),
+                        b["bytes"].tolist(), b["busy"].tolist(), (t1 - t0).tolist(), b["by_op"].tolist()):  # fmt: skip
+                    args = {"Ops": int(no), "Kernels": int(nk), "Bytes": int(by), "Bytes (human)": _size(by),
+                            "Busy (ns)": int(busy), "Busy Fraction": round(busy / dur, 4) if dur > 0 else 1.0,
+                            "Ops by Type": ops}  # fmt: skip
+                    ev.append(f'{{"ph":"X","cat":"summary","pid":{pid},"tid":{tids[k]},"ts":{s},"dur":{d},'
+                              f'"name":{json.dumps(k)},"args":{json.dumps(args, separators=(",", ":"))}}}')  # fmt: skip
+                sink.write(ev, "bursts")
+            info = _info(prep, origin, shown, None, None, None, budget_total, False, prep.unmatched, notes, run_label)
+            info["kind"] = "summary"
+            info["summary"] = ("one slice per burst of communication per rank and parallelism: kernels on the "
+                               "track separated by at most burst_gap_ns idle time; busy = union of kernel time")
+            info["burst_gap_ns"] = int(threshold)
+            info["events"] = sink.n + 1
+            info["event_counts"] = {**sink.counts, "info": 1}
+            sink.write([json.dumps({"ph": "i", "s": "g", "pid": shown[0] if shown else 0, "tid": 0, "ts": 0,
+                                    "name": "trace info", "cat": "nccltrace", "args": _flat_info(info)},
+                                   separators=(",", ":"))], "info")  # fmt: skip
+            tail = '],"displayTimeUnit":"ns","otherData":' + json.dumps(info, separators=(",", ":")) + "}\n"
+            gz.write(tail.encode())
+            json_bytes = len('{"traceEvents":[\n') + sink.json_bytes + len(tail)
+            counts = dict(sink.counts)
+            events = sink.n
+        os.replace(tmp, out_path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return TraceSummary(path=out_path, events=events, bytes=out_path.stat().st_size, ranks=shown, clock=prep.clock,
+                        origin_utc_ns=origin, truncated=False, notes=notes, json_bytes=json_bytes,
+                        seconds=time.perf_counter() - t_start, counts=counts)  # fmt: skip
+
+
 # --------------------------------------------------------------------------- public API
 
 
@@ -1197,6 +1352,24 @@ def load_run_inputs(run_dir: Path | str) -> dict[str, Any]:
     }
 
 
+def write_summary_trace(
+    ops: pd.DataFrame,
+    out_path: Path | str,
+    *,
+    nvtx: Mapping[str, pd.DataFrame] | None = None,
+    max_events: int | None = SUMMARY_MAX_EVENTS,
+    run_label: str | None = None,
+) -> TraceSummary:
+    """Write a summary trace: per rank, one track per parallelism with one slice per *burst* of
+    communication (kernels separated by at most ``burst_gap_ns`` of idle time), with the number
+    of ops and kernels, bytes, busy time (union of kernel intervals) and ops by type as
+    arguments; plus the ``iteration N`` NVTX ranges. The gap is the smallest that keeps the file
+    within ``max_events``, so the file size does not grow with the number of ops, and the time
+    axis is the full trace's (same origin)."""
+    prep = _prepare(ops, None, nvtx, None)
+    return _write_summary(prep, Path(out_path), max_events=max_events, run_label=run_label)
+
+
 def write_run_traces(
     run_dir: Path | str,
     out_dir: Path | str,
@@ -1206,21 +1379,34 @@ def write_run_traces(
     max_events: int | None = None,
     window_nvtx: str | None = None,
     min_message_bytes: int | None = None,
+    ranks: Iterable[int] | None = None,
+    summary: bool = False,
+    summary_max_events: int | None = SUMMARY_MAX_EVENTS,
+    name: str = "trace",
 ) -> list[TraceSummary]:
-    """Write ``out_dir/trace.json.gz`` for a run directory, and with ``split_per_rank`` also
-    ``out_dir/trace.rank<g>.json.gz`` per process (``max_events`` applies to each file).
+    """Write ``out_dir/<name>.json.gz`` for a run directory; with ``split_per_rank`` also
+    ``out_dir/<name>.rank<g>.json.gz`` per process (``max_events`` applies to each file); with
+    ``summary`` also ``out_dir/<name>.summary.json.gz`` (see ``write_summary_trace``).
 
     The inputs are read and put on one clock once; every file shares the run's time origin.
     """
     run_dir = Path(run_dir)
     out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     inputs = load_run_inputs(run_dir)
     prep = _prepare(inputs["ops"], inputs["op_metrics"], inputs["nvtx"], inputs["labels"])
+    del inputs  # the prepared rows are all that is needed from here on
     kw: dict[str, Any] = {"window_ns": window_ns, "window_nvtx": window_nvtx, "max_events": max_events,
                           "min_message_bytes": min_message_bytes, "run_label": run_dir.name}  # fmt: skip
-    out = [_write(prep, out_dir / "trace.json.gz", ranks=None, **kw)]
+    out = [_write(prep, out_dir / f"{name}.json.gz", ranks=ranks, **kw)]
+    if summary:
+        out.append(_write_summary(prep, out_dir / f"{name}.summary.json.gz", max_events=summary_max_events,
+                                  run_label=run_dir.name))  # fmt: skip
     if split_per_rank:
+        wanted = None if ranks is None else {int(r) for r in ranks}
         for pid in sorted(int(p) for p in prep.procs.index):
-            name = f"trace.rank{pid}.json.gz" if pid < UNKNOWN_RANK_PID_BASE else f"trace.proc{pid}.json.gz"
-            out.append(_write(prep, out_dir / name, ranks=[pid], **kw))
+            if wanted is not None and pid not in wanted:
+                continue
+            fname = f"{name}.rank{pid}.json.gz" if pid < UNKNOWN_RANK_PID_BASE else f"{name}.proc{pid}.json.gz"
+            out.append(_write(prep, out_dir / fname, ranks=[pid], **kw))
     return out

@@ -59,9 +59,11 @@ rule trace:
         ],
     output:
         trace=f"{RESULTS}/{{run}}/trace/trace.json.gz",
+        summary=f"{RESULTS}/{{run}}/trace/trace.summary.json.gz",
         manifest=f"{RESULTS}/{{run}}/trace/manifest.json",
     params:
         code=stage_code_hash("trace"),
+        options=config.get("analysis", {}).get("trace", {}),
     log:
         f"{RESULTS}/{{run}}/logs/trace.log",
     benchmark:

@@ -24,7 +24,8 @@ if backend == "emulate":
     # Built in a sibling directory and renamed: an interrupted emulation never leaves a raw/ behind.
     tmp = raw.with_name(raw.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    result = emulate_run({k: v for k, v in settings.items() if k not in ("env", "megatron_args")}, tmp)
+    result = emulate_run({k: v for k, v in settings.items() if k not in ("env", "megatron_args")}, tmp,
+                         progress=True, workers=sm.threads)
     write_status(tmp, "ok")
     write_manifest(tmp / "manifest.json", stage="acquire:emulate", inputs=[], outputs=[tmp], config=settings,
                    extra={"run": run})
