@@ -9,9 +9,13 @@ documented in ``OPS_SCHEMA`` (rendered into ``docs/tables.md``).
 
 from __future__ import annotations
 
+import collections
 import json
+import os
+import shutil
+import tempfile
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +24,7 @@ import pandas as pd
 import pyarrow as pa
 
 from .align.correlate import ALIGNMENT_SCHEMA
-from .tables import coerce_to_schema, read_table, write_table_atomic
+from .tables import atomic_path, coerce_to_schema, read_table, write_table_atomic
 from .tables import documented_field as _f
 
 OPS_SCHEMA = pa.schema(
@@ -53,15 +57,27 @@ OPS_SCHEMA = pa.schema(
 P2P = {"Send", "Recv"}
 
 
+# Above this many clock-sync rows the clock model is fitted on a deterministic sample of whole
+# collective instances (by hash of the instance key, so every rank keeps the same instances):
+# offset and drift need thousands of shared instances, not millions, and the fit's memory
+# would otherwise grow with the run.
+CLOCK_ROWS_BUDGET = 2_000_000
+
+
 @dataclass
 class RunOps:
-    """The enriched ops of a run, the parallelism labels and the clock model."""
+    """The enriched ops of a run, the parallelism labels and the clock model. ``ops`` is None
+    when the table was streamed to a file (``stream_run_ops``)."""
 
-    ops: pd.DataFrame
+    ops: pd.DataFrame | None
     labels: pd.DataFrame
     clock: pd.DataFrame
     partial: bool
     problems: list[str]
+    notes: list[str] = field(default_factory=list)
+    calls: int = 0
+    matched: int = 0
+    unmatched_by_reason: dict[str, int] = field(default_factory=dict)  # call rows by alignment reason
 
 
 def _instances(ops: pd.DataFrame) -> pd.Series:
@@ -81,6 +97,164 @@ def _instances(ops: pd.DataFrame) -> pd.Series:
     return key
 
 
+_CALL_COLS = ["file", "line", "count", "datatype_name", "nranks", "root", "bytes", "message_bytes"]
+
+
+def _process_ops(aligned_path: Path | str, calls_dir: Path | str, members: pd.DataFrame, proc_rank: pd.Series,
+                 labels: pd.DataFrame, utc: Mapping[str, int]) -> pd.DataFrame:  # fmt: skip
+    """One process's enriched rows, everything but the clock-synchronised times. Every column
+    derived here depends only on this process's rows and run-wide tables, which is what lets
+    the run's ops be built one process at a time."""
+    from .parallelism import label_ops
+
+    aligned = read_table(aligned_path)
+    calls = read_table(Path(calls_dir) / "calls.parquet", columns=_CALL_COLS)
+    ops = aligned.merge(calls, on=["file", "line"], how="left")
+    m = members[["host", "pid", "comm", "logical_id", "rank_in_comm", "global_rank"]]
+    ops = ops.merge(m, on=["host", "pid", "comm"], how="left")
+    # kernel rows and calls on communicators without an init line: global rank of the process
+    miss = ops["global_rank"].isna()
+    if miss.any():
+        ops.loc[miss, "global_rank"] = [proc_rank.get((h, p), pd.NA) for h, p in zip(ops.loc[miss, "host"],
+                                                                                       ops.loc[miss, "pid"])]  # fmt: skip
+    ops = label_ops(ops, labels)
+    ops["instance"] = _instances(ops)
+    off = ops["host"].map(utc).astype("Int64")
+    ops["kernel_start_utc"] = ops["kernel_start"].astype("Int64") + off
+    ops["kernel_end_utc"] = ops["kernel_end"].astype("Int64") + off
+    return ops
+
+
+def _sync_rows(ops: pd.DataFrame) -> pd.DataFrame:
+    """The rows the clock model is fitted on: matched calls of cross-rank instances."""
+    rows = ops[(ops["status"] == "matched") & ops["instance"].notna()]
+    return pd.DataFrame({
+        "clock_domain": rows["host"].astype(str), "global_rank": rows["global_rank"],
+        "instance": rows["instance"].astype(str), "start_ns": rows["kernel_start_utc"],
+        "end_ns": rows["kernel_end_utc"], "nranks": rows["nranks"],
+    }).dropna()  # fmt: skip
+
+
+def stream_run_ops(
+    alignment_paths: Iterable[Path | str],
+    calls_dirs: Iterable[Path | str],
+    communicators_path: Path | str,
+    members_path: Path | str,
+    sessions: Mapping[str, Path | str],
+    settings: Mapping[str, Any] | None,
+    ops_path: Path | str,
+    *,
+    clock_rows_budget: int = CLOCK_ROWS_BUDGET,
+    progress: Any = None,
+) -> RunOps:
+    """Build the enriched ops of one run and write them to ``ops_path`` (atomically), one
+    process at a time: memory holds one process's rows plus the clock-sync rows (at most
+    ``clock_rows_budget``), whatever the number of ranks. Row order and values are those of
+    the whole-run join (processes in the order given). ``progress``: optional callable run
+    after each pass over a process."""
+    import pyarrow.parquet as pq
+
+    from .clocksync import add_sync_columns, estimate_clock_model
+    from .parallelism import label_communicators
+
+    alignment_paths = [Path(p) for p in alignment_paths]
+    calls_dirs = [Path(d) for d in calls_dirs]
+    if len(alignment_paths) != len(calls_dirs):
+        raise ValueError(f"{len(alignment_paths)} alignment tables but {len(calls_dirs)} parsed call directories")
+    problems: list[str] = []
+    notes: list[str] = []
+    comms = read_table(communicators_path)
+    members = read_table(members_path)
+    proc_rank = members.dropna(subset=["global_rank"]).groupby(["host", "pid"])["global_rank"].first()
+    # Labels need only which ops each communicator carries: the distinct (host, pid, comm, op).
+    call_kinds = pd.concat([read_table(d / "calls.parquet", columns=["host", "pid", "op", "comm"])
+                            .drop_duplicates() for d in calls_dirs], ignore_index=True)  # fmt: skip
+    try:
+        labels = label_communicators(comms, settings or None, members=members, calls=call_kinds)
+    except ValueError as e:  # declared sizes that cannot describe this run
+        problems.append(f"parallelism sizes: {e}; falling back to the heuristic labels")
+        labels = label_communicators(comms, None, members=members, calls=call_kinds)
+    del call_kinds
+    utc = {h: int(json.loads(Path(p).read_text()).get("utc_offset_ns") or 0) for h, p in sessions.items()}
+
+    ops_path = Path(ops_path)
+    parts_dir = Path(tempfile.mkdtemp(prefix=".ops-parts-", dir=ops_path.parent))
+    try:
+        # Pass 1: per process, everything but the synchronised times (kept on disk), and the sync rows.
+        parts: list[Path] = []
+        sync: list[pd.DataFrame] = []
+        unresolved = calls_n = matched_n = 0
+        by_reason: collections.Counter = collections.Counter()
+        for i, (a, d) in enumerate(zip(alignment_paths, calls_dirs)):
+            ops = _process_ops(a, d, members, proc_rank, labels, utc)
+            is_call = ops["row_kind"] == "call"
+            unresolved += int((is_call & ops["logical_id"].isna()).sum())
+            calls_n += int(is_call.sum())
+            matched_n += int((is_call & (ops["status"] == "matched")).sum())
+            by_reason.update({str(k): int(v) for k, v in ops.loc[is_call, "reason"].value_counts().items()})
+            sync.append(_sync_rows(ops))
+            part = parts_dir / f"{i:06d}.parquet"
+            pq.write_table(pa.Table.from_pandas(coerce_to_schema(ops, OPS_SCHEMA), schema=OPS_SCHEMA,
+                                                preserve_index=False), part)  # fmt: skip
+            parts.append(part)
+            del ops
+            if progress is not None:
+                progress()
+        if unresolved:
+            problems.append(f"{unresolved} call lines on communicators without init lines (no logical communicator)")
+        frame = pd.concat(sync, ignore_index=True) if sync else _sync_rows(pd.DataFrame(columns=list(OPS_SCHEMA.names)))
+        del sync
+        clock = pd.DataFrame()
+        model = None
+        if frame["clock_domain"].nunique() > 1:
+            if len(frame) > clock_rows_budget:
+                n_before = len(frame)
+                h = pd.util.hash_array(frame["instance"].to_numpy(dtype=object))
+                k = -(-len(frame) // clock_rows_budget)
+                frame = frame[h % np.uint64(k) == 0]
+                notes.append(f"clock sync fitted on {len(frame):,} of {n_before:,} instance rows "
+                             f"(every instance whose key hashes to 0 mod {k}, on all its ranks)")  # fmt: skip
+            model = estimate_clock_model(frame.astype({"start_ns": "int64", "end_ns": "int64", "global_rank": "int64",
+                                                       "nranks": "int64"}))  # fmt: skip
+            clock = model.domains.reset_index()
+            bad = clock[clock["status"].isin(["disconnected", "no_shared_instances", "all_rejected"])]
+            for row in bad.itertuples():
+                problems.append(f"clock of {row[1]}: {row.reason}")
+        del frame
+        # Pass 2: synchronised times, appended process by process to the one output file.
+        tmp = atomic_path(ops_path)
+        try:
+            with pq.ParquetWriter(tmp, OPS_SCHEMA, compression="zstd") as writer:
+                for part in parts:
+                    ops = read_table(part)
+                    if model is None:
+                        # one node: one clock, nothing to synchronise
+                        ops["kernel_start_sync"] = ops["kernel_start_utc"]
+                        ops["kernel_end_sync"] = ops["kernel_end_utc"]
+                    else:
+                        has = ops["kernel_start_utc"].notna()
+                        tmpf = pd.DataFrame({"clock_domain": ops.loc[has, "host"].astype(str),
+                                             "start_ns": ops.loc[has, "kernel_start_utc"],
+                                             "end_ns": ops.loc[has, "kernel_end_utc"]})  # fmt: skip
+                        synced = add_sync_columns(tmpf, model)
+                        ops.loc[has, "kernel_start_sync"] = synced["start_ns_sync"].to_numpy()
+                        ops.loc[has, "kernel_end_sync"] = synced["end_ns_sync"].to_numpy()
+                    writer.write_table(pa.Table.from_pandas(coerce_to_schema(ops, OPS_SCHEMA), schema=OPS_SCHEMA,
+                                                            preserve_index=False))  # fmt: skip
+                    part.unlink()
+                    if progress is not None:
+                        progress()
+            os.replace(tmp, ops_path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    finally:
+        shutil.rmtree(parts_dir, ignore_errors=True)
+    partial = bool(problems) or not bool(comms["complete"].astype(bool).all()) if len(comms) else True
+    return RunOps(ops=None, labels=labels, clock=clock, partial=partial, problems=problems, notes=notes,
+                  calls=calls_n, matched=matched_n, unmatched_by_reason=dict(by_reason))  # fmt: skip
+
+
 def build_run_ops(
     alignment_paths: Iterable[Path | str],
     calls_dirs: Iterable[Path | str],
@@ -89,74 +263,21 @@ def build_run_ops(
     sessions: Mapping[str, Path | str],
     settings: Mapping[str, Any] | None = None,
 ) -> RunOps:
-    """Assemble the enriched ops of one run from the outputs of the earlier stages."""
-    from .clocksync import add_sync_columns, estimate_clock_model
-    from .parallelism import label_communicators, label_ops
-
-    problems: list[str] = []
-    aligned = pd.concat([read_table(p) for p in alignment_paths], ignore_index=True)
-    call_cols = ["file", "line", "count", "datatype_name", "nranks", "root", "bytes", "message_bytes"]
-    calls = pd.concat([read_table(Path(d) / "calls.parquet", columns=call_cols + ["host", "pid", "op", "comm"])
-                       for d in calls_dirs], ignore_index=True)  # fmt: skip
-    ops = aligned.merge(calls[call_cols], on=["file", "line"], how="left")
-    comms = read_table(communicators_path)
-    members = read_table(members_path)
-    m = members[["host", "pid", "comm", "logical_id", "rank_in_comm", "global_rank"]]
-    ops = ops.merge(m, on=["host", "pid", "comm"], how="left")
-    # kernel rows and calls on communicators without an init line: global rank of the process
-    proc_rank = members.dropna(subset=["global_rank"]).groupby(["host", "pid"])["global_rank"].first()
-    miss = ops["global_rank"].isna()
-    if miss.any():
-        ops.loc[miss, "global_rank"] = [proc_rank.get((h, p), pd.NA) for h, p in zip(ops.loc[miss, "host"],
-                                                                                       ops.loc[miss, "pid"])]  # fmt: skip
-    unresolved = int(((ops["row_kind"] == "call") & ops["logical_id"].isna()).sum())
-    if unresolved:
-        problems.append(f"{unresolved} call lines on communicators without init lines (no logical communicator)")
-    try:
-        labels = label_communicators(comms, settings or None, members=members, calls=calls)
-    except ValueError as e:  # declared sizes that cannot describe this run
-        problems.append(f"parallelism sizes: {e}; falling back to the heuristic labels")
-        labels = label_communicators(comms, None, members=members, calls=calls)
-    ops = label_ops(ops, labels)
-    ops["instance"] = _instances(ops)
-
-    utc = {h: int(json.loads(Path(p).read_text()).get("utc_offset_ns") or 0) for h, p in sessions.items()}
-    off = ops["host"].map(utc).astype("Int64")
-    ops["kernel_start_utc"] = ops["kernel_start"].astype("Int64") + off
-    ops["kernel_end_utc"] = ops["kernel_end"].astype("Int64") + off
-    clock = pd.DataFrame()
-    sync_rows = ops[(ops["status"] == "matched") & ops["instance"].notna()]
-    frame = pd.DataFrame({
-        "clock_domain": sync_rows["host"].astype(str), "global_rank": sync_rows["global_rank"],
-        "instance": sync_rows["instance"].astype(str), "start_ns": sync_rows["kernel_start_utc"],
-        "end_ns": sync_rows["kernel_end_utc"], "nranks": sync_rows["nranks"],
-    }).dropna()  # fmt: skip
-    ops["kernel_start_sync"] = pd.array([pd.NA] * len(ops), dtype="Int64")
-    ops["kernel_end_sync"] = pd.array([pd.NA] * len(ops), dtype="Int64")
-    if frame["clock_domain"].nunique() > 1:
-        model = estimate_clock_model(frame.astype({"start_ns": "int64", "end_ns": "int64", "global_rank": "int64",
-                                                   "nranks": "int64"}))  # fmt: skip
-        clock = model.domains.reset_index()
-        has = ops["kernel_start_utc"].notna()
-        tmp = pd.DataFrame({"clock_domain": ops.loc[has, "host"].astype(str),
-                            "start_ns": ops.loc[has, "kernel_start_utc"], "end_ns": ops.loc[has, "kernel_end_utc"]})
-        synced = add_sync_columns(tmp, model)
-        ops.loc[has, "kernel_start_sync"] = synced["start_ns_sync"].to_numpy()
-        ops.loc[has, "kernel_end_sync"] = synced["end_ns_sync"].to_numpy()
-        bad = clock[clock["status"].isin(["disconnected", "no_shared_instances", "all_rejected"])]
-        for row in bad.itertuples():
-            problems.append(f"clock of {row[1]}: {row.reason}")
-    else:
-        # one node: one clock, nothing to synchronise
-        ops["kernel_start_sync"] = ops["kernel_start_utc"]
-        ops["kernel_end_sync"] = ops["kernel_end_utc"]
-    partial = bool(problems) or not bool(comms["complete"].astype(bool).all()) if len(comms) else True
-    return RunOps(ops=coerce_to_schema(ops, OPS_SCHEMA), labels=labels, clock=clock, partial=partial, problems=problems)
+    """Assemble the enriched ops of one run in memory (``stream_run_ops`` into a temporary
+    file, read back): for tests and small runs; the workflow streams."""
+    with tempfile.TemporaryDirectory(prefix="nccltrace-ops-") as tmp:
+        path = Path(tmp) / "ops.parquet"
+        result = stream_run_ops(alignment_paths, calls_dirs, communicators_path, members_path, sessions, settings,
+                                path)  # fmt: skip
+        result.ops = coerce_to_schema(read_table(path), OPS_SCHEMA)
+    return result
 
 
-def write_run_ops(result: RunOps, ops_path: Path | str, labels_path: Path | str, clock_path: Path | str) -> None:
-    """Write the ops table, the parallelism labels and the clock model atomically."""
-    write_table_atomic(pa.Table.from_pandas(result.ops, schema=OPS_SCHEMA, preserve_index=False), Path(ops_path))
+def write_run_ops(result: RunOps, ops_path: Path | str | None, labels_path: Path | str, clock_path: Path | str) -> None:
+    """Write the ops table (when held in memory; None skips it), the parallelism labels and the
+    clock model atomically."""
+    if result.ops is not None and ops_path is not None:
+        write_table_atomic(pa.Table.from_pandas(result.ops, schema=OPS_SCHEMA, preserve_index=False), Path(ops_path))
     from .parallelism import LABEL_SCHEMA
 
     labels = pa.Table.from_pandas(result.labels[LABEL_SCHEMA.names], schema=LABEL_SCHEMA, preserve_index=False)

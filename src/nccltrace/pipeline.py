@@ -286,7 +286,7 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
     from .communicators import infer_run_communicators
     from .nccl.log_reader import parse_logs
     from .nsys.reader import NsysExport
-    from .ops import build_run_ops, write_run_ops
+    from .ops import stream_run_ops, write_run_ops
     from .provenance import write_manifest
     from .tables import write_json_atomic
 
@@ -422,13 +422,13 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
     session_paths = {stem: parsed / "nsys" / stem / "session.json" for stem in stems}
     # ops joins sessions on the calls' host; exports found by recorded hostname need that key too.
     session_paths.update({host: parsed / "nsys" / stem / "session.json" for host, stem in host_export.items()})
-    result = build_run_ops([aligned[p] for p in procs], [parsed / "nccl" / p for p in procs],
-                           comm_out / "communicators.parquet", comm_out / "communicator_members.parquet",
-                           session_paths, run_settings)  # fmt: skip
-    write_run_ops(result, ops_dir / "ops.parquet", ops_dir / "parallelism.parquet", ops_dir / "clock_sync.parquet")
+    ops_dir.mkdir(parents=True, exist_ok=True)
+    result = stream_run_ops([aligned[p] for p in procs], [parsed / "nccl" / p for p in procs],
+                            comm_out / "communicators.parquet", comm_out / "communicator_members.parquet",
+                            session_paths, run_settings, ops_dir / "ops.parquet")  # fmt: skip
+    write_run_ops(result, None, ops_dir / "parallelism.parquet", ops_dir / "clock_sync.parquet")
     problems += [p for p in result.problems if p not in problems]
-    calls = result.ops[result.ops["row_kind"] == "call"]
-    n_calls, n_matched = len(calls), int((calls["status"] == "matched").sum())
+    n_calls, n_matched = result.calls, result.matched
     partial = bool(result.partial or summary["partial"] or no_export or problems)
     ops_outputs = [ops_dir / "ops.parquet", ops_dir / "parallelism.parquet", ops_dir / "clock_sync.parquet"]
     write_manifest(ops_dir / "manifest.json", stage="ops",
@@ -442,7 +442,7 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
         "processes": len(procs), "hosts": log_hosts, "exports": {h: f"{s}.sqlite" for h, s in host_export.items()},
         "hosts_without_export": no_export, "ignored_logs": [str(p) for p in inputs.ignored_logs],
         "calls": n_calls, "matched": n_matched,
-        "unmatched_by_reason": {str(k): int(v) for k, v in calls["reason"].value_counts().items()},
+        "unmatched_by_reason": result.unmatched_by_reason,
         "partial": partial, "problems": problems, "notes": notes, "settings": run_settings,
         "label_source": sorted(set(result.labels["label_source"].astype(str))) if len(result.labels) else [],
         "outputs": {"ops": str(ops_outputs[0]), "parallelism": str(ops_outputs[1]), "clock_sync": str(ops_outputs[2]),
