@@ -442,12 +442,13 @@ def make_clock_frame(n_rows: int, *, n_domains: int = 8, gpus: int = 8,
 
 
 def child_clock(cfg: dict[str, Any]) -> dict[str, Any]:
-    """One measured ``estimate_clock_model`` call (in its own interpreter unless ``--in-process``)."""
+    """One measured ``estimate_clock_model`` call (in its own interpreter unless ``--in-process``).
+    ``cfg``: rows, and optionally domains (clock domains = nodes, default 8) and gpus (ranks per node, 8)."""
     from nccltrace.clocksync import estimate_clock_model
 
     w, _ = make_clock_frame(5_000, seed=9)
     estimate_clock_model(w)  # warm-up (compiled kernels)
-    frame, true_offset = make_clock_frame(cfg["rows"])
+    frame, true_offset = make_clock_frame(cfg["rows"], n_domains=cfg.get("domains", 8), gpus=cfg.get("gpus", 8))
     gc.collect()
     before = rss_mb()
     reset_peak_rss()
@@ -456,8 +457,9 @@ def child_clock(cfg: dict[str, Any]) -> dict[str, Any]:
     wall = time.perf_counter() - t0
     est = model.domains["offset_ns"].astype(float).to_numpy()
     err = np.abs(est - true_offset(model.t_ref_ns))  # offsets are stated at the model's reference time
-    return {"rows": len(frame), "wall_s": wall, "rss_before_mb": before, "peak_rss_mb": peak_rss_mb(),
-            "solver": model.info.get("solver"), "max_offset_err_ns": float(np.nanmax(err))}  # fmt: skip
+    return {"rows": len(frame), "domains": int(frame["clock_domain"].nunique()), "wall_s": wall,
+            "rss_before_mb": before, "peak_rss_mb": peak_rss_mb(), "solver": model.info.get("solver"),
+            "max_offset_err_ns": float(np.nanmax(err))}  # fmt: skip
 
 
 def run_child(kind: str, cfg: dict[str, Any], in_process: bool = False) -> dict[str, Any]:

@@ -1,0 +1,48 @@
+"""The benchmark command (benchmarks/run_benchmarks.py) runs every section in quick mode and
+reports positive numeric figures. No timing thresholds: the figures are only checked to exist."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SECTIONS = ("parse", "nsys", "align", "clocksync", "trace", "e2e")
+
+
+@pytest.mark.slow
+def test_quick_benchmarks_report_positive_figures_for_every_section(tmp_path):
+    out = tmp_path / "figures.json"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "run_benchmarks.py"), "--quick", "--json", str(out)]
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=1800, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    doc = json.loads(out.read_text())
+    assert doc["mode"] == "quick"
+    machine = doc["machine"]
+    assert machine["logical_cores"] >= 1 and machine["ram_gib"] > 0 and machine["python"] and machine["cpu_model"]
+    assert set(SECTIONS) <= set(doc["sections"])
+    for name in SECTIONS:
+        sec = doc["sections"][name]
+        assert sec["error"] is None, (name, sec["error"])
+        assert sec["figures"], f"section {name} reported no figures"
+        for f in sec["figures"]:
+            v = f["value"]
+            assert isinstance(v, (int, float)) and not isinstance(v, bool), (name, f)
+            assert math.isfinite(v) and v > 0, (name, f)
+        assert any(f["show"] for f in sec["figures"]) and f"| {name} " in proc.stdout  # a row in the table
+    figures = {(s, f["case"], f["figure"]): f["value"] for s, d in doc["sections"].items() for f in d["figures"]}
+    # the figures the brief asks for are present
+    assert any(s == "parse" and "grep" in c for s, c, _ in figures)
+    assert any(s == "parse" and fig == "lines/s per core" for s, _, fig in figures)
+    assert any(s == "nsys" and c.startswith("nvtx()") for s, c, _ in figures)
+    assert any(s == "trace" and fig == "gzip size" for s, _, fig in figures)
+    assert figures[("e2e", "bench-quick", "jobs")] > 1
+    assert any(s == "e2e" and ": rule " in c and fig == "max RSS" for s, c, fig in figures)
+    # the e2e run worked in a scratch directory, not in the repository's results/
+    assert not (REPO / "results" / "bench-quick").exists()
+    assert "machine:" in proc.stdout and "| section" in proc.stdout
