@@ -926,3 +926,24 @@ def test_trace_command_writes_window_rank_and_summary_files(emulated_run, tmp_pa
     doc = _read(tmp_path / "trace.json.gz")
     assert {e["pid"] for e in doc["traceEvents"] if e["ph"] != "i"} == {0, 1}
     assert main(["trace", str(emulated_run), "-o", str(tmp_path), "--ranks", "0-x"]) == 2
+
+
+def test_capped_run_trace_reads_only_the_earliest_rows_and_says_it_is_cut(emulated_run, tmp_path):
+    full = write_run_traces(emulated_run, tmp_path / "full")[0]
+    capped, summary = write_run_traces(emulated_run, tmp_path / "capped", max_events=400, summary=True)
+    assert capped.truncated and capped.events <= 400 and not full.truncated
+    assert any("not written" in n for n in capped.notes)
+    doc = _read(capped.path)
+    assert validate_chrome_trace(doc) == [] and doc["otherData"]["truncated"] is True
+    assert capped.origin_utc_ns == full.origin_utc_ns == summary.origin_utc_ns
+    # a prefix in time: every slice written starts before the first one left out of the capped file
+    last = max(e["ts"] for e in doc["traceEvents"] if e.get("ph") == "X")
+    full_doc = _read(full.path)
+    assert {e["pid"] for e in doc["traceEvents"]} == {e["pid"] for e in full_doc["traceEvents"]}
+    earlier = [e for e in full_doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "op" and e["ts"] <= last]
+    assert len(_by(doc, ph="X", cat="op")) <= len(earlier)
+    # the summary still covers the whole run
+    assert summary.path.name == "trace.summary.json.gz" and not summary.truncated
+    ops = pd.read_parquet(emulated_run / "ops" / "ops.parquet")
+    n_timed_calls = int(((ops["row_kind"] == "call") & ops["kernel_start_sync"].notna()).sum())
+    assert sum(e["args"]["Ops"] for e in _by(_read(summary.path), ph="X", cat="summary")) == n_timed_calls

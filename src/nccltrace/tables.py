@@ -375,8 +375,9 @@ def tables_markdown() -> str:
     return "\n".join(out)
 
 
-def read_table(path: Path | str, columns: list[str] | None = None):
-    """Read a table into pandas with nullable integer dtypes.
+def read_table(path: Path | str, columns: list[str] | None = None, filters: Any = None):
+    """Read a table into pandas with nullable integer dtypes (``filters``: a pyarrow expression
+    or DNF list, applied while reading, so rows it excludes never reach memory).
 
     The default pandas conversion turns nullable 64-bit columns into float64, which
     silently corrupts communicator ids and pointers above 2^53; always read through here.
@@ -390,4 +391,4 @@ def read_table(path: Path | str, columns: list[str] | None = None):
         pa.float32(): pd.Float32Dtype(), pa.float64(): pd.Float64Dtype(), pa.string(): pd.StringDtype(),
     }
     # List columns (e.g. communicator members) stay Python lists.
-    return pq.read_table(path, columns=columns).to_pandas(types_mapper=nullable.get)
+    return pq.read_table(path, columns=columns, filters=filters).to_pandas(types_mapper=nullable.get)

@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 
 from .tables import atomic_path, read_table
 
@@ -953,7 +954,7 @@ def _event_count(prep: _Prepared, sel: _Selection, flows: pd.DataFrame) -> tuple
 
 def _write(prep: _Prepared, out_path: Path, *, ranks: Iterable[int] | None, window_ns: tuple[int, int] | None,
            window_nvtx: str | None, min_message_bytes: int | None, max_events: int | None,
-           run_label: str | None = None) -> TraceSummary:  # fmt: skip
+           run_label: str | None = None, read_before: int | None = None) -> TraceSummary:  # fmt: skip
     t_start = time.perf_counter()
     out_path = Path(out_path)
     notes = list(prep.notes)
@@ -983,6 +984,12 @@ def _write(prep: _Prepared, out_path: Path, *, ranks: Iterable[int] | None, wind
             truncated = True
             notes.append(f"max_events={max_events}: events starting at or after "
                          f"{(cutoff - origin) / 1e3:.3f} us not written")  # fmt: skip
+    if read_before is not None and not truncated:
+        # the caller read only the rows before this time (max_events could not hold more)
+        truncated = True
+        if origin is not None:
+            notes.append(f"max_events={max_events}: events starting at or after "
+                         f"{(read_before - origin) / 1e3:.3f} us not written")  # fmt: skip
 
     procs = prep.procs
     shown = set(sel.rows["proc"].unique().tolist()) | (
@@ -1300,32 +1307,73 @@ def _read_optional(path: Path, columns: list[str] | None = None) -> pd.DataFrame
     return read_table(path, columns=columns)
 
 
-def load_run_inputs(run_dir: Path | str) -> dict[str, Any]:
+def _ops_filter(before_ns: int | None) -> Any:
+    """Rows whose kernel starts before ``before_ns`` on the trace clock, and rows without kernel time."""
+    if before_ns is None:
+        return None
+    import pyarrow.dataset as ds
+
+    sync, utc = ds.field("kernel_start_sync"), ds.field("kernel_start_utc")
+    return (sync < before_ns) | (sync.is_null() & ((utc < before_ns) | utc.is_null()))
+
+
+def _time_cut(ops_path: Path, max_rows: int) -> int | None:
+    """The kernel start time (trace clock) before which at most ``max_rows`` timed rows lie, or
+    None when every row fits. Reads two int64 columns only."""
+    import pyarrow.compute as pc
+
+    t = pq.read_table(ops_path, columns=["kernel_start_sync", "kernel_start_utc"])
+    start = pc.coalesce(t["kernel_start_sync"], t["kernel_start_utc"]).drop_null().to_numpy()
+    if len(start) <= max_rows:
+        return None
+    return int(np.partition(start, max_rows)[max_rows])
+
+
+def load_run_inputs(run_dir: Path | str, *, before_ns: int | None = None, columns: list[str] | None = None,
+                    nvtx_text: str | None = None) -> dict[str, Any]:  # fmt: skip
     """The inputs of ``write_chrome_trace`` from a workflow run directory.
 
     Reads ops/ops.parquet (joined with kernel launch geometry from parsed/nsys/*/kernels.parquet
     and buffers/stream/reduction from parsed/nccl/*/calls.parquet when present),
     metrics/op_metrics.parquet, ops/parallelism.parquet and parsed/nsys/*/nvtx.parquet with the
     export's session.json (host name and UTC offset).
+
+    For large runs: ``before_ns`` keeps only ops whose kernel starts before that time (and ops
+    without kernel time), and NVTX events starting up to 10 s after it; ``columns`` reads only
+    these ops columns and skips the kernel, call and metrics joins; ``nvtx_text`` (a regular
+    expression) keeps only NVTX events whose text matches it. Each input is filtered as it is
+    read, so memory follows what is kept, not the run.
     """
     run_dir = Path(run_dir)
     ops_path = run_dir / "ops" / "ops.parquet"
     if not ops_path.is_file():
         raise FileNotFoundError(f"{ops_path} not found: run the ops stage first")
-    ops = read_table(ops_path)
+    ops = read_table(ops_path, columns=columns, filters=_ops_filter(before_ns))
+    light = columns is not None
     kcols = ["global_pid", "correlation_id", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z",
              "registers_per_thread", "static_shared_memory", "dynamic_shared_memory"]  # fmt: skip
+    keys = None
+    if not light and "kernel_correlation_id" in ops:
+        keys = ops[["kernel_global_pid", "kernel_correlation_id"]].dropna().drop_duplicates()
+        keys = keys.astype("int64").rename(columns={"kernel_global_pid": "global_pid",
+                                                     "kernel_correlation_id": "correlation_id"})  # fmt: skip
     nvtx: dict[str, pd.DataFrame] = {}
     kernels = []
     for d in sorted((run_dir / "parsed" / "nsys").glob("*/")):
         session = {}
         if (d / "session.json").is_file():
             session = json.loads((d / "session.json").read_text())
-        k = _read_optional(d / "kernels.parquet", kcols)
+        k = None if keys is None else _read_optional(d / "kernels.parquet", kcols)
         if k is not None and {"global_pid", "correlation_id"} <= set(k.columns):
-            kernels.append(k)
+            # only the kernels of the ops kept (a semi-join per export keeps memory at one export)
+            kernels.append(k.astype({"global_pid": "int64", "correlation_id": "int64"}).merge(keys, how="inner"))
         v = _read_optional(d / "nvtx.parquet")
         if v is not None:
+            if nvtx_text is not None and "text" in v:
+                v = v[v["text"].astype("string").str.fullmatch(nvtx_text).fillna(False).astype(bool)]
+            if before_ns is not None and session.get("utc_offset_ns") is not None:
+                limit = before_ns - int(session["utc_offset_ns"]) + 10_000_000_000
+                v = v[v["start"].astype("int64") < limit]
             v = v.copy()
             v["host"] = session.get("hostname") or d.name
             if session.get("utc_offset_ns") is not None:
@@ -1337,19 +1385,36 @@ def load_run_inputs(run_dir: Path | str) -> dict[str, Any]:
         k = k.astype({"kernel_global_pid": "Int64", "kernel_correlation_id": "Int64"})
         ops = ops.merge(k, on=["kernel_global_pid", "kernel_correlation_id"], how="left")
     calls = []
-    for p in sorted((run_dir / "parsed" / "nccl").glob("*/calls.parquet")):
+    files = set(ops["file"].dropna().unique().tolist()) if "file" in ops else set()
+    for p in [] if light else sorted((run_dir / "parsed" / "nccl").glob("*/calls.parquet")):
         c = _read_optional(p, ["file", "line", "sendbuff", "recvbuff", "stream", "redop_name"])
         if c is not None and {"file", "line"} <= set(c.columns):
-            calls.append(c)
+            calls.append(c[c["file"].isin(files)])
     if calls:
         c = pd.concat(calls, ignore_index=True).drop_duplicates(["file", "line"])
         ops = ops.merge(c.astype({"file": "string", "line": "Int64"}), on=["file", "line"], how="left")
+    metrics = None
+    if not light:
+        mpath = run_dir / "metrics" / "op_metrics.parquet"
+        metrics = _read_optional(mpath)
+        if metrics is not None and before_ns is not None and "file" in metrics:
+            metrics = metrics[metrics["file"].isin(files)]
     return {
         "ops": ops,
-        "op_metrics": _read_optional(run_dir / "metrics" / "op_metrics.parquet"),
+        "op_metrics": metrics,
         "labels": _read_optional(run_dir / "ops" / "parallelism.parquet"),
         "nvtx": nvtx,
     }
+
+
+# Ops columns the summary trace needs (everything else is left on disk).
+_SUMMARY_COLUMNS = ["row_kind", "file", "line", "host", "pid", "comm", "logical_id", "nranks", "root", "rank_in_comm",
+                    "global_rank", "op", "op_count", "bytes", "message_bytes", "parallelism", "instance",
+                    "kernel_global_pid", "kernel_correlation_id", "kernel_start", "kernel_start_utc", "kernel_end_utc",
+                    "kernel_start_sync", "kernel_end_sync", "status", "reason"]  # fmt: skip
+# Timed ops rows loaded per capped event: a row becomes about 3 events (call, kernel, parallelism),
+# so this loads a little more than the cap needs; the writer then cuts at the exact event count.
+_ROWS_PER_EVENT = 0.5
 
 
 def write_summary_trace(
@@ -1393,15 +1458,34 @@ def write_run_traces(
     run_dir = Path(run_dir)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    inputs = load_run_inputs(run_dir)
+    out: list[TraceSummary] = []
+    # A capped whole-run trace needs only the earliest rows: the rest are never read.
+    cut = None
+    if max_events is not None and window_ns is None and window_nvtx is None and ranks is None and not split_per_rank:
+        cut = _time_cut(run_dir / "ops" / "ops.parquet", max(1, int(max_events * _ROWS_PER_EVENT)))
+    inputs = load_run_inputs(run_dir, before_ns=cut)
     prep = _prepare(inputs["ops"], inputs["op_metrics"], inputs["nvtx"], inputs["labels"])
     del inputs  # the prepared rows are all that is needed from here on
     kw: dict[str, Any] = {"window_ns": window_ns, "window_nvtx": window_nvtx, "max_events": max_events,
                           "min_message_bytes": min_message_bytes, "run_label": run_dir.name}  # fmt: skip
-    out = [_write(prep, out_dir / f"{name}.json.gz", ranks=ranks, **kw)]
+    out.append(_write(prep, out_dir / f"{name}.json.gz", ranks=ranks, read_before=cut, **kw))
     if summary:
-        out.append(_write_summary(prep, out_dir / f"{name}.summary.json.gz", max_events=summary_max_events,
+        # The summary needs every op but few columns: read and prepared on its own, on the full
+        # trace's time origin (which also counts NVTX events the summary does not show).
+        origin = prep.origin
+        del prep
+        light = load_run_inputs(run_dir, columns=_SUMMARY_COLUMNS, nvtx_text=r"iteration \d+")
+        sprep = _prepare(light["ops"], None, light["nvtx"], None)
+        del light
+        if origin is not None and sprep.origin is not None:
+            sprep.origin = min(origin, sprep.origin)
+        out.append(_write_summary(sprep, out_dir / f"{name}.summary.json.gz", max_events=summary_max_events,
                                   run_label=run_dir.name))  # fmt: skip
+        del sprep
+        if split_per_rank:
+            inputs = load_run_inputs(run_dir)
+            prep = _prepare(inputs["ops"], inputs["op_metrics"], inputs["nvtx"], inputs["labels"])
+            del inputs
     if split_per_rank:
         wanted = None if ranks is None else {int(r) for r in ranks}
         for pid in sorted(int(p) for p in prep.procs.index):
