@@ -72,3 +72,29 @@ def test_mismatched_input_lists_are_rejected(analysed, tmp_path):
     with pytest.raises(ValueError, match="alignment tables but"):
         stream_run_ops(a, c[:-1], *rest, tmp_path / "ops.parquet")
     assert not (tmp_path / "ops.parquet").exists()
+
+
+def test_stages_reading_only_their_declared_ops_columns_give_the_same_tables(analysed):
+    """Metrics, volume and the summary tables read only OPS_COLUMNS of the ops table; a column
+    used but not declared would change a result (or raise) here."""
+    from nccltrace import metrics, summary, volume
+
+    out = analysed / "out"
+    ops_path = out / "ops" / "ops.parquet"
+    full = read_table(ops_path)
+    settings = yaml.safe_load((analysed / "raw" / "run.yaml").read_text())
+    v_full = volume.volume_validation(settings, full, run="r")
+    v_cols = volume.volume_validation(settings, read_table(ops_path, columns=volume.OPS_COLUMNS), run="r")
+    pd.testing.assert_frame_equal(v_full, v_cols)
+    dirs = sorted(p for p in (out / "parsed" / "nccl").iterdir() if p.is_dir())
+    comms = read_table(out / "communicators" / "communicators.parquet")
+    m_full = metrics.compute_run_metrics(full, dirs, comms)
+    m_cols = metrics.compute_run_metrics(read_table(ops_path, columns=metrics.OPS_COLUMNS), dirs, comms)
+    for name in ("op_metrics", "instances", "stragglers", "limits", "algorithms"):
+        pd.testing.assert_frame_equal(getattr(m_full, name), getattr(m_cols, name))
+    t_full = summary.run_tables(full, m_full.op_metrics, v_full)
+    t_cols = summary.run_tables(read_table(ops_path, columns=summary.OPS_COLUMNS), m_full.op_metrics, v_full)
+    assert sorted(t_full) == sorted(t_cols)
+    for name in t_full:
+        pd.testing.assert_frame_equal(t_full[name], t_cols[name])
+    assert len(full.columns) > len(set(metrics.OPS_COLUMNS) | set(volume.OPS_COLUMNS) | set(summary.OPS_COLUMNS))

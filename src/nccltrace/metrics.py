@@ -36,6 +36,13 @@ import pyarrow as pa
 from .tables import SCHEMA_VERSION, coerce_to_schema, read_table, write_table_atomic
 from .tables import documented_field as _f
 
+# The ops columns compute_run_metrics reads (the workflow reads only these; tests check the
+# result equals the one from every column).
+OPS_COLUMNS = ["bytes", "comm", "count", "duplicate_of", "file", "global_rank", "host", "instance",
+               "kernel_correlation_id", "kernel_end", "kernel_end_sync", "kernel_global_pid", "kernel_name",
+               "kernel_start", "kernel_start_sync", "line", "logical_id", "message_bytes", "nranks", "op", "op_count",
+               "parallelism", "pid", "rank_in_comm", "reason", "root", "row_kind", "status"]  # fmt: skip
+
 GB = 1e9  # nccl-tests reports GB/s with 1 GB = 1e9 bytes
 
 # nccl-tests bus-bandwidth factors (doc/PERFORMANCE.md of nccl-tests): the share of the message

@@ -30,6 +30,12 @@ import pyarrow as pa
 from .tables import atomic_path, write_table_atomic
 from .tables import documented_field as _f
 
+# The ops columns run_tables and nccltrace.plots.run_plots read (the workflow reads only these;
+# tests check the result equals the one from every column).
+OPS_COLUMNS = ["bytes", "duplicate_of", "file", "global_rank", "host", "kernel_correlation_id", "kernel_end",
+               "kernel_end_sync", "kernel_global_pid", "kernel_name", "kernel_start", "kernel_start_sync", "line",
+               "logical_id", "message_bytes", "nranks", "op", "parallelism", "reason", "row_kind", "status"]  # fmt: skip
+
 P2P_OPS = frozenset({"Send", "Recv"})
 UNKNOWN = "unknown"
 LARGE_MESSAGE_BYTES = 1 << 20  # below this, bandwidth figures are dominated by launch latency

@@ -7,12 +7,14 @@ sys.path.insert(0, str(Path(snakemake.scriptdir)))  # noqa: F821
 from _bootstrap import setup  # noqa: E402
 
 setup(snakemake)  # noqa: F821
-from nccltrace.metrics import compute_run_metrics, write_run_metrics  # noqa: E402
+from nccltrace.metrics import OPS_COLUMNS, compute_run_metrics, write_run_metrics  # noqa: E402
 from nccltrace.provenance import write_manifest  # noqa: E402
 from nccltrace.tables import read_table  # noqa: E402
 
 inp, out = snakemake.input, snakemake.output  # noqa: F821
-result = compute_run_metrics(read_table(inp.ops), [Path(p).parent for p in inp.reports], read_table(inp.communicators))
+# only the columns metrics use: the run's ops table is never loaded whole
+ops = read_table(inp.ops, columns=OPS_COLUMNS)
+result = compute_run_metrics(ops, [Path(p).parent for p in inp.reports], read_table(inp.communicators))
 paths = write_run_metrics(result, Path(out.op_metrics).parent)
 write_manifest(out.manifest, stage="metrics", inputs=[inp.ops, inp.communicators, *inp.reports],
                outputs=list(paths.values()), partial=bool(result.problems), extra={"problems": result.problems})

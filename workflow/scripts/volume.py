@@ -11,13 +11,13 @@ import yaml  # noqa: E402
 
 from nccltrace.provenance import write_manifest  # noqa: E402
 from nccltrace.tables import read_table  # noqa: E402
-from nccltrace.volume import volume_validation, write_volume_validation  # noqa: E402
+from nccltrace.volume import OPS_COLUMNS, volume_validation, write_volume_validation  # noqa: E402
 
 inp, out = snakemake.input, snakemake.output  # noqa: F821
 # the model as the run used it: the raw run record when the run has one, else the campaign settings
 run_yaml = Path(inp.raw) / "run.yaml"
 settings = yaml.safe_load(run_yaml.read_text()) if run_yaml.is_file() else dict(snakemake.params.settings)  # noqa: F821
-table = volume_validation(settings, read_table(inp.ops), run=snakemake.wildcards.run)  # noqa: F821
+table = volume_validation(settings, read_table(inp.ops, columns=OPS_COLUMNS), run=snakemake.wildcards.run)  # noqa: F821
 paths = write_volume_validation(table, Path(out.parquet).parent)
 write_manifest(out.manifest, stage="volume", inputs=[inp.ops, *([run_yaml] if run_yaml.is_file() else [])],
                outputs=list(paths.values()), config=settings)
