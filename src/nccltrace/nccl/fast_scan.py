@@ -568,11 +568,12 @@ def scan_block(buf, n, first_lineno, S, R, T):
                     quick = True
             if not quick:
                 wall = np.int64(0)
-        # 1. the level token: the first "NCCL INFO ", no "NCCL WARN " before it, ASCII only.
+        # 1. the level token: the first "NCCL INFO ", no "NCCL WARN " before it, ASCII only, no NUL
+        # (the reader reports lines with NUL bytes as damage).
         p = ls
         while not quick and p < n:
             c = buf[p]
-            if c == 10 or c >= 128:
+            if c == 10 or c >= 128 or c == 0:
                 break
             if c == 78:
                 lv = _level(buf, p, n)

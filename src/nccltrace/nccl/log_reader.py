@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import calendar
 import collections
+import hashlib
 import os
 import re
 from dataclasses import dataclass, field
@@ -88,16 +89,77 @@ _TREES = re.compile(rb"Trees((?: \[\d+\] -?\d+/-?\d+/-?\d+->-?\d+->-?\d+)+)\s*$"
 _TRANSPORT = re.compile(rb"(?:Channel|Ring) \d+(?:/\d+)? : .* via ")
 
 _VERSION = re.compile(rb"NCCL version (\d+)\.(\d+)\.(\d+)(\S*?)\+cuda(\d+)\.(\d+)")
+# host:pid:tid [dev] anywhere on a line without a readable level token: a record whose token was damaged.
+_RECORD_PREFIX = re.compile(rb"[A-Za-z0-9_.\-]+:\d+:\d+ \[-?\d+\] ")
+_OTHER_LEVELS = (b" NCCL TRACE ", b" NCCL CALL ", b" NCCL ABORT ")
+_HEX = re.compile(rb"0[xX][0-9a-fA-F]+")
 _INFO = b"NCCL INFO "
 _WARN = b"NCCL WARN "
 _MATRIX_HEAD = b"Enabled NCCL Func/Proto/Algo Matrix:"
+
+
+_CALL_MARKS = (b" sendbuff ", b" recvbuff ", b" [nranks=", b": opCount ")
+_TUNING_MARKS = (b" Bytes -> ", b"-> Algo ", b"channel{Lo..Hi}")
+
+
+def _damaged_kind(msg: bytes) -> str | None:
+    """The record kind an unrecognised INFO message still shows the fields of (a line damaged in its
+    keywords, e.g. "AllReduce: opCo#nt 1f sendbuff ..."), or None for other INFO text."""
+    if any(k in msg for k in _CALL_MARKS):
+        return "call"
+    if any(k in msg for k in _TUNING_MARKS):
+        return "TUNING"
+    if b" cudaDev " in msg and b" busId " in msg:
+        return "init/destroy"
+    return None
+
+
+class _Malformed(ValueError):
+    """A record that matched its pattern but holds a value the tables cannot take (a malformed
+    number, a value out of a column's range, an impossible timestamp): the line is reported in
+    ``unclassified`` instead of failing the parse or being written with a wrong value."""
 
 
 def _ptr(tok: bytes) -> int:
     """Decode a ``%p`` token: ``0x...`` or ``(nil)``."""
     if tok == b"(nil)":
         return 0
+    # Not int(tok, 16) alone: it also takes a sign, '_' and whitespace, so "-0x7f" or "0x7f_00"
+    # (damaged lines) would decode to a plausible wrong pointer.
+    if not _HEX.fullmatch(tok):
+        raise _Malformed(f"malformed pointer {_text(tok, 40)!r}")
     return int(tok, 16)
+
+
+def _float(tok: bytes) -> float:
+    try:
+        return float(tok)
+    except ValueError:  # "24..0": the patterns only ensure digits and dots
+        raise _Malformed(f"malformed number {_text(tok, 40)!r}") from None
+
+
+def _int_bounds(schema: pa.Schema) -> list[tuple[int, int, int, str]]:
+    """(index, min, max, column) of every integer column of a table schema."""
+    out = []
+    for i, f in enumerate(schema):
+        if pa.types.is_integer(f.type):
+            bits = f.type.bit_width
+            lo, hi = (0, (1 << bits) - 1) if pa.types.is_unsigned_integer(f.type) else (-(1 << bits - 1),
+                                                                                      (1 << bits - 1) - 1)
+            out.append((i, lo, hi, f.name))
+    return out
+
+
+_BOUNDS = {name: _int_bounds(schema) for name, schema in TABLES.items()}
+
+
+def _check_row(table: str, row: tuple | list) -> None:
+    """Raise _Malformed if a value does not fit its column (the Parquet write would fail later,
+    without file or line)."""
+    for i, lo, hi, col in _BOUNDS[table]:
+        v = row[i]
+        if v is not None and not lo <= v <= hi:
+            raise _Malformed(f"value out of range for {table}.{col} ({v})")
 
 
 def _text(b: bytes, limit: int = 240) -> str:
@@ -268,6 +330,7 @@ class _FileParser:
         self.in_topology = False
         self.in_matrix = False
         self.pending_prefix: list[tuple] = []  # torn prefixes waiting for their message
+        self.processes: set[tuple[str, int]] = set()  # (host, pid) of the records (duplicate-file check)
 
     # --- helpers ---------------------------------------------------------------------
     _FOREIGN_REASONS = ("comment/", "mentions NCCL but", "not an NCCL log record")
@@ -281,7 +344,10 @@ class _FileParser:
         self.sinks["unclassified"].append((self.name, lineno, reason, _text(raw)))
 
     def _parse_prefix(self, soup: bytes) -> tuple | None:
-        """(host, pid, tid, dev, wall_ns, wall_kind, recovery) from the text before the level token."""
+        """(host, pid, tid, dev, wall_ns, wall_kind, recovery) from the text before the level token.
+
+        Raises _Malformed for a prefix whose timestamp or ids cannot be right (month 13, a pid that
+        does not fit int64, ...): a damaged line, reported rather than decoded into wrong values."""
         cached = self.prefix_cache.get(soup)
         if cached is not None:
             return cached
@@ -292,7 +358,10 @@ class _FileParser:
             y, mo, d, hh, mi, ss = (int(x) for x in m.groups()[:6])
             frac = m.group(7) or b"0"
             ns = int(frac.ljust(9, b"0")[:9])
-            wall_ns = calendar.timegm((y, mo, d, hh, mi, ss)) * 1_000_000_000 + ns
+            try:
+                wall_ns = calendar.timegm((y, mo, d, hh, mi, ss)) * 1_000_000_000 + ns
+            except (ValueError, OverflowError):  # month 0/13, year 0: datetime rejects the date
+                raise _Malformed(f"impossible timestamp {_text(m.group(0).strip(), 40)!r}") from None
             wall_kind = "local"
         else:
             m = _TS_EPOCH.search(soup)
@@ -300,6 +369,17 @@ class _FileParser:
                 wall_ns = int(m.group(1)) * 1_000_000_000 + int(m.group(2).ljust(9, b"0")[:9])
                 wall_kind = "epoch"
         p = _PREFIX_TAIL.search(soup)
+        if p:
+            pid, tid, dev = int(p.group(2)), int(p.group(3)), int(p.group(4))
+        else:
+            d = _DEV_ONLY_TAIL.search(soup)
+            pid, tid, dev = None, None, int(d.group(1)) if d else None
+        # Checked before anything is remembered (known hosts): the columns every table shares are
+        # pid, tid (int64), cuda_dev (int32) and wall_time_ns (int64).
+        for value, bits, what in ((pid, 63, "pid"), (tid, 63, "tid"), (dev, 31, "[cudaDev]"),
+                                  (wall_ns, 63, "timestamp")):
+            if value is not None and not -(1 << bits) <= value < 1 << bits:
+                raise _Malformed(f"{what} out of range ({value})")
         recovery = None
         if p:
             host = p.group(1).decode("ascii")
@@ -307,9 +387,11 @@ class _FileParser:
                 # Foreign text glued to the host ("... -1h100node-1:...", or a torn-off message tail
                 # "AllRedunode-1:...") : prefer a known host that is a suffix of the candidate. Only
                 # then: a host name cannot start with '-', '.' or '_', and inside a torn line (or
-                # after another record's cut-off prefix, "... NCCL INFnode000:...") the candidate is
-                # suspect; otherwise "job-worker-1" is a host of its own.
-                suspect = self._torn_context or not host[:1].isalnum() or b"NCCL" in soup[: p.start()]
+                # after another record's cut-off prefix, "... NCCL INFnode000:..." or
+                # "node1:1:1 [0] NCnode000:...") the candidate is suspect; otherwise "job-worker-1" is
+                # a host of its own.
+                suspect = (self._torn_context or not host[:1].isalnum() or b"NCCL" in soup[: p.start()]
+                           or _RECORD_PREFIX.search(soup, 0, p.start()) is not None)
                 for known in (self.known_hosts if suspect else ()):
                     if host.endswith(known) and host != known:
                         host = known
@@ -317,19 +399,21 @@ class _FileParser:
                         break
                 else:
                     if suspect:
-                        # A cut-off op name glued to an unseen host ("AllRedu" + "node2"): strip the
-                        # longest (>= 4 chars) proper prefix of an NCCL op name.
+                        # A cut-off op name or level token glued to an unseen host ("AllRedu" + "node2",
+                        # "NC" + "node2"): strip the longest proper prefix of an NCCL op name (>= 4 chars)
+                        # or of "NCCL" (>= 2 chars).
                         cut = max((k for op in ALL_OPS for k in range(4, len(op))
                                    if host.startswith(op[:k]) and host[k:k + 1].isalnum()), default=0)
+                        cut = cut or max((k for k in (2, 3, 4) if host.startswith("NCCL"[:k])
+                                          and host[k:k + 1].isalnum()), default=0)
                         if cut:
                             host = host[cut:]
                             recovery = "host_suffix"
                     else:
                         self.known_hosts.add(host)
-            result = (host, int(p.group(2)), int(p.group(3)), int(p.group(4)), wall_ns, wall_kind, recovery)
+            result = (host, pid, tid, dev, wall_ns, wall_kind, recovery)
         else:
-            d = _DEV_ONLY_TAIL.search(soup)
-            result = (None, None, None, int(d.group(1)) if d else None, wall_ns, wall_kind, None)
+            result = (None, None, None, dev, wall_ns, wall_kind, None)
         if wall_ns is None and not self._torn_context and len(self.prefix_cache) < 100_000:
             self.prefix_cache[soup] = result
         return result
@@ -351,7 +435,7 @@ class _FileParser:
         last_raw = b""
         with open(self.path, "rb") as fh:
             head = fh.read(4096)
-            if b"\x00" in head:
+            if _looks_binary(head):
                 rep.issues.append({"severity": "error", "line": None, "message": "binary data (NUL bytes) at the start: "
                                    "this is not a text NCCL log"})
                 return rep
@@ -376,9 +460,10 @@ class _FileParser:
         for pending in self.pending_prefix:
             rep.counts["torn_rejected"] += 1
             self._unclassified(pending[0], "torn line: prefix whose message never appeared", pending[-1])
-        if len({str(v) for v in self.version_by_pid.values()}) > 1:
+        # rep.versions, not version_by_pid: bare version lines (no host:pid) of concatenated logs share one key.
+        if len(rep.versions) > 1:
             rep.issues.append({"severity": "warning", "line": None, "message": "several NCCL versions in one file: "
-                               + ", ".join(sorted({str(v) for v in self.version_by_pid.values()}))})
+                               + ", ".join(sorted(rep.versions))})
         return rep
 
     # --- compiled fast path -----------------------------------------------------------
@@ -528,6 +613,7 @@ class _FileParser:
             if g_start and g_start[-1] == i:
                 return
             host, pid, tid, dev, _, _, rec = self._parse_prefix(bytes(data[int(f_ls[i]) : int(f_ip[i])]))
+            self.processes.add((host, pid))
             g_start.append(i)
             g_host.append(host)
             g_pid.append(pid)
@@ -697,6 +783,10 @@ class _FileParser:
                 counts["non_utf8"] += 1
                 self.report.issues.append({"severity": "warning", "line": lineno,
                                            "message": "line is not valid UTF-8 (bytes escaped in tables)"})
+        if b"\x00" in line:
+            counts["nul"] += 1
+            self.report.issues.append({"severity": "warning", "line": lineno, "message": "line holds NUL bytes: "
+                                       "the file was damaged (a crash while writing?)"})
         n_info = line.count(_INFO)
         if n_info == 1 and _WARN not in line:
             idx = line.find(_INFO)
@@ -758,13 +848,20 @@ class _FileParser:
             pref = self.pending_prefix.pop() if len(self.pending_prefix) == 1 else None
             if pref is not None:
                 _, host, pid, tid, dev = pref[:5]
-                self._call(lineno, (host, pid, tid, dev, None, None, None), m, "rejoined")
+                ok = self._call(lineno, (host, pid, tid, dev, None, None, None), m, "rejoined")
             else:
-                self._call(lineno, (None, None, None, None, None, None, None), m, "no_prefix")
-            counts["torn_recovered"] += 1
+                ok = self._call(lineno, (None, None, None, None, None, None, None), m, "no_prefix")
+            if ok:
+                counts["torn_recovered"] += 1
             return
         if stripped.startswith(b"#"):
             self._unclassified(lineno, "comment/application output (starts with '#')", line)
+        elif _RECORD_PREFIX.search(line) and not any(tok in line for tok in _OTHER_LEVELS):
+            # "host:pid:tid [dev] NC?L INF?" : an NCCL record whose level token was damaged, so a lost
+            # record, not foreign text (TRACE/CALL lines are NCCL records this reader does not read).
+            counts["malformed_record"] += 1
+            self._unclassified(lineno, "NCCL record prefix without a readable 'NCCL INFO'/'NCCL WARN' token "
+                               "(damaged line?)", line)
         elif b"NCCL" in line:
             self._unclassified(lineno, "mentions NCCL but has no 'NCCL INFO'/'NCCL WARN' record token", line)
         else:
@@ -787,8 +884,19 @@ class _FileParser:
     # --- records -----------------------------------------------------------------------
     def _record(self, lineno: int, raw: bytes, soup: bytes, msg: bytes, level: str, recovery: str | None,
                 last: bool = True) -> None:
+        try:
+            self._record_fields(lineno, raw, soup, msg, level, recovery, last)
+        except _Malformed as exc:
+            # Raised before the record changed any state or table (values are checked first).
+            self.report.counts["malformed_record"] += 1
+            self._unclassified(lineno, f"NCCL record with {exc} (a damaged line?)", raw)
+
+    def _record_fields(self, lineno: int, raw: bytes, soup: bytes, msg: bytes, level: str, recovery: str | None,
+                       last: bool) -> None:
         counts = self.report.counts
         prefix = self._parse_prefix(soup)
+        if prefix[1] is not None:
+            self.processes.add(prefix[:2])
         if prefix[6] and not recovery:
             recovery = prefix[6]
         if level == "WARN":
@@ -834,31 +942,25 @@ class _FileParser:
         if msg.startswith(b"comm "):
             m = _COMM_INFO.match(msg)
             if m:
+                self._emit("comm_info", (self.name, lineno, *prefix[:4], _ptr(m.group(1)), int(m.group(2)),
+                                         int(m.group(3)), int(m.group(4)), int(m.group(5)), int(m.group(6))))
                 counts["comm_info"] += 1
                 self.comm_sizes.setdefault(prefix[1], []).append((lineno, int(m.group(3))))
-                self.sinks["comm_info"].append(
-                    (self.name, lineno, *prefix[:4], _ptr(m.group(1)), int(m.group(2)), int(m.group(3)),
-                     int(m.group(4)), int(m.group(5)), int(m.group(6)))
-                )
                 return
             m = _DESTROY.match(msg)
             if m:
+                self._emit("comms", (self.name, lineno, *prefix[:4], prefix[4], prefix[5], m.group(6).decode().lower(),
+                                     m.group(7).decode(), None, _ptr(m.group(1)), int(m.group(2)), int(m.group(3)),
+                                     int(m.group(4)), None, int(m.group(5), 16), None, None, None, None, None))
                 counts["destroy"] += 1
-                self.sinks["comms"].append(
-                    (self.name, lineno, *prefix[:4], prefix[4], prefix[5], m.group(6).decode().lower(),
-                     m.group(7).decode(), None, _ptr(m.group(1)), int(m.group(2)), int(m.group(3)),
-                     int(m.group(4)), None, int(m.group(5), 16), None, None, None, None, None)
-                )
                 return
             m = _INIT_LEGACY.match(msg)
             if m:
+                self._emit("comms", (self.name, lineno, *prefix[:4], prefix[4], prefix[5], "legacy_init", None, None,
+                                     _ptr(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4)),
+                                     int(m.group(5)), None, None, None, None, None, None))
                 counts["init"] += 1
                 self._note_rank(prefix, _ptr(m.group(1)), int(m.group(2)), lineno)
-                self.sinks["comms"].append(
-                    (self.name, lineno, *prefix[:4], prefix[4], prefix[5], "legacy_init", None, None,
-                     _ptr(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)),
-                     None, None, None, None, None, None)
-                )
                 return
         vm = _VERSION.match(msg)
         if vm:
@@ -869,18 +971,17 @@ class _FileParser:
         if c0 == b"C" or c0 == b"R":
             m = _RING.match(msg)
             if m:
-                counts["ring"] += 1
                 ranks = m.group(3).split()
                 cut = m.group(4)
                 if cut and not cut.startswith(b" ") and ranks:
                     ranks.pop()  # "... 140 14..." : the last number was cut mid-way
                 # <= 2.22 print at most 20 ranks; a 20-rank line is cut only if its comm is larger,
                 # which the nearest init/comm-info line of the process tells (resolved at end of file).
-                self.pending_rings.append(
-                    [self.name, lineno, *prefix[:4], "ring", int(m.group(1)),
-                     int(m.group(2)) if m.group(2) else None, b" ".join(ranks).decode(),
-                     bool(cut) or (len(ranks) == 20 and None)]
-                )
+                row = [self.name, lineno, *prefix[:4], "ring", int(m.group(1)), int(m.group(2)) if m.group(2) else None,
+                       b" ".join(ranks).decode(), bool(cut) or (len(ranks) == 20 and None)]
+                _check_row("rings", row)
+                counts["ring"] += 1
+                self.pending_rings.append(row)
                 return
             if _TRANSPORT.match(msg):
                 counts["transport"] += 1
@@ -900,9 +1001,21 @@ class _FileParser:
             counts["torn_rejected"] += 1
             self._unclassified(lineno, "torn line: record cut off by another process's output", raw)
             return
+        kind = _damaged_kind(msg)
+        if kind:
+            # Not silently "other INFO": the fields of a call/TUNING/init line are there, its keyword is not.
+            counts["malformed_record"] += 1
+            self._unclassified(lineno, f"{kind} line in an unknown format (a damaged line?)", raw)
+            return
         counts["info_other"] += 1
 
-    def _call(self, lineno: int, prefix: tuple, m: re.Match, recovery: str | None) -> None:
+    def _emit(self, table: str, row: tuple) -> None:
+        """Append a row of a table other than calls (whose values _call checks itself)."""
+        _check_row(table, row)
+        self.sinks[table].append(row)
+
+    def _call(self, lineno: int, prefix: tuple, m: re.Match, recovery: str | None) -> bool:
+        """Record a call line; False when its values were malformed (reported as unclassified)."""
         counts = self.report.counts
         op = m.group(1).decode()
         try:
@@ -919,36 +1032,37 @@ class _FileParser:
         except ValueError:
             counts["malformed_call"] += 1
             self._unclassified(lineno, "call line with a malformed number or pointer", m.string)
-            return
+            return False
+        host, pid, tid, dev, wall_ns, wall_kind = prefix[:6]
+        entry = DATATYPES.get(dtype)
+        version = self.version_by_pid.get(pid, self.file_version)
+        known = entry is not None and (version is None or version.tuple >= entry[2])
+        dtype_name, dsize = (entry[0], entry[1]) if known else (f"unknown({dtype})", 0)
+        nbytes = count * dsize
+        message_bytes = bus_message_bytes(op, count, dsize, nranks)
         # Values that do not fit the table's columns (e.g. a size_t -1 printed by %zu) are reported,
         # never wrapped or truncated into a plausible-looking number.
         if not (0 <= op_count < 1 << 63 and -(1 << 63) <= count * 8 < 1 << 63 and -128 <= dtype <= 127
                 and -(1 << 31) <= redop < 1 << 31 and -(1 << 31) <= root < 1 << 31 and 0 <= nranks < 1 << 31
-                and max(sendbuff, recvbuff, comm, stream) < 1 << 64):
+                and max(sendbuff, recvbuff, comm, stream) < 1 << 64
+                and -(1 << 63) <= message_bytes < 1 << 63):
             counts["malformed_call"] += 1
             self._unclassified(lineno, "call line with a value out of range (count, datatype, op, root, "
                                "nranks or pointer)", m.string)
-            return
-        host, pid, tid, dev, wall_ns, wall_kind = prefix[:6]
-        entry = DATATYPES.get(dtype)
-        version = self.version_by_pid.get(pid, self.file_version)
-        if entry is None or (version is not None and version.tuple < entry[2]):
-            dtype_name, dsize = f"unknown({dtype})", 0
+            return False
+        if not known:
             counts["unknown_datatype"] += 1
-        else:
-            dtype_name, dsize = entry[0], entry[1]
-        nbytes = count * dsize
         if self._defer is not None:
             # Fast path: duplicate detection runs over all calls of the block, in line order.
             counts["call"] += 1
             row = [self.name, lineno, host, pid, tid, dev, wall_ns, wall_kind, op, op_count, sendbuff, recvbuff,
                    count, dtype, dtype_name, redop, redop_name(redop), root, comm, nranks, stream, nbytes,
-                   bus_message_bytes(op, count, dsize, nranks), None, recovery]
+                   message_bytes, None, recovery]
             self._defer.append(((lineno, 0, self._host_id(host), self._pid_id(pid), comm, self._op_code(op),
                                  op_count, sendbuff, recvbuff, count, dtype, redop, root, nranks, stream,
                                  0 if tid is None else tid, int(tid is None), 0 if wall_ns is None else wall_ns,
                                  int(wall_ns is None), nbytes), "calls", row))
-            return
+            return True
         key = (host, pid, comm)
         signature = (op, op_count, sendbuff, recvbuff, count, dtype, redop, root, nranks, stream, tid, wall_ns)
         if op_count > 0:
@@ -969,13 +1083,14 @@ class _FileParser:
         self.sinks["calls"].append(
             (self.name, lineno, host, pid, tid, dev, wall_ns, wall_kind, op, op_count, sendbuff, recvbuff, count,
              dtype, dtype_name, redop, redop_name(redop), root, comm, nranks, stream, nbytes,
-             bus_message_bytes(op, count, dsize, nranks), duplicate_of, recovery)
+             message_bytes, duplicate_of, recovery)
         )
         if duplicate_of is None and self._tunable(host, pid, comm, nranks, lineno):
             dq = self.recent.get(pid)
             if dq is None:
                 dq = self.recent[pid] = collections.deque(maxlen=self.TUNE_WINDOW)
             dq.append(_RecentCall(lineno, op, nbytes, nranks, op_count, comm))
+        return True
 
     def _tunable(self, host: object, pid: object, comm: int, nranks: int, lineno: int) -> bool:
         """Can a TUNING line of this process describe this call? Not on single-rank comms (no
@@ -1048,13 +1163,13 @@ class _FileParser:
                 a, p = int(m.group(3)), int(m.group(4))
                 algo = ALGORITHMS[a] if 0 <= a < len(ALGORITHMS) else f"unknown({a})"
                 proto = PROTOCOLS[p] if 0 <= p < len(PROTOCOLS) else f"unknown({p})"
-                time_us = float(m.group(5))
+                time_us = _float(m.group(5))
                 full = True
             else:
                 m = _TUNE_SYM.match(msg)
                 if m:
                     kind = fmt = "symmetric"
-                    op, nbytes, sym = m.group(1).decode(), int(m.group(2)), m.group(3).decode()
+                    op, nbytes, sym = m.group(1).decode(), int(m.group(2)), m.group(3).decode(errors="replace")
                     nch, nthr = int(m.group(4)), int(m.group(5))
                     algo = "SYMMETRIC"
                     full = False
@@ -1066,6 +1181,8 @@ class _FileParser:
                     op, nbytes = m.group(1).decode(), int(m.group(2))
                     algo = "CE"
                     full = False
+        _check_row("tuning", (self.name, lineno, host, pid, tid, dev, wall_ns, wall_kind, kind, fmt, op, nbytes, algo,
+                              proto, time_us, lo, hi, sym, nch, nthr, None, None))
         if self._defer is not None:
             # Fast path: attachment runs over all calls/TUNING lines of the block, in line order.
             counts["tuning"] += 1
@@ -1090,45 +1207,45 @@ class _FileParser:
         parent = _ptr(m.group(9)) if m.group(9) else None
         is_split = parent is not None or api == "ncclCommSplit"
         event = "split" if is_split else "init"
+        self._emit("comms", (self.name, lineno, *prefix[:4], prefix[4], prefix[5], event, m.group(14).decode(), api,
+                             _ptr(m.group(3)), int(m.group(4)), int(m.group(5)), int(m.group(6)),
+                             int(m.group(7)) if m.group(7) else None, int(m.group(8), 16),
+                             int(m.group(13), 16) if m.group(13) else None, parent,
+                             int(m.group(11)) if m.group(11) else None, int(m.group(12)) if m.group(12) else None,
+                             int(m.group(10)) if m.group(10) else None))
         self.report.counts[event] += 1
         self.comm_sizes.setdefault(prefix[1], []).append((lineno, int(m.group(5))))
         self._note_rank(prefix, _ptr(m.group(3)), int(m.group(4)), lineno)
-        self.sinks["comms"].append(
-            (self.name, lineno, *prefix[:4], prefix[4], prefix[5], event, m.group(14).decode(), api,
-             _ptr(m.group(3)), int(m.group(4)), int(m.group(5)), int(m.group(6)),
-             int(m.group(7)) if m.group(7) else None, int(m.group(8), 16),
-             int(m.group(13), 16) if m.group(13) else None, parent,
-             int(m.group(11)) if m.group(11) else None, int(m.group(12)) if m.group(12) else None,
-             int(m.group(10)) if m.group(10) else None)
-        )
 
     def _warn(self, lineno: int, soup: bytes, msg: bytes, prefix: tuple) -> None:
-        self.report.counts["warn"] += 1
         m = _WARN_PREFIX.search(soup.rstrip(b" ") + b" ")
         source = m.group(5).decode(errors="replace").strip() if m else None
         if m and prefix[0] is None:
             # A WARN prefix ends with "src:line[ (function)] ", so host:pid:tid [dev] sit before it.
             head = self._parse_prefix(soup[: m.start(5)])
             prefix = (*head[:4], prefix[4], prefix[5], head[6])
-        self.sinks["warnings"].append(
-            (self.name, lineno, *prefix[:4], prefix[4], prefix[5], source, msg.decode(errors="replace").strip())
-        )
+            if prefix[1] is not None:
+                self.processes.add(prefix[:2])
+        self._emit("warnings", (self.name, lineno, *prefix[:4], prefix[4], prefix[5], source,
+                                msg.decode(errors="replace").strip()))
+        self.report.counts["warn"] += 1
 
     def _topology(self, lineno: int, prefix: tuple, msg: bytes) -> bool:
         counts = self.report.counts
         m = _SYSTEM.match(msg)
         if m:
+            row = (self.name, lineno, *prefix[:4], self.system_index + 1, _float(m.group(1)), _float(m.group(2)))
+            self._emit("topology_systems", row)
             self.system_index += 1
             self.in_topology = True
             self.topo_stack = []
             counts["topology"] += 1
-            self.sinks["topology_systems"].append(
-                (self.name, lineno, *prefix[:4], self.system_index, float(m.group(1)), float(m.group(2)))
-            )
             return True
+        link = _TOPO_LINK.match(msg) if msg.lstrip().startswith(b"+ ") else None
+        bandwidth = _float(link.group(3)) if link else None  # before any state changes
         if not self.in_topology:
             # Dumps can start mid-block in excerpts: a link line alone still opens a system.
-            if not (msg.lstrip().startswith(b"+ ") and _TOPO_LINK.match(msg)):
+            if not link:
                 return False
             self.system_index += 1
             self.in_topology = True
@@ -1137,7 +1254,7 @@ class _FileParser:
             counts["topology"] += 1
             self.in_topology = False
             return True
-        m = _TOPO_LINK.match(msg)
+        m = link
         if m:
             # Stack of (indent at which a node's children are printed, node id); a remote node's
             # children are indented to the column where its id starts.
@@ -1153,7 +1270,7 @@ class _FileParser:
             self.topo_stack.append((m.start(4), to_node))
             counts["topology"] += 1
             self.sinks["topology_links"].append(
-                (self.name, lineno, *prefix[:4], self.system_index, parent, m.group(2).decode(), float(m.group(3)),
+                (self.name, lineno, *prefix[:4], self.system_index, parent, m.group(2).decode(), bandwidth,
                  to_node, m.group(5).decode(errors="replace") if m.group(5) else None, depth)
             )
             return True
@@ -1168,6 +1285,22 @@ class _FileParser:
 
 TABLE_NAMES = ("calls", "comms", "comm_info", "tuning", "topology_links", "topology_systems", "rings", "versions",
                "warnings", "unclassified")
+
+
+# Bytes of text: printable ASCII, whitespace, ESC (terminal colours) and every byte >= 0x80 (UTF-8).
+_TEXT_BYTES = bytes([9, 10, 11, 12, 13, 27]) + bytes(range(32, 127)) + bytes(range(128, 256))
+
+
+def _looks_binary(head: bytes) -> bool:
+    """Is a file whose first bytes are ``head`` binary (an export, a compressed or a core file)?
+
+    A NUL byte alone does not make it so: a log written by a process that crashed, or damaged on
+    disk, can hold NULs and its other lines are worth reading (they are reported line by line). Binary
+    means NULs, no NCCL record token and more than 5% control bytes (random or compressed data has
+    about 10%, an SQLite page mostly NULs)."""
+    if b"\x00" not in head or any(tok in head for tok in (_INFO, _WARN, b"NCCL version")):
+        return False
+    return len(head.translate(None, _TEXT_BYTES)) * 20 > len(head)
 
 
 def _looks_like_log(path: Path) -> bool:
@@ -1191,6 +1324,71 @@ def find_log_files(paths: Iterable[Path]) -> list[Path]:
         else:
             out.append(p)
     return out
+
+
+class _SeenFiles:
+    """Files already parsed in one parse_logs call: the same file given twice (or a byte-identical
+    copy) is not parsed again, and a process whose records are in two files is reported; either would
+    otherwise count its calls twice."""
+
+    def __init__(self) -> None:
+        self.paths: dict[Path, str] = {}  # resolved path -> name
+        self.sizes: dict[int, list[Path]] = {}  # size -> resolved paths of that size
+        self.digests: dict[Path, bytes] = {}
+        self.processes: dict[tuple[str, int], str] = {}  # (host, pid) -> first file name
+
+    def _digest(self, path: Path) -> bytes:
+        if path not in self.digests:
+            h = hashlib.blake2b(digest_size=32)
+            with open(path, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+            self.digests[path] = h.digest()
+        return self.digests[path]
+
+    def duplicate_of(self, f: Path, name: str) -> FileReport | None:
+        """A report for ``f`` if it repeats a parsed file, else None (and ``f`` is remembered)."""
+        path = f.resolve()
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return None  # the parser reports the unreadable file
+        first = self.paths.get(path)
+        how = "the same file"
+        if first is None and size:
+            # Contents are compared only between files of equal size (rare), so this costs no read
+            # in the usual case.
+            try:
+                first = next((self.paths[q] for q in self.sizes.get(size, ())
+                              if self._digest(q) == self._digest(path)), None)
+            except OSError:
+                first = None
+            how = "a byte-identical copy of"
+        if first is None:
+            self.paths[path] = name
+            self.sizes.setdefault(size, []).append(path)
+            return None
+        rep = FileReport(name, bytes=size)
+        rep.counts["duplicate_file"] += 1
+        rep.issues.append({"severity": "warning", "line": None, "message": f"{how} {first} (given again): not "
+                           "parsed a second time, its records would be counted twice"})
+        return rep
+
+    def check_processes(self, parser: _FileParser) -> None:
+        """Report processes (host:pid) whose records were also in an earlier file."""
+        shared = sorted(p for p in parser.processes if p in self.processes)
+        for p in parser.processes:
+            self.processes.setdefault(p, parser.name)
+        if not shared:
+            return
+        others = sorted({self.processes[p] for p in shared})
+        parser.report.counts["duplicate_processes"] += len(shared)
+        examples = ", ".join(f"{h}:{pid}" for h, pid in shared[:3]) + (", ..." if len(shared) > 3 else "")
+        parser.report.issues.append({
+            "severity": "warning", "line": None,
+            "message": f"{len(shared)} process(es) ({examples}) also logged in {', '.join(others[:3])}: the same "
+                       "process in two files is a copied, merged or concatenated log (its calls are in both and "
+                       "counted twice) or a reused pid; parse one of them"})
 
 
 def parse_logs(
@@ -1225,14 +1423,20 @@ def parse_logs(
     sinks = {name: TableSink(name, out_dir / f"{name}.parquet", batch_rows) for name in TABLE_NAMES}
     report = ParseReport()
     known_hosts: set[str] = set()
+    seen = _SeenFiles()
     try:
         for f in files:
             try:
                 name = str(f.resolve().relative_to(base))
             except ValueError:
                 name = f.name
-            parser = _FileParser(f, name, sinks, known_hosts, fast=fast, block_size=block_size)
-            report.files.append(parser.run())
+            duplicate = seen.duplicate_of(f, name)
+            if duplicate is not None:
+                report.files.append(duplicate)
+            else:
+                parser = _FileParser(f, name, sinks, known_hosts, fast=fast, block_size=block_size)
+                report.files.append(parser.run())
+                seen.check_processes(parser)
             if progress:
                 progress(report.files[-1].bytes)
     except BaseException:

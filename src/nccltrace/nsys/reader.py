@@ -24,6 +24,7 @@ import re
 import sqlite3
 import struct
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ __all__ = [
     "KNOWN_SCHEMA_VERSIONS",
     "NCCL_ENTRY_COLUMNS",
     "NVTX_COLUMNS",
+    "NsysDataWarning",
     "NsysExport",
     "NsysFormatError",
     "NsysSchemaWarning",
@@ -153,6 +155,50 @@ class NsysSchemaWarning(UserWarning):
     """The export's schema version is not one nccltrace was tested with (features are detected)."""
 
 
+class NsysDataWarning(UserWarning):
+    """Rows of an otherwise readable export were left out (damaged or duplicated kernel rows), or the
+    export has no kernels at all. The message names the file, what was skipped and what to do."""
+
+
+class _KernelScan:
+    """State of one kernel read carried across batches: the last row id (launch-join repeats), the
+    keys of the last start time's rows (exact duplicates), and what was skipped."""
+
+    def __init__(self) -> None:
+        self.prev_rowid: int | None = None
+        self.carry_start: int | None = None
+        self.carry: set[tuple[int, ...]] = set()
+        self.damaged: Counter[str] = Counter()
+        self.duplicates = 0
+
+    def first_of_duplicates(self, m: np.ndarray, start_col: int) -> np.ndarray:
+        """Mask of rows of ``m`` (rowid first, ordered by start) that are not an exact copy of an
+        earlier row. Copies share a start time, so only rows whose start repeats are compared."""
+        n = len(m)
+        keep = np.ones(n, dtype=bool)
+        if not n:
+            return keep
+        start = m[:, start_col]
+        cand = np.zeros(n, dtype=bool)
+        eq = start[1:] == start[:-1]
+        cand[1:] |= eq
+        cand[:-1] |= eq
+        cand |= start == start[-1]  # carried into the next batch
+        if self.carry_start is not None:
+            cand |= start == self.carry_start
+        seen = set(self.carry)
+        for i in np.flatnonzero(cand).tolist():
+            key = tuple(m[i, 1:].tolist())  # every column but the rowid
+            if key in seen:
+                keep[i] = False
+            else:
+                seen.add(key)
+        last = int(start[-1])
+        self.carry = {k for k in seen if k[start_col - 1] == last}
+        self.carry_start = last
+        return keep
+
+
 # --------------------------------------------------------------------------- helpers
 
 
@@ -195,22 +241,45 @@ def _sanitize(name: str) -> str:
     return out if out and not out[0].isdigit() else "_" + out
 
 
+def _as_int(v: Any) -> int | None:
+    """An SQLite INTEGER value, or None for NULL and for any other storage class (a damaged value:
+    text, a blob or a real where the schema has an integer)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _as_text(v: Any) -> str | None:
+    """An SQLite TEXT value; a damaged value of another storage class as text (bytes decoded)."""
+    if v is None or isinstance(v, str):
+        return v
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return bytes(v).decode("utf-8", "replace")
+    return str(v)
+
+
 def _column(values: Sequence[Any], kind: str, name: str) -> Any:
+    # Fast conversions first; a value of the wrong storage class (damaged file) reads as NULL/NaN,
+    # or as text for text columns, instead of failing the whole read.
     if kind == "int64":
-        try:
-            return np.array(values, dtype=np.int64)
-        except (TypeError, ValueError):
-            # NULL in a column that the schema declares NOT NULL: keep the rows, allow NA.
-            return pd.array(list(values), dtype="Int64")
+        arr = np.asarray(values)
+        if arr.dtype.kind == "i" or not len(arr):  # not dtype=int64 directly: it would truncate a real
+            return arr.astype(np.int64)
+        # NULL in a column that the schema declares NOT NULL: keep the rows, allow NA.
+        return pd.array([_as_int(v) for v in values], dtype="Int64")
     if kind == "Int64":
-        return pd.array(list(values), dtype="Int64")
+        try:
+            return pd.array(list(values), dtype="Int64")
+        except (TypeError, ValueError, OverflowError):
+            return pd.array([_as_int(v) for v in values], dtype="Int64")
     if kind == "UInt64":
-        return pd.array([_unsigned(v) for v in values], dtype="UInt64")
+        return pd.array([_unsigned(_as_int(v)) for v in values], dtype="UInt64")
     if kind == "float64":
-        return np.array(values, dtype=np.float64)
+        try:
+            return np.array(values, dtype=np.float64)
+        except (TypeError, ValueError):
+            return np.array([v if isinstance(v, (int, float)) else None for v in values], dtype=np.float64)
     # Explicit object dtype: pandas >= 3 would otherwise infer its NaN-based "str" dtype.
     arr = np.empty(len(values), dtype=object)
-    arr[:] = list(values)
+    arr[:] = [v if v is None or isinstance(v, str) else _as_text(v) for v in values]
     return pd.Series(arr, dtype=object, copy=False)
 
 
@@ -290,6 +359,9 @@ class NsysExport:
         self.time_normalized = False
         self.time_shift_ns: int | None = None
         self.undecoded_payload_blobs: int | None = None  # set by nvtx(): blobs present but not decodable
+        # Set by each kernels()/iter_kernels() read: kernel rows left out {"damaged": n, "duplicate": n}.
+        self.skipped_kernel_rows: dict[str, int] | None = None
+        self._kernel_records: int | None = None
         self._tables: set[str] = set()
 
     # ------------------------------------------------------------------ opening
@@ -342,7 +414,7 @@ class NsysExport:
             )
         with self._errors(meta_table):
             for name, value in self._conn.execute(f"SELECT name, value FROM {meta_table}"):
-                self.metadata.setdefault(name, value)
+                self.metadata.setdefault(_as_text(name), _as_text(value))
         version = self.metadata.get("EXPORT_SCHEMA_VERSION")
         if not version and self.metadata.get("EXPORT_SCHEMA_VERSION_MAJOR") is not None:
             parts = (self.metadata.get(f"EXPORT_SCHEMA_VERSION_{k}") or 0 for k in ("MAJOR", "MINOR", "MICRO"))
@@ -384,11 +456,16 @@ class NsysExport:
             with self._errors("TARGET_INFO_SYSTEM_ENV"):
                 sql = "SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname' LIMIT 1"
                 row = self._conn.execute(sql).fetchone()
-            self.hostname = row[0] if row else None
+            self.hostname = _as_text(row[0]) if row else None
         if "TARGET_INFO_SESSION_START_TIME" in self._tables:
             with self._errors("TARGET_INFO_SESSION_START_TIME"):
                 row = self._conn.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME LIMIT 1").fetchone()
-            self.session_start_utc_ns = int(row[0]) if row and row[0] is not None else None
+            if row and row[0] is not None and _as_int(row[0]) is None:
+                raise NsysFormatError(
+                    f"{p}: TARGET_INFO_SESSION_START_TIME.utcEpochNs is {row[0]!r}, not an integer, so stored times "
+                    "cannot be put on the UTC clock; the export is corrupt - re-run `nsys export --type sqlite`"
+                )
+            self.session_start_utc_ns = _as_int(row[0]) if row else None
 
     @contextlib.contextmanager
     def _errors(self, what: str) -> Iterator[None]:
@@ -396,9 +473,21 @@ class NsysExport:
         try:
             yield
         except sqlite3.DatabaseError as e:
+            if re.match(r"no such (column|table)", str(e)):
+                raise NsysFormatError(
+                    f"{self.path}: {what} is not laid out as an nsys export ({e}); the file was modified or made "
+                    "by an unsupported tool - re-run `nsys export --type sqlite` on the report"
+                ) from e
             raise NsysFormatError(
                 f"{self.path}: SQLite error while reading {what} ({e}); the file is probably truncated or "
                 "corrupt - copy it again or re-run `nsys export --type sqlite`"
+            ) from e
+        except UnicodeDecodeError as e:
+            # sqlite3 decodes SQLite's error message as UTF-8; a corrupt schema page puts raw bytes in it.
+            detail = e.object.decode("utf-8", "replace") if isinstance(e.object, bytes) else str(e)
+            raise NsysFormatError(
+                f"{self.path}: SQLite error while reading {what} ({detail}); the file is corrupt - copy it again "
+                "or re-run `nsys export --type sqlite`"
             ) from e
 
     # ------------------------------------------------------------------ basics
@@ -474,6 +563,11 @@ class NsysExport:
                    "launch_start", "launch_end", "launch_global_tid", "_api_id", "launch_event_class"]  # fmt: skip
     # Stand-in for NULL in the text rows (INT64_MIN: HW byte 0x80 with VM/PID/TID 0, never a real id).
     _NULL = -(1 << 63)
+    # Columns every kernel row has (NOT NULL in the nsys schemas; int64 in KERNEL_COLUMNS) plus its name.
+    # A row where one is NULL or not an integer (a damaged or edited export) is skipped and counted,
+    # never returned with a wrong or missing value.
+    _KERNEL_REQUIRED = (*[name for name, kind in KERNEL_COLUMNS if kind == "int64"], "_name_id")
+    _LAUNCH_COLUMNS = ("correlationId", "globalTid", "start", "end", "nameId")
 
     def _kernel_sql(self, name_like: str | None) -> tuple[str, list[Any]]:
         k = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -482,30 +576,42 @@ class NsysExport:
                   "staticSharedMemory", "dynamicSharedMemory"]  # fmt: skip
         missing = [c for c in needed if c not in self.columns(k)]
         if missing:
-            raise NsysFormatError(f"{self.path}: {k} lacks column(s) {missing}; this export layout is not supported")
+            raise NsysFormatError(f"{self.path}: {k} lacks column(s) {missing}; this export layout is not supported - "
+                                  "re-export the report with `nsys export --type sqlite`")
         corr = self._col(k, "k", "correlationId")
-        if "CUPTI_ACTIVITY_KIND_RUNTIME" in self._tables and corr != "NULL":
+        rt = "CUPTI_ACTIVITY_KIND_RUNTIME"
+        if rt in self._tables and corr != "NULL":
+            missing = [c for c in self._LAUNCH_COLUMNS if c not in self.columns(rt)]
+            if missing:
+                raise NsysFormatError(f"{self.path}: {rt} lacks column(s) {missing}, so kernels cannot be joined to "
+                                      "their launch calls; re-export the report with `nsys export --type sqlite`")
             # correlationId is unique per process only, so join on it AND the process bits
             # (SQLite builds an automatic index on the runtime table for this join).
-            launch = f"""LEFT JOIN CUPTI_ACTIVITY_KIND_RUNTIME r
+            launch = f"""LEFT JOIN {rt} r
                    ON r.correlationId = k.correlationId
                   AND (r.globalTid & {_GPID_MASK}) = (k.globalPid & {_GPID_MASK})"""
-            event_class = self._col("CUPTI_ACTIVITY_KIND_RUNTIME", "r", "eventClass")
+            event_class = self._col(rt, "r", "eventClass")
             launch_cols = ["r.start", "r.end", "r.globalTid", "r.nameId", event_class]
             order = "ORDER BY k.start, k.rowid, r.start"
         else:
             launch, launch_cols, order = "", ["NULL"] * 5, "ORDER BY k.start, k.rowid"
         where, params = "", []
         if name_like is not None:
+            # Rows whose name cannot be resolved are selected too, to be counted as damaged rather
+            # than silently left out by the name filter.
             where = """WHERE k.demangledName IN (SELECT id FROM StringIds WHERE value LIKE ?)
-                          OR k.shortName IN (SELECT id FROM StringIds WHERE value LIKE ?)"""
+                          OR k.shortName IN (SELECT id FROM StringIds WHERE value LIKE ?)
+                          OR k.demangledName IS NULL
+                          OR k.demangledName NOT IN (SELECT id FROM StringIds WHERE value IS NOT NULL)"""
             params = [name_like, name_like]
         exprs = ["k.rowid", "k.start", "k.end", "k.deviceId", "k.contextId", "k.streamId", corr, "k.globalPid",
                  "k.demangledName", "k.shortName", "k.gridX", "k.gridY", "k.gridZ", "k.blockX", "k.blockY", "k.blockZ",
                  "k.registersPerThread", "k.staticSharedMemory", "k.dynamicSharedMemory",
                  self._col(k, "k", "greenContextId"), *launch_cols]  # fmt: skip
         fmt = ",".join(["%lld"] * len(exprs))
-        args = ", ".join(f"IFNULL(CAST({e} AS INTEGER), {self._NULL})" for e in exprs)
+        # Only INTEGER values are values here: CAST would turn text or a blob into 0 and a real into
+        # a clamped integer, i.e. a plausible wrong value; anything else reads as NULL.
+        args = ", ".join(f"CASE WHEN typeof({e}) = 'integer' THEN {e} ELSE {self._NULL} END" for e in exprs)
         sql = f"""
         SELECT printf('{fmt}', {args})
         FROM {k} k
@@ -519,7 +625,8 @@ class NsysExport:
             return np.empty((0, ncols), dtype=np.int64)
         flat = np.fromstring(",".join([r[0] for r in rows]), dtype=np.int64, sep=",")
         if flat.size != len(rows) * ncols:
-            raise NsysFormatError(f"{self.path}: unexpected non-integer values in the kernel/runtime tables")
+            raise NsysFormatError(f"{self.path}: unexpected non-integer values in the kernel/runtime tables; the "
+                                  "export is corrupt - re-run `nsys export --type sqlite`")
         return flat.reshape(len(rows), ncols)
 
     def _strings(self, ids: np.ndarray) -> dict[int, str]:
@@ -530,7 +637,7 @@ class NsysExport:
             chunk = uniq[i : i + 500]
             marks = ", ".join("?" * len(chunk))
             rows = self._query(f"SELECT id, value FROM StringIds WHERE id IN ({marks})", chunk, "StringIds")
-            out.update(rows)
+            out.update((i, _as_text(v)) for i, v in rows)
         return out
 
     def _resolve_strings(self, ids: np.ndarray, transform: Callable[[str], str | None] | None = None) -> pd.Series:
@@ -545,23 +652,34 @@ class NsysExport:
             values[j] = transform(v) if (transform is not None and v is not None) else v
         return pd.Series(values[inverse], dtype=object)
 
-    def _kernel_frame(self, rows: list[tuple], prev_rowid: int | None = None) -> pd.DataFrame:
+    def _kernel_frame(self, rows: list[tuple], scan: _KernelScan | None = None) -> pd.DataFrame:
+        scan = scan if scan is not None else _KernelScan()
         m = self._parse_int_rows(rows, len(self._KERNEL_RAW))
-        raw = {name: m[:, j] for j, name in enumerate(self._KERNEL_RAW)}
-        rowid = raw["_rowid"]
+        col = {name: j for j, name in enumerate(self._KERNEL_RAW)}
+        rowid = m[:, 0]
         # A kernel matching several runtime rows (not expected: correlationId is unique per
         # process) would repeat; rows are ordered by (start, rowid, launch start), keep the first.
         keep = np.ones(len(rowid), dtype=bool)
         if len(rowid):
             keep[1:] = rowid[1:] != rowid[:-1]
-            if prev_rowid is not None:
-                keep[0] = rowid[0] != prev_rowid
-        if not keep.all():
-            raw = {k: v[keep] for k, v in raw.items()}
+            if scan.prev_rowid is not None:
+                keep[0] = rowid[0] != scan.prev_rowid
+            scan.prev_rowid = int(rowid[-1])
+        m = m[keep]
+        names = self._resolve_strings(m[:, col["_name_id"]])
+        damaged = names.isna().to_numpy().copy()
+        scan.damaged["name (not in StringIds)"] += int(damaged.sum())
+        for name in self._KERNEL_REQUIRED[:-1]:
+            bad = (m[:, col[name]] == self._NULL) & ~damaged
+            scan.damaged[name] += int(bad.sum())
+            damaged |= bad
+        keep = ~damaged & scan.first_of_duplicates(m, col["start"])
+        scan.duplicates += int((~damaged).sum() - keep.sum())
+        m, names = m[keep], names[keep].reset_index(drop=True)
         data: dict[str, Any] = {}
         for name, kind in KERNEL_COLUMNS:
-            if name in raw:
-                v = raw[name]
+            if name in col:
+                v = m[:, col[name]]
                 null = v == self._NULL
                 if null.any() or kind != "int64":
                     data[name] = pd.arrays.IntegerArray(np.where(null, 0, v), null)
@@ -569,12 +687,37 @@ class NsysExport:
                     data[name] = v
         data["pid"] = decode_pid(pd.Series(data["global_pid"])).array
         data["launch_tid"] = decode_tid(pd.Series(data["launch_global_tid"])).array
-        data["name"] = self._resolve_strings(raw["_name_id"])
-        data["short_name"] = self._resolve_strings(raw["_short_id"])
-        data["launch_api"] = self._resolve_strings(raw["_api_id"], strip_api_version)
-        n = len(rowid) if keep.all() else int(keep.sum())
+        data["name"] = names
+        data["short_name"] = self._resolve_strings(m[:, col["_short_id"]])
+        data["launch_api"] = self._resolve_strings(m[:, col["_api_id"]], strip_api_version)
         columns = {name: pd.Series(data[name], copy=False).reset_index(drop=True) for name, _ in KERNEL_COLUMNS}
-        return pd.DataFrame(columns, index=pd.RangeIndex(n), copy=False)
+        return pd.DataFrame(columns, index=pd.RangeIndex(len(m)), copy=False)
+
+    def _report_skipped(self, scan: _KernelScan) -> None:
+        """Record (``skipped_kernel_rows``) and warn about kernel rows a read left out."""
+        damaged = {k: v for k, v in scan.damaged.items() if v}
+        self.skipped_kernel_rows = {"damaged": sum(damaged.values()), "duplicate": scan.duplicates}
+        if damaged:
+            what = ", ".join(f"{k}: {v}" for k, v in sorted(damaged.items()))
+            warnings.warn(NsysDataWarning(
+                f"{self.path}: {sum(damaged.values())} kernel row(s) skipped because a required value is NULL, not "
+                f"an integer or not in StringIds ({what}); the export is damaged - the other kernels are intact, "
+                "re-run `nsys export --type sqlite` to recover these"), stacklevel=3)
+        if scan.duplicates:
+            warnings.warn(NsysDataWarning(
+                f"{self.path}: {scan.duplicates} duplicate kernel row(s) (identical in every column to another row) "
+                "skipped; the export holds some rows twice (merged or imported twice?) - re-export it"), stacklevel=3)
+
+    @property
+    def kernel_records(self) -> int:
+        """Rows in ``CUPTI_ACTIVITY_KIND_KERNEL`` (all kernels, damaged rows included); 0 when the table is
+        missing. A zero-kernel export (nsys run without CUDA tracing, or a process that launched no kernel)
+        reads as empty kernel frames; this tells it apart from a filter that matched nothing."""
+        if self._kernel_records is None:
+            k = "CUPTI_ACTIVITY_KIND_KERNEL"
+            n = self._query(f"SELECT count(*) FROM {k}", what=k)[0][0] if k in self._tables else 0
+            self._kernel_records = int(n)
+        return self._kernel_records
 
     def kernels(self, name_like: str | None = "nccl%") -> pd.DataFrame:
         """One row per CUDA kernel, with the API call that launched it (see :data:`KERNEL_COLUMNS`).
@@ -582,12 +725,17 @@ class NsysExport:
         ``name_like`` is an SQL LIKE pattern (case-insensitive for ASCII) matched against the
         demangled or short kernel name; None returns all kernels. Rows are ordered by start.
         Launch columns are NA when no runtime row has the kernel's correlationId in the same
-        process. Empty (with all columns) when the export has no kernel table.
+        process. Empty (with all columns) when the export has no kernel table (see :attr:`kernel_records`).
+        Damaged rows (a required value NULL or not an integer, a name missing from StringIds) and exact
+        duplicate rows are skipped with a :class:`NsysDataWarning` and counted in ``skipped_kernel_rows``.
         """
         if "CUPTI_ACTIVITY_KIND_KERNEL" not in self._tables:
             return self._kernel_frame([])
         sql, params = self._kernel_sql(name_like)
-        return self._kernel_frame(self._query(sql, params, "CUPTI_ACTIVITY_KIND_KERNEL"))
+        scan = _KernelScan()
+        frame = self._kernel_frame(self._query(sql, params, "CUPTI_ACTIVITY_KIND_KERNEL"), scan)
+        self._report_skipped(scan)
+        return frame
 
     def iter_kernels(self, name_like: str | None = "nccl%", batch_rows: int = 500_000) -> Iterator[pd.DataFrame]:
         """Like :meth:`kernels` but yields frames of at most ``batch_rows`` rows, so memory stays
@@ -597,17 +745,17 @@ class NsysExport:
         if "CUPTI_ACTIVITY_KIND_KERNEL" not in self._tables:
             return
         sql, params = self._kernel_sql(name_like)
+        scan = _KernelScan()
         with self._errors("CUPTI_ACTIVITY_KIND_KERNEL"):
             cur = self._conn.execute(sql, params)
             try:
-                prev: int | None = None
                 while rows := cur.fetchmany(batch_rows):
-                    frame = self._kernel_frame(rows, prev)
-                    prev = int(rows[-1][0].split(",", 1)[0])  # rowid is the first printf field
+                    frame = self._kernel_frame(rows, scan)
                     if len(frame):
                         yield frame
             finally:
                 cur.close()
+        self._report_skipped(scan)
 
     # ------------------------------------------------------------------ runtime
 
@@ -625,7 +773,7 @@ class NsysExport:
             what=t,
         )
         cols = _rows_to_columns(rows, names)
-        cols["api"] = [strip_api_version(v) for v in cols["name"]]
+        cols["api"] = [strip_api_version(_as_text(v)) for v in cols["name"]]
         return _frame(cols, RUNTIME_COLUMNS)
 
     def launches_without_kernel(self) -> pd.DataFrame:
@@ -637,7 +785,12 @@ class NsysExport:
         if t not in self._tables:
             return _frame(_rows_to_columns([], names), RUNTIME_COLUMNS)
         exists = ""
-        if "CUPTI_ACTIVITY_KIND_KERNEL" in self._tables:
+        k = "CUPTI_ACTIVITY_KIND_KERNEL"
+        if k in self._tables:
+            missing = [c for c in ("correlationId", "globalPid") if c not in self.columns(k)]
+            if missing:
+                raise NsysFormatError(f"{self.path}: {k} lacks column(s) {missing}, so launches cannot be matched to "
+                                      "kernel records; re-export the report with `nsys export --type sqlite`")
             # non-correlated anti-join: SQLite builds the key set once (a correlated NOT EXISTS
             # scans the unindexed kernel table per launch)
             exists = f"""AND (r.correlationId, r.globalTid & {_GPID_MASK}) NOT IN
@@ -651,7 +804,7 @@ class NsysExport:
             what=t,
         )
         cols = _rows_to_columns(rows, names)
-        cols["api"] = [strip_api_version(v) for v in cols["name"]]
+        cols["api"] = [strip_api_version(_as_text(v)) for v in cols["name"]]
         return _frame(cols, RUNTIME_COLUMNS)
 
     # ------------------------------------------------------------------ NVTX
@@ -744,14 +897,14 @@ class NsysExport:
             )
             for dom, sid, _idx, typ, name, offset in rows:
                 fmt = _NVTX_TYPE_FMT.get(typ) or enum_fmt.get((dom, typ))
-                if fmt is not None and name is not None and offset is not None:
-                    out.setdefault((dom, sid), []).append((name, fmt, int(offset)))
+                if fmt is not None and name is not None and _as_int(offset) is not None:
+                    out.setdefault((dom, sid), []).append((_as_text(name), fmt, offset))
         sizes: dict[tuple[int, int], int] = {}
         if "NVTX_PAYLOAD_SCHEMAS" in self._tables:
             sql = "SELECT domainId, schemaId, payloadSize FROM NVTX_PAYLOAD_SCHEMAS"
             for dom, sid, size in self._query(sql, what="NVTX_PAYLOAD_SCHEMAS"):
-                if size is not None:
-                    sizes[(dom, sid)] = int(size)
+                if _as_int(size) is not None:
+                    sizes[(dom, sid)] = size
         self._payload_schema_cache = out
         self._payload_size_cache = sizes
         return out
@@ -782,8 +935,9 @@ class NsysExport:
             for row in self._query(f'SELECT eventId, {sel} FROM "{table}"', what=table):
                 vals = out.setdefault(row[0], {})
                 for (_, target), v in zip(picked, row[1:]):
+                    v = _as_int(v)  # a damaged (non-integer) value is left out like a NULL
                     if v is not None:
-                        vals[target] = _unsigned(int(v)) if _NCCL_COLUMN_KINDS[target] == "UInt64" else int(v)
+                        vals[target] = _unsigned(v) if _NCCL_COLUMN_KINDS[target] == "UInt64" else v
         return out
 
     def _decode_blob(self, domain_id: int | None, blob: Any) -> dict[str, int] | None:
@@ -958,6 +1112,10 @@ class NsysExport:
             "time_shift_ns": self.time_shift_ns,
             "utc_offset_ns": self.utc_offset_ns,
             "undecoded_payload_blobs": self.undecoded_payload_blobs,
+            # A zero-kernel export is readable but cannot be aligned: say so in the session record.
+            "kernel_table": "CUPTI_ACTIVITY_KIND_KERNEL" in self._tables,
+            "kernel_records": self.kernel_records,
+            "skipped_kernel_rows": self.skipped_kernel_rows,
         }
 
     def export_tables(
@@ -979,9 +1137,21 @@ class NsysExport:
             "session": out / "session.json",
         }
         schema = _arrow_schema(KERNEL_COLUMNS)
+        written = 0
         with _atomic_path(paths["kernels"]) as tmp, pq.ParquetWriter(tmp, schema) as pw:
             for batch in self.iter_kernels(kernel_name_like):
                 pw.write_table(pa.Table.from_pandas(batch, schema=schema, preserve_index=False))
+                written += len(batch)
+        if not written:
+            # Empty kernels.parquet: say why, so an empty result is never taken for "no NCCL traffic".
+            if self.kernel_records == 0:
+                why = ("the export has no CUDA kernel records (CUPTI_ACTIVITY_KIND_KERNEL is missing or empty): was "
+                       "`nsys profile` run with --trace=cuda and did the process launch kernels?")
+            else:
+                why = (f"none of its {self.kernel_records} kernel record(s) matches {kernel_name_like!r} (a process "
+                       "without NCCL kernels, or every NCCL kernel row damaged)")
+            warnings.warn(NsysDataWarning(f"{self.path}: kernels.parquet is empty: {why}; NCCL calls of this node "
+                                          "cannot be matched to kernels"), stacklevel=2)
         for key, frame, spec in (("nvtx", self.nvtx(), NVTX_COLUMNS), ("processes", self.processes(), PROCESS_COLUMNS),
                                  ("launches_without_kernel", self.launches_without_kernel(), RUNTIME_COLUMNS)):
             with _atomic_path(paths[key]) as tmp:
@@ -1007,6 +1177,8 @@ def _check_file(p: Path) -> None:
         )
     with open(p, "rb") as fh:
         header = fh.read(100)
+    if len(header) < len(_SQLITE_MAGIC) and _SQLITE_MAGIC.startswith(header):
+        raise NsysFormatError(f"{p}: truncated SQLite header ({size} bytes); copy the file again or re-export it")
     if not header.startswith(_SQLITE_MAGIC):
         raise NsysFormatError(
             f"{p}: not an SQLite database (no 'SQLite format 3' header); pass the .sqlite produced by "
