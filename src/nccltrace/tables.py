@@ -375,6 +375,22 @@ def tables_markdown() -> str:
     return "\n".join(out)
 
 
+def _nullable_types() -> dict:
+    import pandas as pd
+
+    return {
+        pa.int8(): pd.Int8Dtype(), pa.int16(): pd.Int16Dtype(), pa.int32(): pd.Int32Dtype(),
+        pa.int64(): pd.Int64Dtype(), pa.uint8(): pd.UInt8Dtype(), pa.uint16(): pd.UInt16Dtype(),
+        pa.uint32(): pd.UInt32Dtype(), pa.uint64(): pd.UInt64Dtype(), pa.bool_(): pd.BooleanDtype(),
+        pa.float32(): pd.Float32Dtype(), pa.float64(): pd.Float64Dtype(), pa.string(): pd.StringDtype(),
+    }
+
+
+def read_table_batch(batch: pa.RecordBatch | pa.Table):
+    """A record batch (e.g. from ``ParquetFile.iter_batches``) as pandas, converted like ``read_table``."""
+    return batch.to_pandas(types_mapper=_nullable_types().get)
+
+
 def read_table(path: Path | str, columns: list[str] | None = None, filters: Any = None):
     """Read a table into pandas with nullable integer dtypes (``filters``: a pyarrow expression
     or DNF list, applied while reading, so rows it excludes never reach memory).

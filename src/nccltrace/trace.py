@@ -49,7 +49,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from .tables import atomic_path, read_table
+from .tables import atomic_path, read_table, read_table_batch
 
 __all__ = [
     "SUMMARY_MAX_EVENTS", "TRACE_FORMAT_VERSION", "TraceSummary", "load_run_inputs", "write_chrome_trace",
@@ -1329,6 +1329,27 @@ def _time_cut(ops_path: Path, max_rows: int) -> int | None:
     return int(np.partition(start, max_rows)[max_rows])
 
 
+def _read_matching(path: Path, columns: list[str] | None, keys: pd.DataFrame, batch_rows: int = 200_000
+                   ) -> pd.DataFrame | None:  # fmt: skip
+    """The rows of a (file, line)-keyed table whose key is in ``keys``, read in batches so that
+    memory holds the rows kept, not the table. None if the file or its key columns are missing."""
+    if not path.is_file():
+        return None
+    pf = pq.ParquetFile(path)
+    have = set(pf.schema_arrow.names)
+    if not {"file", "line"} <= have:
+        return None
+    cols = None if columns is None else [c for c in columns if c in have]
+    table = read_table(path, columns=cols).iloc[0:0] if pf.metadata.num_rows == 0 else None
+    if table is not None:
+        return table
+    parts = []
+    for batch in pf.iter_batches(batch_size=batch_rows, columns=cols):
+        f = read_table_batch(batch).astype({"file": "string", "line": "Int64"})
+        parts.append(f.merge(keys, on=["file", "line"], how="inner"))
+    return pd.concat(parts, ignore_index=True)
+
+
 def load_run_inputs(run_dir: Path | str, *, before_ns: int | None = None, columns: list[str] | None = None,
                     nvtx_text: str | None = None) -> dict[str, Any]:  # fmt: skip
     """The inputs of ``write_chrome_trace`` from a workflow run directory.
@@ -1339,7 +1360,7 @@ def load_run_inputs(run_dir: Path | str, *, before_ns: int | None = None, column
     export's session.json (host name and UTC offset).
 
     For large runs: ``before_ns`` keeps only ops whose kernel starts before that time (and ops
-    without kernel time), and NVTX events starting up to 10 s after it; ``columns`` reads only
+    without kernel time), and NVTX events starting up to 1 s after it; ``columns`` reads only
     these ops columns and skips the kernel, call and metrics joins; ``nvtx_text`` (a regular
     expression) keeps only NVTX events whose text matches it. Each input is filtered as it is
     read, so memory follows what is kept, not the run.
@@ -1367,13 +1388,14 @@ def load_run_inputs(run_dir: Path | str, *, before_ns: int | None = None, column
         if k is not None and {"global_pid", "correlation_id"} <= set(k.columns):
             # only the kernels of the ops kept (a semi-join per export keeps memory at one export)
             kernels.append(k.astype({"global_pid": "int64", "correlation_id": "int64"}).merge(keys, how="inner"))
-        v = _read_optional(d / "nvtx.parquet")
+        nv_filter = None
+        if before_ns is not None and session.get("utc_offset_ns") is not None:
+            # session clock; 1 s of margin covers any clock correction between the hosts
+            nv_filter = [("start", "<", before_ns - int(session["utc_offset_ns"]) + 1_000_000_000)]
+        v = read_table(d / "nvtx.parquet", filters=nv_filter) if (d / "nvtx.parquet").is_file() else None
         if v is not None:
             if nvtx_text is not None and "text" in v:
                 v = v[v["text"].astype("string").str.fullmatch(nvtx_text).fillna(False).astype(bool)]
-            if before_ns is not None and session.get("utc_offset_ns") is not None:
-                limit = before_ns - int(session["utc_offset_ns"]) + 10_000_000_000
-                v = v[v["start"].astype("int64") < limit]
             v = v.copy()
             v["host"] = session.get("hostname") or d.name
             if session.get("utc_offset_ns") is not None:
@@ -1385,20 +1407,19 @@ def load_run_inputs(run_dir: Path | str, *, before_ns: int | None = None, column
         k = k.astype({"kernel_global_pid": "Int64", "kernel_correlation_id": "Int64"})
         ops = ops.merge(k, on=["kernel_global_pid", "kernel_correlation_id"], how="left")
     calls = []
-    files = set(ops["file"].dropna().unique().tolist()) if "file" in ops else set()
-    for p in [] if light else sorted((run_dir / "parsed" / "nccl").glob("*/calls.parquet")):
-        c = _read_optional(p, ["file", "line", "sendbuff", "recvbuff", "stream", "redop_name"])
-        if c is not None and {"file", "line"} <= set(c.columns):
-            calls.append(c[c["file"].isin(files)])
+    lines = None
+    if not light and {"file", "line"} <= set(ops.columns):
+        lines = ops[["file", "line"]].dropna().drop_duplicates().astype({"file": "string", "line": "Int64"})
+    for p in [] if lines is None else sorted((run_dir / "parsed" / "nccl").glob("*/calls.parquet")):
+        c = _read_matching(p, ["file", "line", "sendbuff", "recvbuff", "stream", "redop_name"], lines)
+        if c is not None:
+            calls.append(c)
     if calls:
         c = pd.concat(calls, ignore_index=True).drop_duplicates(["file", "line"])
-        ops = ops.merge(c.astype({"file": "string", "line": "Int64"}), on=["file", "line"], how="left")
+        ops = ops.merge(c, on=["file", "line"], how="left")
     metrics = None
-    if not light:
-        mpath = run_dir / "metrics" / "op_metrics.parquet"
-        metrics = _read_optional(mpath)
-        if metrics is not None and before_ns is not None and "file" in metrics:
-            metrics = metrics[metrics["file"].isin(files)]
+    if lines is not None:
+        metrics = _read_matching(run_dir / "metrics" / "op_metrics.parquet", None, lines)
     return {
         "ops": ops,
         "op_metrics": metrics,

@@ -14,7 +14,7 @@ inp, out = snakemake.input, snakemake.output  # noqa: F821
 run_dir = Path(inp.ops).parents[1]
 opts = dict(snakemake.params.options)  # noqa: F821
 summaries = write_run_traces(run_dir, Path(out.trace).parent, summary=True,
-                             max_events=opts.get("max_events", 1_000_000),
+                             max_events=opts.get("max_events", 500_000),
                              summary_max_events=opts.get("summary_max_events", 200_000),
                              window_nvtx=opts.get("window_nvtx"), min_message_bytes=opts.get("min_message_bytes"))
 notes = [n for s in summaries for n in s.notes]
