@@ -1112,80 +1112,111 @@ SUMMARY_MAX_EVENTS = 200_000
 _SUMMARY_MIN_GAP_NS = 1_000
 
 
-def _bursts(proc: np.ndarray, kind: np.ndarray, t0: np.ndarray, t1: np.ndarray, budget: int
-            ) -> tuple[np.ndarray, np.ndarray, int]:  # fmt: skip
-    """Group kernel intervals (sorted by proc, kind, t0) into bursts: a new burst starts where
-    the idle gap since everything before on the same track exceeds a threshold, chosen as small
-    as the event budget allows. Returns burst ids, each interval's contribution to the busy time
-    (the union of intervals, so overlapping kernels count once) and the threshold."""
+def _track_gaps(proc: np.ndarray, kind: np.ndarray, t0: np.ndarray, t1: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """For kernel intervals sorted by (proc, kind, t0): where a track starts, the idle gap since
+    everything before on the same track, and each interval's share of the busy time (the union
+    of intervals, so overlapping kernels count once)."""
     n = len(t0)
-    if n == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), _SUMMARY_MIN_GAP_NS
     track_start = np.ones(n, dtype=bool)
+    if n == 0:
+        return track_start, np.zeros(0, np.int64), np.zeros(0, np.int64)
     track_start[1:] = (proc[1:] != proc[:-1]) | (kind[1:] != kind[:-1])
     track_id = np.cumsum(track_start) - 1
     # running max of the end time within each track (ends are >= starts, so offsetting each track
     # by its index times a span larger than any time keeps the cumulative max within the track)
-    span = int(t1.max() - t0.min()) + 1
-    shifted = (t1 - t0.min()) + track_id * span
-    run_end = np.maximum.accumulate(shifted) - track_id * span + t0.min()
+    base = int(t0.min())
+    span = int(t1.max()) - base + 1
+    run_end = np.maximum.accumulate((t1 - base) + track_id * span) - track_id * span + base
     prev_end = np.empty(n, dtype=np.int64)
     prev_end[0] = t0[0]
     prev_end[1:] = run_end[:-1]
     gap = np.where(track_start, 0, t0 - prev_end)
     busy = np.where(track_start, t1 - t0, np.maximum(0, t1 - np.maximum(t0, prev_end)))
-    n_tracks = int(track_id[-1]) + 1
-    extra = max(0, budget - n_tracks)  # bursts beyond one per track that fit the budget
-    inner = gap[~track_start]
+    return track_start, gap, busy
+
+
+def _gap_threshold(gaps: np.ndarray, n_tracks: int, budget: int) -> int:
+    """The smallest burst gap (>= 1 us) that keeps bursts within ``budget``: only gaps strictly
+    above it split a track, so at most ``budget - n_tracks`` splits."""
+    extra = max(0, budget - n_tracks)
     threshold = _SUMMARY_MIN_GAP_NS
-    if len(inner) > extra:
-        # the (extra+1)-th largest gap: only gaps strictly above it split, so at most `extra` splits
-        threshold = max(threshold, int(np.partition(inner, len(inner) - extra - 1)[len(inner) - extra - 1]))
-    new = track_start | (gap > threshold)
-    return np.cumsum(new) - 1, busy, threshold
+    if len(gaps) > extra:
+        threshold = max(threshold, int(np.partition(gaps, len(gaps) - extra - 1)[len(gaps) - extra - 1]))
+    return threshold
 
 
-def _write_summary(prep: _Prepared, out_path: Path, *, max_events: int | None, run_label: str | None
-                   ) -> TraceSummary:  # fmt: skip
-    """One slice per burst of communication per rank and parallelism (see write_summary_trace)."""
+def _summary_intervals(rows: pd.DataFrame) -> pd.DataFrame:
+    """Call rows with kernel time -> one row per call: proc, par, kernel key, t0, t1, op, bytes."""
+    rows = rows[rows["_is_call"].astype(bool)]
+    par = (rows["parallelism"].astype("string").fillna("unknown") if "parallelism" in rows
+           else pd.Series("unknown", index=rows.index, dtype="string"))  # fmt: skip
+    return pd.DataFrame({
+        "proc": rows["proc"].to_numpy(np.int64), "par": par.to_numpy(), "k": _kernel_key(rows) if len(rows) else [],
+        "t0": rows["t0"].to_numpy(np.int64), "t1": rows["t1"].to_numpy(np.int64),
+        "op": rows["op"].astype("string").fillna("?").to_numpy() if "op" in rows else "?",
+        "bytes": rows["bytes"].astype("Float64").fillna(0).to_numpy(dtype=np.float64) if "bytes" in rows else 0.0,
+    })  # fmt: skip
+
+
+def _kernels_of(f: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
+    """One interval per kernel launch and parallelism (grouped calls share their kernel), sorted
+    by track and start, with the track gaps."""
+    kern = f.drop_duplicates(["proc", "par", "k"]).sort_values(["proc", "par", "t0"], kind="stable")
+    code = pd.factorize(kern["par"])[0]
+    start, gap, busy = _track_gaps(kern["proc"].to_numpy(np.int64), code, kern["t0"].to_numpy(np.int64),
+                                   kern["t1"].to_numpy(np.int64))  # fmt: skip
+    return kern, start, gap, busy
+
+
+def _bursts_of(f: pd.DataFrame, threshold: int) -> pd.DataFrame:
+    """Bursts of one set of complete tracks: proc, par, t0, t1, kernels, busy, ops, bytes, by_op."""
+    if not len(f):
+        return pd.DataFrame(columns=["proc", "par", "t0", "t1", "kernels", "busy", "ops", "bytes", "by_op"])
+    kern, start, gap, busy = _kernels_of(f)
+    kern = kern.assign(_b=np.cumsum(start | (gap > threshold)) - 1, _busy=busy)
+    f = f.merge(kern[["proc", "par", "k", "_b"]], on=["proc", "par", "k"], how="left")
+    g = kern.groupby("_b", sort=True)
+    bursts = pd.DataFrame({"proc": g["proc"].first(), "par": g["par"].first(), "t0": g["t0"].min(),
+                           "t1": g["t1"].max(), "kernels": g.size(), "busy": g["_busy"].sum()})  # fmt: skip
+    fg = f.groupby("_b", sort=True)
+    bursts["ops"] = fg.size()
+    bursts["bytes"] = fg["bytes"].sum()
+    by_op = f.groupby(["_b", "op"], sort=True).size().rename("n").reset_index()
+    by_op["s"] = by_op["op"].astype(str) + " x" + by_op["n"].astype(str)
+    bursts["by_op"] = by_op.groupby("_b")["s"].agg(", ".join)
+    return bursts
+
+
+def _write_summary(prep: _Prepared, out_path: Path, *, max_events: int | None, run_label: str | None,
+                   chunks: Any = None) -> TraceSummary:  # fmt: skip
+    """One slice per burst of communication per rank and parallelism (see write_summary_trace).
+
+    ``chunks``: optional callable returning an iterator of interval frames (``_summary_intervals``
+    with the trace's proc ids), each holding whole processes; it is called twice (gaps, then
+    bursts), so the rows never need to be in memory together. Default: ``prep.rows``."""
     t_start = time.perf_counter()
     budget_total = SUMMARY_MAX_EVENTS if max_events is None else int(max_events)
-    rows = prep.rows[prep.rows["_is_call"].astype(bool)]
+    if chunks is None:
+        whole = _summary_intervals(prep.rows)
+
+        def chunks():  # noqa: F811
+            return iter([whole])
     procs = prep.procs
     shown = sorted(int(p) for p in procs.index)
-    n_meta = 3 * len(shown) + 2 * len(shown) * (len(_PAR_ORDER) + 2)
+    n_meta = 4 * len(shown) + 2 * len(shown) * (len(_PAR_ORDER) + 2)
     nv = prep.nvtx
     iters = nv[(nv["t1"] >= 0) & nv["text"].astype("string").str.fullmatch(r"iteration \d+").fillna(False)] \
         if len(nv) else nv  # fmt: skip
     budget = max(1, budget_total - n_meta - len(iters) - 1)
-    if len(rows):
-        kkey = _kernel_key(rows)
-        par = (rows["parallelism"].astype("string").fillna("unknown") if "parallelism" in rows
-               else pd.Series("unknown", index=rows.index, dtype="string"))  # fmt: skip
-        f = pd.DataFrame({"proc": rows["proc"].to_numpy(), "par": par.to_numpy(), "k": kkey,
-                          "t0": rows["t0"].to_numpy(), "t1": rows["t1"].to_numpy(),
-                          "op": rows["op"].astype("string").fillna("?").to_numpy() if "op" in rows else "?",
-                          "bytes": (rows["bytes"].astype("Float64").fillna(0).to_numpy(dtype=np.float64)
-                                    if "bytes" in rows else 0.0)})  # fmt: skip
-        # one interval per kernel launch and parallelism (grouped calls share their kernel)
-        kern = f.drop_duplicates(["proc", "par", "k"]).sort_values(["proc", "par", "t0"], kind="stable")
-        par_code = kern["par"].astype("category").cat.codes.to_numpy()
-        bid, busy, threshold = _bursts(kern["proc"].to_numpy(np.int64), par_code, kern["t0"].to_numpy(np.int64),
-                                       kern["t1"].to_numpy(np.int64), budget)  # fmt: skip
-        kern = kern.assign(_b=bid, _busy=busy)
-        f = f.merge(kern[["proc", "par", "k", "_b"]], on=["proc", "par", "k"], how="left")
-        g = kern.groupby("_b", sort=True)
-        bursts = pd.DataFrame({"proc": g["proc"].first(), "par": g["par"].first(), "t0": g["t0"].min(),
-                               "t1": g["t1"].max(), "kernels": g.size(), "busy": g["_busy"].sum()})  # fmt: skip
-        fg = f.groupby("_b", sort=True)
-        bursts["ops"] = fg.size()
-        bursts["bytes"] = fg["bytes"].sum()
-        by_op = f.groupby(["_b", "op"], sort=True).size().rename("n").reset_index()
-        by_op["s"] = by_op["op"].astype(str) + " x" + by_op["n"].astype(str)
-        bursts["by_op"] = by_op.groupby("_b")["s"].agg(", ".join)
-    else:
-        bursts = pd.DataFrame(columns=["proc", "par", "t0", "t1", "kernels", "busy", "ops", "bytes", "by_op"])
-        threshold = _SUMMARY_MIN_GAP_NS
+    gaps, n_tracks = [], 0
+    for f in chunks():
+        if len(f):
+            _kern, start, gap, _busy = _kernels_of(f)
+            gaps.append(gap[~start])
+            n_tracks += int(start.sum())
+    threshold = _gap_threshold(np.concatenate(gaps) if gaps else np.zeros(0, np.int64), n_tracks, budget)
+    del gaps
     origin = prep.origin
     notes = list(prep.notes)
     tmp = atomic_path(out_path)
@@ -1194,10 +1225,10 @@ def _write_summary(prep: _Prepared, out_path: Path, *, max_events: int | None, r
         with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=_GZIP_LEVEL, mtime=0) as gz:
             gz.write(b'{"traceEvents":[\n')
             sink = _Sink(gz, None)
-            b_by = dict(tuple(bursts.groupby("proc", sort=False))) if len(bursts) else {}
             nv_by = dict(tuple(iters.groupby("proc", sort=False))) if len(iters) else {}
-            for pid in shown:
-                b = b_by.get(pid, bursts.iloc[0:0])
+            written: set[int] = set()
+
+            def process_events(pid: int, b: pd.DataFrame) -> None:
                 kinds = sorted(b["par"].unique().tolist(),
                                key=lambda k: (_PAR_ORDER.index(k) if k in _PAR_ORDER else len(_PAR_ORDER), k))
                 tids = {k: i + 2 for i, k in enumerate(kinds)}
@@ -1210,7 +1241,7 @@ def _write_summary(prep: _Prepared, out_path: Path, *, max_events: int | None, r
                     meta.append(_meta(pid, tid, "thread_sort_index", {"sort_index": tid}))
                 sink.write(meta, "metadata")
                 if origin is None:
-                    continue
+                    return
                 it = nv_by.get(pid)
                 if it is not None and len(it):
                     t0 = it["t0"].to_numpy(np.int64)
@@ -1219,7 +1250,7 @@ def _write_summary(prep: _Prepared, out_path: Path, *, max_events: int | None, r
                                 for s, d, n in zip(_ts(t0 - origin), _ts(np.maximum(t1 - t0, 0)), it["text"].tolist())],
                                "nvtx")  # fmt: skip
                 if not len(b):
-                    continue
+                    return
                 t0 = b["t0"].to_numpy(np.int64)
                 t1 = b["t1"].to_numpy(np.int64)
                 ev = []
@@ -1232,6 +1263,17 @@ def _write_summary(prep: _Prepared, out_path: Path, *, max_events: int | None, r
                     ev.append(f'{{"ph":"X","cat":"summary","pid":{pid},"tid":{tids[k]},"ts":{s},"dur":{d},'
                               f'"name":{json.dumps(k)},"args":{json.dumps(args, separators=(",", ":"))}}}')  # fmt: skip
                 sink.write(ev, "bursts")
+
+            empty = _bursts_of(pd.DataFrame(), threshold)
+            for f in chunks():
+                bursts = _bursts_of(f, threshold)
+                for pid, b in (bursts.groupby("proc", sort=True) if len(bursts) else []):
+                    if int(pid) in procs.index and int(pid) not in written:
+                        process_events(int(pid), b)
+                        written.add(int(pid))
+            for pid in shown:
+                if pid not in written:
+                    process_events(pid, empty)
             info = _info(prep, origin, shown, None, None, None, budget_total, False, prep.unmatched, notes, run_label)
             info["kind"] = "summary"
             info["summary"] = ("one slice per burst of communication per rank and parallelism: kernels on the "
@@ -1438,6 +1480,85 @@ _SUMMARY_COLUMNS = ["row_kind", "file", "line", "host", "pid", "comm", "logical_
 _ROWS_PER_EVENT = 0.5
 
 
+def _process_row_groups(pf: Any) -> list[list[int]]:
+    """Row groups of an ops file grouped by process (the ops stage writes each process's rows
+    as consecutive row groups)."""
+    groups: list[list[int]] = []
+    prev = None
+    for i in range(pf.num_row_groups):
+        t = pf.read_row_group(i, columns=["host", "pid"])
+        key = (t["host"][0].as_py(), t["pid"][0].as_py()) if t.num_rows else None
+        if groups and key == prev:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+        prev = key
+    return groups
+
+
+def _summary_streamed(run_dir: Path, out_path: Path, *, max_events: int | None, origin: int | None,
+                      run_label: str | None) -> TraceSummary:  # fmt: skip
+    """The summary trace of a run directory, reading ops.parquet one process at a time: memory
+    holds one process's rows, a sample of rows per process (to name processes and put NVTX on
+    the trace clock) and the kernel gaps (8 bytes per kernel)."""
+    ops_path = run_dir / "ops" / "ops.parquet"
+    pf = pq.ParquetFile(ops_path)
+    cols = [c for c in _SUMMARY_COLUMNS if c in pf.schema_arrow.names]
+    groups = _process_row_groups(pf)
+
+    def read(group: list[int]) -> pd.DataFrame:
+        return read_table_batch(pf.read_row_groups(group, columns=cols))
+
+    # Pass 0: a sample of every process (first row of each kernel process id, every 64th timed
+    # row) and the exact counts of calls without kernel time.
+    sample, unmatched = [], []
+    for g in groups:
+        ops = read(g)
+        if not len(ops):
+            continue
+        timed = ops["kernel_start_utc"].notna()
+        pick = np.zeros(len(ops), dtype=bool)
+        pick[np.flatnonzero(timed.to_numpy())[::64]] = True
+        if "kernel_global_pid" in ops:
+            pick[~ops["kernel_global_pid"].duplicated().to_numpy()] = True
+        pick[0] = True
+        sample.append(ops[pick])
+        is_call = ops["row_kind"].eq("call").fillna(False).astype(bool) if "row_kind" in ops else True
+        un = ops[is_call & ~(timed & ops["kernel_end_utc"].notna())]
+        if len(un):
+            reason = un["reason"].astype("string").fillna("unknown") if "reason" in un else "unknown"
+            unmatched.append(pd.DataFrame({"host": un["host"].astype("string").fillna("?"),
+                                           "os_pid": _int_or(un["pid"], -1), "reason": reason})
+                             .groupby(["host", "os_pid", "reason"]).size().rename("n").reset_index())  # fmt: skip
+    skeleton = pd.concat(sample, ignore_index=True) if sample else read_table(ops_path, columns=cols).iloc[0:0]
+    nvtx = load_run_inputs(run_dir, columns=["host"], nvtx_text=r"iteration \d+")["nvtx"]
+    prep = _prepare(skeleton, None, nvtx, None)
+    del skeleton, sample
+    key_to_proc = {(h, int(p)): int(i) for i, h, p in zip(prep.procs.index, prep.procs["host"], prep.procs["os_pid"])}
+    if unmatched:
+        un = pd.concat(unmatched, ignore_index=True)
+        un["proc"] = [key_to_proc.get((h, int(p)), -1) for h, p in zip(un["host"], un["os_pid"])]
+        prep.unmatched = un.groupby(["proc", "reason"])["n"].sum().reset_index()
+    else:
+        prep.unmatched = prep.unmatched.iloc[0:0]
+    if origin is not None:
+        prep.origin = origin if prep.origin is None else min(origin, prep.origin)
+
+    def chunks():
+        for g in groups:
+            ops = read(g)
+            if not len(ops):
+                continue
+            cp = _prepare(ops, None, None, None)
+            local = {int(i): key_to_proc.get((h, int(p)), -1)
+                     for i, h, p in zip(cp.procs.index, cp.procs["host"], cp.procs["os_pid"])}  # fmt: skip
+            f = _summary_intervals(cp.rows)
+            f["proc"] = f["proc"].map(local).astype("int64")
+            yield f
+
+    return _write_summary(prep, out_path, max_events=max_events, run_label=run_label, chunks=chunks)
+
+
 def write_summary_trace(
     ops: pd.DataFrame,
     out_path: Path | str,
@@ -1495,14 +1616,8 @@ def write_run_traces(
         # trace's time origin (which also counts NVTX events the summary does not show).
         origin = prep.origin
         del prep
-        light = load_run_inputs(run_dir, columns=_SUMMARY_COLUMNS, nvtx_text=r"iteration \d+")
-        sprep = _prepare(light["ops"], None, light["nvtx"], None)
-        del light
-        if origin is not None and sprep.origin is not None:
-            sprep.origin = min(origin, sprep.origin)
-        out.append(_write_summary(sprep, out_dir / f"{name}.summary.json.gz", max_events=summary_max_events,
-                                  run_label=run_dir.name))  # fmt: skip
-        del sprep
+        out.append(_summary_streamed(run_dir, out_dir / f"{name}.summary.json.gz", max_events=summary_max_events,
+                                     origin=origin, run_label=run_dir.name))  # fmt: skip
         if split_per_rank:
             inputs = load_run_inputs(run_dir)
             prep = _prepare(inputs["ops"], inputs["op_metrics"], inputs["nvtx"], inputs["labels"])
