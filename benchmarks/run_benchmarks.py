@@ -103,6 +103,7 @@ class Context:
     work: Path
     cores: int
     keep: bool = False  # keep e2e results (--workdir)
+    campaigns: set[str] | None = None  # e2e full mode: only these (--campaigns)
 
 
 def _log(msg: str) -> None:
@@ -746,6 +747,8 @@ def section_e2e(sec: Section, ctx: Context) -> None:
         for label, path in (("example", REPO / "config" / "config.yaml"),
                             ("scale-64", HERE / "campaigns" / "scale-64.yaml"),
                             ("scale-256", HERE / "campaigns" / "scale-256.yaml")):  # fmt: skip
+            if ctx.campaigns is not None and label not in ctx.campaigns:
+                continue
             if not path.is_file():
                 sec.notes.append(f"{label}: {path.relative_to(REPO)} not found; skipped")
                 continue
@@ -898,6 +901,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="CI-sized inputs (a few minutes in all)")
     ap.add_argument("--only", metavar="SECTION,...", help=f"run only these sections ({', '.join(SECTIONS)})")
     ap.add_argument("--json", metavar="FILE", help="also write all figures and the machine description as JSON")
+    ap.add_argument("--campaigns", metavar="NAME,...", help="e2e full mode: only these of example, scale-64, "
+                    "scale-256 (default: all)")
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="snakemake --cores for e2e (default: all)")
     ap.add_argument("--workdir", metavar="DIR", help="generated inputs and e2e results go here and are kept "
                     "(default: a temporary directory, removed)")  # fmt: skip
@@ -920,7 +925,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         tmp = tempfile.TemporaryDirectory(prefix="nccltrace-bench-")
         work = Path(tmp.name)
-    ctx = Context(quick=args.quick, work=work, cores=max(1, args.cores), keep=bool(args.workdir))
+    ctx = Context(quick=args.quick, work=work, cores=max(1, args.cores), keep=bool(args.workdir),
+                  campaigns=set(args.campaigns.split(",")) if args.campaigns else None)
     sections: list[Section] = []
     t_start = time.perf_counter()
     try:

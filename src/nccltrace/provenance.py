@@ -4,6 +4,12 @@ Every stage writes ``manifest.json`` next to its outputs with the code version (
 version, git commit if available, and a hash of the package sources, so a changed
 analysis module is visible even without git), tool versions, the config hash, the table
 schema version and SHA-256 checksums of every input and output file.
+
+Partial results propagate: a result computed from a partial input is partial. When an input's
+stage manifest (the ``manifest.json`` beside the input file, or inside an input directory) says
+``partial``, the new manifest is partial too, names those manifests (``partial_inputs``) and
+carries their reasons (``partial_reasons``), so the last stage of a run still says what is
+missing and where, whichever stage found it.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import functools
 import hashlib
 import importlib.metadata
 import json
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -116,6 +123,48 @@ def config_hash(config: Any) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+MAX_REASONS = 20
+
+
+def _input_manifest(p: Path) -> Path:
+    """The stage manifest describing an input: the input itself, the manifest inside an input
+    directory, or the manifest beside an input file."""
+    if p.name == "manifest.json":
+        return p
+    return p / "manifest.json" if p.is_dir() else p.parent / "manifest.json"
+
+
+def manifest_reasons(manifest: dict[str, Any], where: str) -> list[str]:
+    """Why a manifest is partial: its ``partial_reasons``, else its ``problems``, else a generic line."""
+    reasons = [str(r) for r in manifest.get("partial_reasons") or []]
+    reasons = reasons or [str(r) for r in manifest.get("problems") or []]
+    return reasons or [f"stage {manifest.get('stage', '?')} ({where}) marked its results partial"]
+
+
+def upstream_partial(inputs: Iterable[Path | str], own: Path | str | None = None) -> dict[str, list[str]]:
+    """Stage manifests of ``inputs`` that are partial: manifest path -> its reasons. ``own`` (the
+    manifest being written) is skipped."""
+    own_path = Path(own).resolve() if own is not None else None
+    out: dict[str, list[str]] = {}
+    for p in map(Path, inputs):
+        m = _input_manifest(p)
+        key = str(m)
+        if key in out or not m.is_file() or (own_path is not None and m.resolve() == own_path):
+            continue
+        try:
+            data = json.loads(m.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and data.get("partial"):
+            out[key] = manifest_reasons(data, str(m.parent))
+    return out
+
+
+def _dedup(items: Iterable[str], limit: int = MAX_REASONS) -> list[str]:
+    seen = list(dict.fromkeys(items))
+    return seen if len(seen) <= limit else [*seen[:limit], f"... and {len(seen) - limit} more"]
+
+
 def write_manifest(
     path: Path | str,
     *,
@@ -124,11 +173,18 @@ def write_manifest(
     outputs: Iterable[Path | str],
     config: Any = None,
     partial: bool = False,
+    reasons: Iterable[str] = (),
+    propagate: bool = True,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write a provenance manifest (atomically) and return it."""
+    """Write a provenance manifest (atomically) and return it.
+
+    ``partial`` with ``reasons`` (what is missing and what to do; ``extra['problems']`` count as
+    reasons when none are given) marks this stage's own gaps. With ``propagate`` the manifest is
+    also partial when an input's stage manifest is (see the module docstring)."""
     path = Path(path)
     base = path.parent
+    inputs = list(inputs)
 
     def rel(p: Path) -> str:
         try:
@@ -136,6 +192,10 @@ def write_manifest(
         except ValueError:
             return str(p)
 
+    own = [str(r) for r in reasons] or [str(p) for p in (extra or {}).get("problems") or []]
+    upstream = upstream_partial(inputs, path) if propagate else {}
+    if partial and not own and not upstream:
+        own = [f"stage {stage} marked its results partial"]  # no cause known: say at least where
     manifest = {
         "stage": stage,
         "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -144,7 +204,10 @@ def write_manifest(
         "table_schema_version": SCHEMA_VERSION,
         "config_hash": config_hash(config) if config is not None else None,
         "config": config,
-        "partial": partial,
+        "partial": bool(partial or upstream),
+        # causes found upstream first: the root cause of a gap leads the list
+        "partial_reasons": _dedup([*(r for rs in upstream.values() for r in rs), *(own if partial else [])]),
+        "partial_inputs": sorted(os.path.relpath(Path(m).resolve(), base.resolve()) for m in upstream),
         "inputs": {rel(p): file_sha256(p) for p in _expand(inputs)},
         "outputs": {rel(p): file_sha256(p) for p in _expand(outputs) if p.resolve() != path.resolve()},
     }

@@ -31,6 +31,7 @@ from .summary import CONFIG_FIELDS, LARGE_MESSAGE_BYTES
 from .tables import atomic_path, read_table
 
 MAX_ROWS = 200
+MAX_STATUS_REASONS = 4  # reasons of a partial run in the campaign's status table
 RUN_FIGURES = ("op_counts", "volume_by_op", "rank_volume", "message_sizes", "timeline", "bandwidth")
 GIB = float(1 << 30)
 
@@ -251,14 +252,50 @@ def _manifest_view(path: Path, base: Path) -> dict[str, Any]:
         "stage": m.get("stage", "?"), "created": m.get("created_utc", "?"), "version": version,
         "source_sha256": (code.get("source_sha256") or "")[:16], "config_hash": m.get("config_hash"),
         "partial": bool(m.get("partial")), "problems": problems,
+        # why the stage is partial (own and upstream causes, see provenance.write_manifest)
+        "reasons": [str(r) for r in (m.get("partial_reasons") or [])] if m.get("partial") else [],
+        "warnings": [str(w) for w in (m.get("warnings") or [])],
         "inputs": sorted((m.get("inputs") or {}).items()), "outputs": sorted((m.get("outputs") or {}).items()),
         "tools": ", ".join(f"{k} {v}" for k, v in sorted((m.get("tools") or {}).items())),
     }  # fmt: skip
 
 
-def run_manifests(run_dir: Path) -> list[dict[str, Any]]:
-    """Every stage manifest of a run directory (one level and two levels down), ops first."""
+# Pipeline order of the stages: a run report lists the causes of gaps where they arose first.
+_STAGE_ORDER = ("acquire", "parse_nccl", "parse_nsys", "parse_summary", "communicators", "align", "ops", "metrics",
+                "volume", "trace", "report")
+
+
+def _stage_rank(stage: str) -> int:
+    name = stage.split(":", 1)[0]
+    return _STAGE_ORDER.index(name) if name in _STAGE_ORDER else len(_STAGE_ORDER)
+
+
+def report_partial(manifest_path: Path | str) -> bool:
+    """True when the manifest at ``manifest_path`` exists and says its results are partial."""
+    return bool((_json(Path(manifest_path)) or {}).get("partial"))
+
+
+def partial_flags(manifests: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[str]]:
+    """(what is missing or wrong, the stages marked partial) over a run's manifests: the reasons
+    of every partial stage and the problems and warnings of every stage, each once, in pipeline
+    order; the stages as 'stage (directory)', aligned processes counted instead of listed."""
+    ordered = sorted(manifests, key=lambda m: (_stage_rank(m["stage"]), m["where"]))
+    flags = list(dict.fromkeys(x for m in ordered for x in (*m["reasons"], *m["problems"], *m.get("warnings", []))))
+    stages: dict[str, list[str]] = {}
+    for m in ordered:
+        if m["partial"]:
+            stages.setdefault(m["stage"], []).append(m["where"])
+    marked = [f"{st} ({len(w)} of {sum(m['stage'] == st for m in manifests)} processes)" if st == "align"
+              else f"{st} ({', '.join(w)})" for st, w in stages.items()]
+    return flags, marked
+
+
+def run_manifests(run_dir: Path, exclude: Path | None = None) -> list[dict[str, Any]]:
+    """Every stage manifest of a run directory (one level and two levels down), ops first;
+    ``exclude``: a directory whose manifest is not read (the report's own, being rewritten)."""
     paths = sorted(set(run_dir.glob("*/manifest.json")) | set(run_dir.glob("*/*/manifest.json")))
+    if exclude is not None:
+        paths = [p for p in paths if p.parent.resolve() != Path(exclude).resolve()]
     paths.sort(key=lambda p: (p.parent.name != "ops", len(p.relative_to(run_dir).parts), str(p)))
     return [_manifest_view(p, run_dir) for p in paths]
 
@@ -379,16 +416,16 @@ def render_run_report(
     figures = load_figures(plots_dir, RUN_FIGURES)
     config, config_rows = _run_config(run_dir)
     ops_manifest = _json(run_dir / "ops" / "manifest.json")
-    manifests = run_manifests(run_dir)
+    manifests = run_manifests(run_dir, exclude=out_dir)
     run_id = run_id or run_dir.name
 
     flags: list[str] = []
     if ops_manifest is None:
         flags.append("The ops stage manifest (ops/manifest.json) is missing: completeness cannot be confirmed.")
-    for m in manifests:
-        if m["partial"]:
-            flags.append(f"Stage '{m['stage']}' ({m['where']}) marked its results as PARTIAL.")
-        flags += [f"{m['stage']} ({m['where']}): {p}" for p in m["problems"]]
+    causes, marked = partial_flags(manifests)
+    flags += causes
+    if marked:
+        flags.append(f"Marked PARTIAL by: {'; '.join(marked)}.")
     ov = _overview(tables)
     trace = run_dir / "trace" / "trace.json.gz"
     settings = config.get("config", config) if isinstance(config, Mapping) else {}
@@ -450,15 +487,23 @@ def _run_status(run: str, run_dir: Path | None, available: bool, missing: Mappin
     """Status of one configuration: 'missing' (with the reason given), 'partial', 'no results' or 'ok'."""
     if run in missing:
         return {"status": "missing", "reason": str(missing[run]), "problems": []}
-    manifest = _json(run_dir / "ops" / "manifest.json") if run_dir is not None else None
+    manifest = None
+    if run_dir is not None:
+        # the run report's manifest carries every stage's causes (partial propagates); older
+        # runs without one are judged by their ops stage
+        manifest = _json(run_dir / "report" / "manifest.json") or _json(run_dir / "ops" / "manifest.json")
     problems = [str(p) for p in (manifest or {}).get("problems") or []]
+    if manifest and manifest.get("partial"):
+        problems = list(dict.fromkeys([*(str(r) for r in manifest.get("partial_reasons") or []), *problems]))
     if not available:
         return {"status": "no results", "reason": "no summary tables for this run (reason not recorded)",
                 "problems": problems}
     if manifest is None:
         return {"status": "unverified", "reason": "ops/manifest.json missing", "problems": problems}
     if manifest.get("partial") or problems:
-        return {"status": "partial", "reason": "; ".join(problems) or "marked partial", "problems": problems}
+        shown = problems[:MAX_STATUS_REASONS]
+        more = f" (and {len(problems) - len(shown)} more in the run report)" if len(problems) > len(shown) else ""
+        return {"status": "partial", "reason": "; ".join(shown) + more or "marked partial", "problems": problems}
     return {"status": "ok", "reason": "", "problems": []}
 
 

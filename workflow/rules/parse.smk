@@ -49,7 +49,8 @@ rule parse_nsys:
 
 rule parse_summary:
     input:
-        parsed_outputs,
+        parsed=parsed_outputs,
+        raw=raw_dir,
     output:
         summary=f"{RESULTS}/{{run}}/parsed/parse_summary.json",
         manifest=f"{RESULTS}/{{run}}/parsed/manifest.json",

@@ -7,6 +7,9 @@ rule report:
         op_metrics=f"{RESULTS}/{{run}}/metrics/op_metrics.parquet",
         volume=f"{RESULTS}/{{run}}/volume/volume_validation.parquet",
         trace=f"{RESULTS}/{{run}}/trace/trace.json.gz",
+        # the parse summary names gaps in the inputs (missing logs/exports); its manifest's
+        # partial flag and reasons reach the report's manifest and the campaign report
+        summary=f"{RESULTS}/{{run}}/parsed/parse_summary.json",
     output:
         tables=directory(f"{RESULTS}/{{run}}/report/tables"),
         plots=directory(f"{RESULTS}/{{run}}/report/plots"),

@@ -9,7 +9,14 @@ sys.path.insert(0, str(Path(snakemake.scriptdir)))  # noqa: F821
 from _bootstrap import setup  # noqa: E402
 
 setup(snakemake)  # noqa: F821
-from nccltrace.acquisition.raw import assemble_raw, import_raw, read_status, write_status  # noqa: E402
+from nccltrace.acquisition.raw import (  # noqa: E402
+    RawImportError,
+    assemble_raw,
+    import_raw,
+    read_status,
+    record_failed_import,
+    write_status,
+)
 from nccltrace.provenance import write_manifest  # noqa: E402
 
 sm = snakemake  # noqa: F821
@@ -32,9 +39,21 @@ if backend == "emulate":
     os.replace(tmp, raw)
     print(f"emulated {run}: {result}")
 elif backend == "import":
-    record = import_raw(settings["import_dir"], raw, run_id=run, settings=settings, nsys=sm.params.nsys)
     inputs = [settings["import_dir"]]
-    print(f"imported {run}: {record['processes']} processes, exports of {record['exports']}")
+    try:
+        record = import_raw(settings["import_dir"], raw, run_id=run, settings=settings, nsys=sm.params.nsys)
+    except RawImportError as e:
+        # Recorded like a failed training: the other runs go on and the campaign report lists
+        # this one with the reason. raw/ exists now, so a fixed import_dir needs it deleted.
+        reason = f"{e} (then delete {raw} and re-run snakemake)"
+        record_failed_import(raw, run_id=run, settings=settings, reason=reason)
+        print(f"FAILED: run {run}: import failed: {reason}", file=sys.__stderr__)
+        print(f"import failed: {reason}")
+    else:
+        print(f"imported {run}: {record['processes']} processes, exports of {record['exports']}")
+        for w in record["warnings"]:
+            print(f"WARNING: run {run}: {w}", file=sys.__stderr__)
+            print(w)
 elif backend == "slurm":
     inputs = [sm.input.capture, *sm.input.exports]
     launch = assemble_raw(sm.input.capture, list(sm.input.exports), raw, run_id=run, settings=settings)
@@ -44,4 +63,5 @@ else:
 if backend != "emulate":
     status = read_status(raw)
     write_manifest(raw / "manifest.json", stage=f"acquire:{backend}", inputs=inputs, outputs=[raw], config=settings,
-                   partial=status["status"] != "ok", extra={"run": run, "status": status})
+                   partial=status["status"] != "ok", reasons=[str(status["reason"])] if status.get("reason") else [],
+                   extra={"run": run, "status": status})

@@ -21,6 +21,12 @@ tables = run_tables(ops, read_table(inp.op_metrics), read_table(inp.volume))
 written = write_tables(tables, out.tables)
 plots = run_plots(ops, tables, out.plots, title=run)
 render_run_report(run_dir, out.html, tables_dir=out.tables, plots_dir=out.plots, run_id=run)
-write_manifest(out.manifest, stage="report", inputs=[inp.ops, inp.op_metrics, inp.volume, inp.trace],
-               outputs=[*written.values(), *plots.values(), out.html])
+manifest = write_manifest(out.manifest, stage="report",
+                          # the parse summary first: its reasons (missing logs, exports) lead the list
+                          inputs=[inp.summary, inp.ops, inp.op_metrics, inp.volume, inp.trace],
+                          outputs=[*written.values(), *plots.values(), out.html])
 print(f"{len(written)} table files, {len(plots)} plots, report {out.html}")
+if manifest["partial"]:
+    # on Snakemake's console too: a partial run must not look complete there either
+    print(f"PARTIAL: run {run}: " + "; ".join(manifest["partial_reasons"][:3]) + f" (see {out.html})",
+          file=sys.__stderr__)

@@ -6,7 +6,8 @@ Layout (what the analysis stages read)::
     nsys/<host>.sqlite           nsys SQLite export per node (+ <host>.nsys-rep for real runs)
     launch/                      the launch's own record (launch.json, node scripts and logs)
     run.yaml                     the run's settings (``config``) as launched
-    status.json                  {"status": "ok" | "failed", "reason": ...}
+    status.json                  {"status": "ok" | "failed", "reason": ..., "stage": step that failed,
+                                  "warnings": [...], "unusable_exports": {host: why}}
     manifest.json                provenance
 
 :func:`assemble_raw` builds it from a SLURM capture and its exports, :func:`import_raw` from a
@@ -111,16 +112,64 @@ def _log_identity(path: Path) -> tuple[str, int] | None:
     return None
 
 
-def _export_host(path: Path) -> str | None:
-    """The host an export was captured on (``TARGET_INFO_SYSTEM_ENV``), or None when the file
-    does not say or cannot be read as an export (the parse stage reports what is wrong)."""
+# Files an interrupted export or copy leaves next to (or instead of) <host>.sqlite.
+_LEFTOVER = re.compile(r"\.sqlite(?:-journal|-wal|-shm|\.tmp|\.part|\.partial|\.incomplete|~)$"
+                       r"|\.sqlite\.[A-Za-z0-9]{6,}$")  # the last: temp names of copy tools (rsync, tempfile)
+
+
+def _inspect_export(path: Path) -> tuple[str | None, str | None]:
+    """(host the export was captured on or None, why it is unusable or None). A leftover
+    ``-journal``/``-wal`` beside it means it was being written when the writer stopped."""
     from ..nsys.reader import NsysExport, NsysFormatError
 
+    for side in ("-journal", "-wal"):
+        leftover = path.with_name(path.name + side)
+        if leftover.is_file() and leftover.stat().st_size > 0:
+            return None, (f"{path}: a leftover {leftover.name} beside it shows the export (or its copy) was "
+                          "interrupted while writing, so its content may be incomplete; re-run `nsys export "
+                          "--type sqlite --force-overwrite` on the node's report")
     try:
         with NsysExport.open(path) as export:
-            return export.hostname or None
-    except NsysFormatError:
-        return None
+            return export.hostname or None, None
+    except NsysFormatError as e:
+        return None, str(e)
+
+
+def _owner(stem: str, hosts: set[str]) -> str | None:
+    """The log host an unreadable export belongs to by its name: <host>.sqlite or <host><sep>...sqlite."""
+    if stem in hosts:
+        return stem
+    prefixed = [h for h in hosts if re.match(re.escape(h) + r"[^A-Za-z0-9]", stem)]
+    return max(prefixed, key=len) if prefixed else None
+
+
+REDO_HINT = "then delete this run's raw/ directory and re-run snakemake"
+
+
+def export_hint(host: str) -> str:
+    """What to do about a node whose export is missing or unusable."""
+    return (f"re-create it with `nsys export --type sqlite --output {host}.sqlite {host}.nsys-rep` (profile with "
+            f"`nsys profile --trace=cuda,nvtx`), put it in the run's import_dir (or raw/nsys/), {REDO_HINT}")
+
+
+def missing_export_problem(host: str) -> str:
+    """The message of a node that has NCCL logs but no export in raw/nsys/ (one text wherever said)."""
+    return (f"node {host}: no nsys export ({host}.sqlite) for its rank log(s): the calls of its ranks have no "
+            f"kernel times (reason 'no_export'); {export_hint(host)}")
+
+
+def record_failed_import(raw: Path | str, *, run_id: str, settings: Mapping[str, Any], reason: str) -> None:
+    """A raw directory for a run whose import failed: ``status: failed`` with the reason (the
+    campaign report lists the run with it) and the run's settings; no logs, no exports."""
+    raw = Path(raw)
+    partial = _fresh(raw)
+    write_run_yaml(partial, run_id, settings, "nccltrace import (failed)")
+    (partial / "launch").mkdir(exist_ok=True)
+    record = {"run": run_id, "backend": "import", "source": str(settings.get("import_dir")), "status": "failed",
+              "reason": reason}  # fmt: skip
+    (partial / "launch" / "import.json").write_text(json.dumps(record, indent=2))
+    write_status(partial, "failed", reason, stage="import")
+    _finish(partial, raw)
 
 
 def import_raw(source: Path | str, raw: Path | str, *, run_id: str, settings: Mapping[str, Any],
@@ -151,6 +200,12 @@ def import_raw(source: Path | str, raw: Path | str, *, run_id: str, settings: Ma
         raise RawImportError(f"import_dir {source}: no NCCL debug log found (a file whose first lines contain "
                            "'host:pid:tid [dev] NCCL INFO'); was the run made with NCCL_DEBUG=INFO and NCCL_DEBUG_FILE?")
     sqlites = [p for p in files if p.suffix == ".sqlite"]
+    warnings: list[str] = []
+    for p in files:
+        if _LEFTOVER.search(p.name):
+            ignored.append(str(p.relative_to(source)))
+            warnings.append(f"import: ignored {p.relative_to(source)} (left over by an interrupted export or copy; "
+                            "not an export)")
     reports = [p for p in files if p.suffix in (".nsys-rep", ".qdrep", ".qdstrm")]
     exported = {p.stem for p in sqlites}
     partial = _fresh(raw)
@@ -172,20 +227,44 @@ def import_raw(source: Path | str, raw: Path | str, *, run_id: str, settings: Ma
     if not sqlites:
         raise RawImportError(f"import_dir {source}: no nsys export (*.sqlite) or report (*.nsys-rep) found; "
                            "profile with nsys profile --trace=cuda,nvtx and copy the reports")
+    hosts_logs = {h for h, _ in logs}
     names: dict[str, Path] = {}
+    unreadable: list[tuple[Path, str]] = []
     for p in sqlites:
-        host = _export_host(p) or p.stem
+        host, problem = _inspect_export(p)
+        if problem is not None:
+            unreadable.append((p, problem))
+            continue
+        host = host or p.stem
         name = host if host not in names else p.stem
         if name in names:
             raise RawImportError(f"{p} and {names[name]} are both exports of host {name}; keep one per node")
         names[name] = p
+    # An unreadable export is kept for its node (the parse stage reports the defect and the run is
+    # partial) unless a readable export of that node exists: then it is a leftover, set aside.
+    readable = set(names)
+    unusable: dict[str, str] = {}
+    for p, problem in unreadable:
+        owner = _owner(p.stem, hosts_logs)
+        if owner is None or owner in names:
+            why = ("its name matches no host of the NCCL logs" if owner is None
+                   else f"node {owner} has the readable export {names[owner].name}" if owner in readable
+                   else f"{names[owner].name} is already imported for node {owner}")
+            ignored.append(str(p.relative_to(source)) if p.is_relative_to(source) else str(p))
+            warnings.append(f"import: ignored unreadable export {p.name} ({why}): {problem}")
+            continue
+        if owner != p.stem:
+            warnings.append(f"import: {p.name} is unreadable and named after node {owner}; imported as {owner}.sqlite")
+        names[owner] = p
+        # the parse stage reports it as found here (a hot journal is not imported with it)
+        unusable[owner] = problem
+    for name, p in names.items():
         dst = partial / "nsys" / f"{name}.sqlite"
         if p.parent != dst.parent or p.name != dst.name:
             if p.is_relative_to(partial):
                 os.replace(p, dst)
             else:
                 link_or_copy(p, dst)
-    hosts_logs = {h for h, _ in logs}
     if not hosts_logs & set(names):
         raise RawImportError(f"import_dir {source}: the exports are of hosts {sorted(names)} but the NCCL logs of "
                            f"{sorted(hosts_logs)}; name each export <host>.sqlite after the host in the log lines")
@@ -194,9 +273,10 @@ def import_raw(source: Path | str, raw: Path | str, *, run_id: str, settings: Ma
     else:
         write_run_yaml(partial, run_id, settings, "nccltrace import")
     record = {"run": run_id, "backend": "import", "source": str(source.resolve()), "processes": len(logs),
-              "exports": sorted(names), "ignored": ignored, "exported_here": records}  # fmt: skip
+              "exports": sorted(names), "ignored": ignored, "exported_here": records,
+              "warnings": warnings, "unusable_exports": unusable}  # fmt: skip
     (partial / "launch").mkdir(exist_ok=True)
     (partial / "launch" / "import.json").write_text(json.dumps(record, indent=2))
-    write_status(partial, "ok")
+    write_status(partial, "ok", warnings=warnings, unusable_exports=unusable)
     _finish(partial, raw)
     return record

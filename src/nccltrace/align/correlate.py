@@ -19,6 +19,8 @@ from .default import AlignParams, align_units
 from .sequences import FAMILIES, GENERIC, build_kernel_sequence, build_log_units, is_nccl_kernel
 
 MODES = ("default", "thesis", "exact")
+NO_EXPORT_REASON = "no_export"
+"""Reason of call lines whose node has no usable nsys export (missing, unreadable)."""
 
 
 ALIGNMENT_SCHEMA = pa.schema(
@@ -305,10 +307,13 @@ def process_key(log_stem: str) -> tuple[str, int]:
 
 def align_files(calls_path, kernels_path, session_path, out_path, *, mode: str = "default",
                 nvtx_path=None, launches_path=None, pid: int | None = None,
-                nccl_version: str | None = None) -> pd.DataFrame:  # fmt: skip
+                nccl_version: str | None = None, export_available: bool = True) -> pd.DataFrame:  # fmt: skip
     """Stage entry point: align one process's parsed calls with its node's parsed kernels and
     write the correlation table atomically. ``pid`` defaults to the pid of the calls; the NCCL
-    version defaults to the process's version line (``versions.parquet`` beside the calls)."""
+    version defaults to the process's version line (``versions.parquet`` beside the calls).
+    ``export_available=False`` (the node's export is missing or unreadable; ``kernels_path`` is
+    then an empty table): every call that needed a kernel is unmatched with reason
+    ``'no_export'``, the others keep reasons that need no export (duplicates, single-rank)."""
     import json
     from pathlib import Path
 
@@ -340,7 +345,13 @@ def align_files(calls_path, kernels_path, session_path, out_path, *, mode: str =
         if vfile.exists():
             v = read_table(vfile)
             nccl_version = str(v["version"].dropna().iloc[0]) if v["version"].notna().any() else None
-    table = align_process(calls, kernels, mode=mode, utc_offset_ns=utc, nvtx=nvtx, launches_without_kernel=launches,
-                          nccl_version=nccl_version)
+    if not export_available:
+        # Default mode on no kernels keeps the reasons that hold without an export; every other
+        # call lacks its kernel only because nothing was exported.
+        table = align_process(calls, kernels.iloc[0:0], mode="default", nccl_version=nccl_version)
+        table.loc[(table["row_kind"] == "call") & (table["reason"] == "no_kernel"), "reason"] = NO_EXPORT_REASON
+    else:
+        table = align_process(calls, kernels, mode=mode, utc_offset_ns=utc, nvtx=nvtx,
+                              launches_without_kernel=launches, nccl_version=nccl_version)
     write_table_atomic(pa.Table.from_pandas(table, schema=ALIGNMENT_SCHEMA, preserve_index=False), out_path)
     return table
