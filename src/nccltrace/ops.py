@@ -250,7 +250,10 @@ def stream_run_ops(
             raise
     finally:
         shutil.rmtree(parts_dir, ignore_errors=True)
-    partial = bool(problems) or not bool(comms["complete"].astype(bool).all()) if len(comms) else True
+    if len(comms) and not bool(comms["complete"].astype(bool).all()):
+        n_bad = int((~comms["complete"].astype(bool)).sum())
+        problems.append(f"{n_bad} of {len(comms)} communicators incomplete (ranks without a log)")
+    partial = bool(problems) or not len(comms)
     return RunOps(ops=None, labels=labels, clock=clock, partial=partial, problems=problems, notes=notes,
                   calls=calls_n, matched=matched_n, unmatched_by_reason=dict(by_reason))  # fmt: skip
 

@@ -368,7 +368,8 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
     if expected_nodes and len(stems) < expected_nodes:
         problems.append(f"{expected_nodes - len(stems)} of {expected_nodes} node exports are missing")
     if len(incomplete):
-        problems.append(f"{len(incomplete)} incomplete communicator(s) (members without a log)")
+        problems.append(f"{len(incomplete)} of {len(comm.communicators)} communicators incomplete "
+                        "(ranks without a log)")
 
     summary = _parse_summary(parsed, procs, stems, expected_procs, expected_nodes)
     summary["run"] = run_settings.get("run_id") if run_settings else None
