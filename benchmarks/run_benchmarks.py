@@ -205,11 +205,13 @@ def _gunzipped_size(path: Path) -> int:
 
 
 def child_trace(cfg: dict[str, Any]) -> dict[str, Any]:
-    """``write_run_traces`` on a run directory, as workflow/scripts/trace.py calls it."""
+    """``write_run_traces`` on a run directory: every op uncapped (``workflow: false``), or as
+    workflow/scripts/trace.py calls it with the default config (capped trace + summary)."""
     from nccltrace.trace import write_run_traces
 
     run_dir = Path(cfg["run_dir"])
-    res, wall, before, peak = _measure(lambda: write_run_traces(run_dir, run_dir / "trace"))
+    kw = {"max_events": 500_000, "summary": True, "summary_max_events": 200_000} if cfg.get("workflow") else {}
+    res, wall, before, peak = _measure(lambda: write_run_traces(run_dir, run_dir / "trace", **kw))
     summaries = list(res) if isinstance(res, (list, tuple)) else [res]
     files = [Path(s.path) for s in summaries]
     gz = sum(p.stat().st_size for p in files)
@@ -604,25 +606,31 @@ def section_trace(sec: Section, ctx: Context) -> None:
         run = d / f"run-{size}"
         _log(f"trace: {size:,} ops")
         n_calls = tile_run(seed, run, size)
-        r = run_child("trace", {"run_dir": str(run)})
-        case = f"{_sizes_label(size)} ops (8 ranks)"
-        sec.add(case, "ops (call rows)", n_calls, "ops")
-        sec.add(case, "events", r["events"], "events")
-        sec.add(case, "files", r["files"], "files", show=False)
-        sec.add(case, "gzip size", _mb(r["gz_bytes"]), "MB")
-        sec.add(case, "uncompressed JSON size", _mb(r["json_bytes"]), "MB")
-        sec.add(case, "gzip bytes per op", r["gz_bytes"] / n_calls, "B/op")
-        sec.add(case, "compression ratio", r["json_bytes"] / r["gz_bytes"], "x", show=False)
-        sec.add(case, "write_run_traces time (load + prepare + write)", r["wall_s"], "s")
-        if r["write_s"] > 0:
-            sec.add(case, "of which writing", r["write_s"], "s", show=False)
-        sec.add(case, "throughput", n_calls / r["wall_s"], "ops/s")
-        sec.add(case, "peak RSS", r["peak_rss_mb"], "MiB")
-        if r["truncated"]:
-            sec.notes.append(f"{case}: trace truncated by the exporter's limits")
-        sec.notes += [f"{case}: {n}" for n in r["notes"]]
+        for workflow in (False, True):
+            _trace_case(sec, run, n_calls, workflow, f"{_sizes_label(size)} ops (8 ranks)"
+                        + (", workflow: capped 5e5 + summary" if workflow else ", every op"))
         shutil.rmtree(run, ignore_errors=True)
     shutil.rmtree(d, ignore_errors=True)
+
+
+def _trace_case(sec: Section, run: Path, n_calls: int, workflow: bool, case: str) -> None:
+    shutil.rmtree(run / "trace", ignore_errors=True)
+    r = run_child("trace", {"run_dir": str(run), "workflow": workflow})
+    sec.add(case, "ops (call rows)", n_calls, "ops")
+    sec.add(case, "events", r["events"], "events")
+    sec.add(case, "files", r["files"], "files", show=False)
+    sec.add(case, "gzip size", _mb(r["gz_bytes"]), "MB")
+    sec.add(case, "uncompressed JSON size", _mb(r["json_bytes"]), "MB")
+    sec.add(case, "gzip bytes per op", r["gz_bytes"] / n_calls, "B/op")
+    sec.add(case, "compression ratio", r["json_bytes"] / r["gz_bytes"], "x", show=False)
+    sec.add(case, "write_run_traces time (load + prepare + write)", r["wall_s"], "s")
+    if r["write_s"] > 0:
+        sec.add(case, "of which writing", r["write_s"], "s", show=False)
+    sec.add(case, "throughput", n_calls / r["wall_s"], "ops/s")
+    sec.add(case, "peak RSS", r["peak_rss_mb"], "MiB")
+    if r["truncated"]:
+        sec.notes.append(f"{case}: trace truncated by the exporter's limits")
+    sec.notes += [f"{case}: {n}" for n in r["notes"]]
 
 
 # --------------------------------------------------------------------------- e2e
