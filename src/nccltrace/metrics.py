@@ -964,7 +964,8 @@ def _limits(calls: pd.DataFrame, parsed_nccl_dirs: Sequence[Path | str], communi
         located, missing = [], []
         for r in ranks:
             if r < 0 or r not in proc.index:
-                missing.append(f"rank {r if r >= 0 else '?'} has no process in the logs")
+                missing.append(f"rank {r} has no process in the logs" if r >= 0
+                               else "a member left no NCCL log (its global rank is unknown)")
                 continue
             h, p = str(proc.at[r, "host"]), int(proc.at[r, "pid"])
             located.append((h, bus_of.get((h, p))))
