@@ -41,9 +41,9 @@ rule volume:
         manifest=f"{RESULTS}/{{run}}/volume/manifest.json",
     params:
         code=stage_code_hash("volume"),
+        settings=run_settings,
     resources:
         mem_mb=lambda wc, input: max(2000, int(12 * input.size_mb)),
-        settings=run_settings,
     log:
         f"{RESULTS}/{{run}}/logs/volume.log",
     benchmark:
