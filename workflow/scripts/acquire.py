@@ -37,7 +37,8 @@ if backend == "emulate":
     write_manifest(tmp / "manifest.json", stage="acquire:emulate", inputs=[], outputs=[tmp], config=settings,
                    extra={"run": run})
     os.replace(tmp, raw)
-    print(f"emulated {run}: {result}")
+    print(f"emulated {run}: {result.n_ranks} ranks, {result.n_ops:,} ops, {result.n_kernels:,} kernels, "
+          f"{len(result.nsys_files)} node exports")
 elif backend == "import":
     inputs = [settings["import_dir"]]
     try:
