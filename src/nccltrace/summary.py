@@ -35,6 +35,9 @@ from .tables import documented_field as _f
 OPS_COLUMNS = ["bytes", "duplicate_of", "file", "global_rank", "host", "kernel_correlation_id", "kernel_end",
                "kernel_end_sync", "kernel_global_pid", "kernel_name", "kernel_start", "kernel_start_sync", "line",
                "logical_id", "message_bytes", "nranks", "op", "parallelism", "reason", "row_kind", "status"]  # fmt: skip
+# The op-metrics columns run_tables reads (the report reads only these).
+OP_METRICS_COLUMNS = ["file", "line", "duration_ns", "algbw_gbps", "busbw_gbps", "wait_ns", "transfer_ns",
+                      "transfer_busbw_gbps", "limit_gbps", "limit_link", "efficiency", "algorithm", "protocol"]  # fmt: skip
 
 P2P_OPS = frozenset({"Send", "Recv"})
 UNKNOWN = "unknown"
@@ -316,9 +319,14 @@ def _op_counts(base: pd.DataFrame, dups: pd.DataFrame) -> pd.DataFrame:
 
 
 def _kernels(base: pd.DataFrame) -> pd.DataFrame:
-    """One row per distinct kernel matched to countable calls (first call of a fused group)."""
-    k = base[(base["status"].astype("string") == "matched") & base["kernel_correlation_id"].notna()]
-    k = k.drop_duplicates(["host", "kernel_global_pid", "kernel_correlation_id"])
+    """One row per distinct kernel matched to countable multi-rank calls (first call of a fused group)."""
+    # only the columns the kernel tables use: a copy of every column per kernel was the report's peak
+    cols = ["host", "kernel_global_pid", "kernel_correlation_id", "kernel_name", "op", "parallelism", "kernel_start",
+            "kernel_end"]  # fmt: skip
+    mask = ((base["status"].astype("string") == "matched") & base["kernel_correlation_id"].notna()).to_numpy(bool)
+    mask &= ~base["single"].to_numpy(bool)  # countable (multi-rank) calls only
+    k = base.loc[mask, [c for c in cols if c in base]]
+    k = k[~k.duplicated(["host", "kernel_global_pid", "kernel_correlation_id"]).to_numpy()]
     k = k.assign(kernel_op=_kernel_op(k["kernel_name"], k["op"]),
                  dur=(pd.to_numeric(k["kernel_end"]) - pd.to_numeric(k["kernel_start"])).fillna(0).astype("int64"))
     return k
@@ -451,7 +459,7 @@ def run_tables(
     """Summary tables of one run from its ops table (and, when given, its op metrics and volume
     validation). Keys: the names in ``RUN_SCHEMAS`` plus ``volume_validation`` when given."""
     base, dups = _prepare(ops)
-    kernels = _kernels(base[~base["single"]])
+    kernels = _kernels(base)
     bw_calls = None
     if op_metrics is not None and "busbw_gbps" in op_metrics and not op_metrics.empty:
         multi = base[~base["single"]]
@@ -460,7 +468,8 @@ def run_tables(
             op_metrics[["file", "line", "busbw_gbps"]].drop_duplicates(["file", "line"]), on=["file", "line"])
         bw_calls = pd.to_numeric(keyed["busbw_gbps"], errors="coerce")
     rank_volume, rank_volume_by_op = _rank_volume(base, dups)
-    nranks = _n_ranks(pd.concat([base, dups]))
+    # ranks of countable calls and duplicate lines together (without concatenating the frames)
+    nranks = max(int(pd.concat([base["global_rank"], dups["global_rank"]]).nunique(dropna=True)), 1)
     tables = {
         "overview": _overview(ops, base, dups, kernels, bw_calls),
         "op_counts": _op_counts(base, dups),

@@ -10,7 +10,7 @@ setup(snakemake)  # noqa: F821
 from nccltrace.plots import run_plots  # noqa: E402
 from nccltrace.provenance import write_manifest  # noqa: E402
 from nccltrace.report import render_run_report  # noqa: E402
-from nccltrace.summary import OPS_COLUMNS, run_tables, write_tables  # noqa: E402
+from nccltrace.summary import OP_METRICS_COLUMNS, OPS_COLUMNS, run_tables, write_tables  # noqa: E402
 from nccltrace.tables import read_table  # noqa: E402
 
 inp, out = snakemake.input, snakemake.output  # noqa: F821
@@ -18,7 +18,7 @@ run = snakemake.wildcards.run  # noqa: F821
 run_dir = Path(inp.ops).parents[1]
 # only the columns the tables and plots use: the run's ops table is never loaded whole
 ops = read_table(inp.ops, columns=OPS_COLUMNS)
-tables = run_tables(ops, read_table(inp.op_metrics), read_table(inp.volume))
+tables = run_tables(ops, read_table(inp.op_metrics, columns=OP_METRICS_COLUMNS), read_table(inp.volume))
 written = write_tables(tables, out.tables)
 plots = run_plots(ops, tables, out.plots, title=run)
 render_run_report(run_dir, out.html, tables_dir=out.tables, plots_dir=out.plots, run_id=run)
