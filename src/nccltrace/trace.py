@@ -1048,9 +1048,7 @@ def _write(prep: _Prepared, out_path: Path, *, ranks: Iterable[int] | None, wind
             sink.write([json.dumps({"ph": "i", "s": "g", "pid": shown_list[0] if shown_list else 0, "tid": 0,
                                     "ts": 0, "name": "trace info", "cat": "nccltrace",
                                     "args": _flat_info(info)}, separators=(",", ":"))], "info")  # fmt: skip
-            tail = '],"displayTimeUnit":"ns","otherData":' + json.dumps(info, separators=(",", ":")) + "}\n"
-            gz.write(tail.encode())
-            json_bytes = len('{"traceEvents":[\n') + sink.json_bytes + len(tail)
+            json_bytes = _close_trace(gz, sink, info)
             counts = dict(sink.counts)
             events = sink.n
         os.replace(tmp, out_path)
@@ -1060,6 +1058,13 @@ def _write(prep: _Prepared, out_path: Path, *, ranks: Iterable[int] | None, wind
     return TraceSummary(path=out_path, events=events, bytes=out_path.stat().st_size, ranks=shown_list,
                         clock=prep.clock, origin_utc_ns=origin, truncated=truncated, notes=notes,
                         json_bytes=json_bytes, seconds=time.perf_counter() - t_start, counts=counts)  # fmt: skip
+
+
+def _close_trace(gz: Any, sink: _Sink, info: dict) -> int:
+    """End the event list, write ``otherData``; returns the file's uncompressed size."""
+    tail = '],"displayTimeUnit":"ns","otherData":' + json.dumps(info, separators=(",", ":")) + "}\n"
+    gz.write(tail.encode())
+    return len('{"traceEvents":[\n') + sink.json_bytes + len(tail)
 
 
 def _info(prep: _Prepared, origin: int | None, procs: list[int], window_abs, window_nvtx, min_bytes, max_events,
@@ -1200,7 +1205,7 @@ def _write_summary(prep: _Prepared, out_path: Path, *, max_events: int | None, r
     if chunks is None:
         whole = _summary_intervals(prep.rows)
 
-        def chunks():  # noqa: F811
+        def chunks():
             return iter([whole])
     procs = prep.procs
     shown = sorted(int(p) for p in procs.index)
@@ -1284,9 +1289,7 @@ def _write_summary(prep: _Prepared, out_path: Path, *, max_events: int | None, r
             sink.write([json.dumps({"ph": "i", "s": "g", "pid": shown[0] if shown else 0, "tid": 0, "ts": 0,
                                     "name": "trace info", "cat": "nccltrace", "args": _flat_info(info)},
                                    separators=(",", ":"))], "info")  # fmt: skip
-            tail = '],"displayTimeUnit":"ns","otherData":' + json.dumps(info, separators=(",", ":")) + "}\n"
-            gz.write(tail.encode())
-            json_bytes = len('{"traceEvents":[\n') + sink.json_bytes + len(tail)
+            json_bytes = _close_trace(gz, sink, info)
             counts = dict(sink.counts)
             events = sink.n
         os.replace(tmp, out_path)

@@ -932,6 +932,17 @@ class _NodeOutput:
 
 
 _PART_NAMES = ("ops", "kernels", "communicators")
+
+
+def _add_counts(dst: Any, src: Any) -> None:
+    """Add the op, call-line and kernel totals of ``src`` (a process or a node) into ``dst``."""
+    dst.n_ops += src.n_ops
+    dst.n_call_lines += src.n_call_lines
+    dst.n_kernels += src.n_kernels
+    for k, v in src.op_counts.items():
+        dst.op_counts[k] = dst.op_counts.get(k, 0) + v
+    for k, v in src.kernel_counts.items():
+        dst.kernel_counts[k] = dst.kernel_counts.get(k, 0) + v
 _WORKER_CTX: _Context | None = None  # set before forking workers; children inherit it
 
 
@@ -960,13 +971,7 @@ def _emulate_node(node: int, ctx: _Context | None = None) -> _NodeOutput:
                 proc = _Process(ctx, rank, nw, sinks, record_times)
                 proc.run()
                 out.log_files.append(proc.log_path)
-                out.n_ops += proc.n_ops
-                out.n_call_lines += proc.n_call_lines
-                out.n_kernels += proc.n_kernels
-                for k, v in proc.op_counts.items():
-                    out.op_counts[k] = out.op_counts.get(k, 0) + v
-                for k, v in proc.kernel_counts.items():
-                    out.kernel_counts[k] = out.kernel_counts.get(k, 0) + v
+                _add_counts(out, proc)
                 if record_times and proc.fh.times is not None:
                     tpath = atomic_path(out_dir / "nccl" / f".{proc.log_name}.times")
                     np.asarray(proc.fh.times, dtype=np.int64).tofile(tpath)
@@ -1044,13 +1049,7 @@ def emulate_run(config: EmulatorConfig | dict, out_dir: Path, *, progress: bool 
         for o in outputs:
             res.log_files += o.log_files
             res.nsys_files.append(o.nsys_path)
-            res.n_ops += o.n_ops
-            res.n_call_lines += o.n_call_lines
-            res.n_kernels += o.n_kernels
-            for k, v in o.op_counts.items():
-                res.op_counts[k] = res.op_counts.get(k, 0) + v
-            for k, v in o.kernel_counts.items():
-                res.kernel_counts[k] = res.kernel_counts.get(k, 0) + v
+            _add_counts(res, o)
         for name in _PART_NAMES:
             res.ground_truth[name] = _merge_parts([o.parts[name] for o in outputs], gt / f"{name}.parquet",
                                                   GROUND_TRUTH_SCHEMAS[name])  # fmt: skip
