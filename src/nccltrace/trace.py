@@ -1044,11 +1044,7 @@ def _write(prep: _Prepared, out_path: Path, *, ranks: Iterable[int] | None, wind
             info["events"] = sink.n + 1
             info["event_counts"] = {**sink.counts, "info": 1}
             info["flow_bound_slices"] = n_flows
-            sink.max_events = None
-            sink.write([json.dumps({"ph": "i", "s": "g", "pid": shown_list[0] if shown_list else 0, "tid": 0,
-                                    "ts": 0, "name": "trace info", "cat": "nccltrace",
-                                    "args": _flat_info(info)}, separators=(",", ":"))], "info")  # fmt: skip
-            json_bytes = _close_trace(gz, sink, info)
+            json_bytes = _close_trace(gz, sink, info, shown_list[0] if shown_list else 0)
             counts = dict(sink.counts)
             events = sink.n
         os.replace(tmp, out_path)
@@ -1060,8 +1056,12 @@ def _write(prep: _Prepared, out_path: Path, *, ranks: Iterable[int] | None, wind
                         json_bytes=json_bytes, seconds=time.perf_counter() - t_start, counts=counts)  # fmt: skip
 
 
-def _close_trace(gz: Any, sink: _Sink, info: dict) -> int:
-    """End the event list, write ``otherData``; returns the file's uncompressed size."""
+def _close_trace(gz: Any, sink: _Sink, info: dict, pid: int) -> int:
+    """Write the global "trace info" instant (never cut by the event cap), end the event list and
+    write ``otherData``; returns the file's uncompressed size."""
+    sink.max_events = None
+    sink.write([json.dumps({"ph": "i", "s": "g", "pid": pid, "tid": 0, "ts": 0, "name": "trace info",
+                            "cat": "nccltrace", "args": _flat_info(info)}, separators=(",", ":"))], "info")
     tail = '],"displayTimeUnit":"ns","otherData":' + json.dumps(info, separators=(",", ":")) + "}\n"
     gz.write(tail.encode())
     return len('{"traceEvents":[\n') + sink.json_bytes + len(tail)
@@ -1286,10 +1286,7 @@ def _write_summary(prep: _Prepared, out_path: Path, *, max_events: int | None, r
             info["burst_gap_ns"] = int(threshold)
             info["events"] = sink.n + 1
             info["event_counts"] = {**sink.counts, "info": 1}
-            sink.write([json.dumps({"ph": "i", "s": "g", "pid": shown[0] if shown else 0, "tid": 0, "ts": 0,
-                                    "name": "trace info", "cat": "nccltrace", "args": _flat_info(info)},
-                                   separators=(",", ":"))], "info")  # fmt: skip
-            json_bytes = _close_trace(gz, sink, info)
+            json_bytes = _close_trace(gz, sink, info, shown[0] if shown else 0)
             counts = dict(sink.counts)
             events = sink.n
         os.replace(tmp, out_path)
