@@ -46,7 +46,9 @@ ALIGNMENT_SCHEMA = pa.schema(
            "no kernel), 'no_kernel' (gap: kernel missing from the export or line order), 'ambiguous' (several "
            "equally good alignments disagree; left unmatched rather than guessed), 'kernel_record_missing' (the launch "
            "call is in the export, its kernel record is not; kernel columns name the launch), 'no_export' (the "
-           "process's node has no nsys export), 'no_log_line' (kernel rows), "
+           "process's node has no nsys export), 'contradicted_log_time' (the aligned kernel was launched outside "
+           "the log-line -> launch window learned from the process's certain matches: demoted, see "
+           "alignment_quality.json), 'no_log_line' (kernel rows), "
            "'unparsed' (thesis mode: not an op it aligns); null when matched"),
         _f("confidence", pa.float64(), "", "0..1: share of the available evidence (family, dtype, stream, time) "
            "that confirms the match; 1.0 for exact matches; null when unmatched"),
@@ -197,17 +199,19 @@ def align_process(
     launches_without_kernel: pd.DataFrame | None = None,
     nccl_version: str | None = None,
     params: AlignParams | None = None,
+    quality: dict | None = None,
 ) -> pd.DataFrame:
     """Correlate one process's call lines (``calls`` table) with its kernels (nsys ``kernels`` rows of
     the same pid). ``utc_offset_ns`` (the export's session UTC start) enables the time signal
     when the log has timestamps; ``nccl_version`` ("2.21.5") tells whether opCount separates
-    launches on every communicator. Returns a table with ``ALIGNMENT_SCHEMA``."""
+    launches on every communicator. ``quality`` (a dict, filled in place): the checks run on the
+    matches, what each confirmed and contradicted. Returns a table with ``ALIGNMENT_SCHEMA``."""
     if mode not in MODES:
         raise ValueError(f"unknown alignment mode {mode!r}; use one of {', '.join(MODES)}")
     kernels = kernels[is_nccl_kernel(kernels["short_name"].astype(object))]
     if mode == "default":
         return _align_default(calls, kernels, utc_offset_ns, params or AlignParams(), launches_without_kernel,
-                              _version_tuple(nccl_version))
+                              _version_tuple(nccl_version), quality)
     if mode == "thesis":
         return _align_thesis(calls, kernels)
     return _align_exact(calls, kernels, nvtx)
@@ -221,7 +225,7 @@ def _version_tuple(v: str | None) -> tuple[int, int, int] | None:
 
 
 def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kernel=None,
-                   version=None) -> pd.DataFrame:  # fmt: skip
+                   version=None, quality: dict | None = None) -> pd.DataFrame:  # fmt: skip
     units = build_log_units(calls, nccl_version=version)
     ks = build_kernel_sequence(kernels, utc_offset_ns=utc_offset_ns, launches_without_kernel=launches_without_kernel)
     res = align_units(units, ks, params)
@@ -234,6 +238,9 @@ def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kerne
     amb[has_unit] = res.ambiguous[cu[has_unit]]
     reason[has_unit & (call_kernel < 0)] = "no_kernel"
     reason[amb] = "ambiguous"
+    demoted = np.full(len(cu), None, object)
+    demoted[has_unit] = res.contradicted[cu[has_unit]]
+    reason[pd.notna(demoted)] = demoted[pd.notna(demoted)]
     conf = np.zeros(len(cu))
     conf[has_unit] = res.confidence[cu[has_unit]]
     method = np.full(len(cu), None, object)
@@ -241,6 +248,8 @@ def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kerne
     lost = np.zeros(len(cu), bool)
     lost[call_kernel >= 0] = ks.placeholder[call_kernel[call_kernel >= 0]]
     reason[lost] = "kernel_record_missing"
+    if quality is not None:
+        quality.update(mode="default", checks=res.checks, stream_map={f"0x{k:x}": v for k, v in res.stream_map.items()})
     return _assemble(units.calls, call_kernel, cu, reason, conf, method, ks.kernels, "default", lost=lost,
                      placeholder=ks.placeholder)
 

@@ -24,7 +24,7 @@ O(window^2), independent of the sequence length.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numba as nb
 import numpy as np
@@ -54,6 +54,7 @@ class AlignParams:
     window: int = 128  # units per window of the guide pass
     slack: int = 128  # extra kernels per window (kernels without log line, dropped lines)
     band: int = 48  # half-width of the global alignment's band around the guide path
+    margin: int = 4  # a match is certain only if every alignment within this of the optimum agrees
 
 
 @nb.njit(cache=True, inline="always")
@@ -102,26 +103,28 @@ def _pair(i, j, u_fam, u_dt, u_stream, k_fam, k_dt, k_stream, u_grid, k_grid, sm
 
 
 @nb.njit(cache=True, inline="always")
-def _score(i, j, ucls, kcls, T, u_time, k_time, t_off, t_tol):
-    """``_pair`` from the precomputed class table plus the per-pair time term."""
+def _score(i, j, ucls, kcls, T, u_time, k_time, t_lo, t_hi, t_soft):
+    """``_pair`` from the precomputed class table plus the per-pair time term.
+
+    The time term is a window on the delay from the unit's log line to the kernel's launch:
+    ``[t_lo[i], t_hi[i]]`` (+TIME_OK), widened by ``t_soft`` on each side at -TIME_OK (first
+    pass only), forbidden beyond. ``t_hi[i] < t_lo[i]`` means no window for the unit."""
     s = T[ucls[i], kcls[j]]
     if s <= NEG:
         return NEG
-    if t_tol > 0 and u_time[i] != NO_TIME and k_time[j] != NO_TIME:
-        d = k_time[j] - u_time[i] - t_off
-        if d < 0:
-            d = -d
-        if d <= t_tol:
+    if t_hi[i] >= t_lo[i] and u_time[i] != NO_TIME and k_time[j] != NO_TIME:
+        d = k_time[j] - u_time[i]
+        if t_lo[i] <= d <= t_hi[i]:
             s += TIME_OK
-        elif d <= 3 * t_tol:
+        elif t_lo[i] - t_soft <= d <= t_hi[i] + t_soft:
             s -= TIME_OK
-        else:  # the line was written too far from this launch to be its call
+        else:  # the line was written too far from this launch (or after it) to be its call
             return NEG
     return s
 
 
 @nb.njit(cache=True)
-def _fill(H, i0, j0, nw, mw, ucls, u_time, u_run, u_gap, kcls, k_time, T, t_off, t_tol):  # fmt: skip
+def _fill(H, i0, j0, nw, mw, ucls, u_time, u_run, u_gap, kcls, k_time, T, t_lo, t_hi, t_soft):  # fmt: skip
     H[0, 0] = 0
     for a in range(1, nw + 1):
         H[a, 0] = H[a - 1, 0] + u_gap[i0 + a - 1]
@@ -136,7 +139,7 @@ def _fill(H, i0, j0, nw, mw, ucls, u_time, u_run, u_gap, kcls, k_time, T, t_off,
             best = H[a - 1, b] + u_gap[i]
             v = H[a, b - 1] + GAP_KERNEL
             best = max(best, v)
-            p = _score(i, j, ucls, kcls, T, u_time, k_time, t_off, t_tol)
+            p = _score(i, j, ucls, kcls, T, u_time, k_time, t_lo, t_hi, t_soft)
             if p > NEG:
                 v = H[a - 1, b - 1] + p
                 best = max(best, v)
@@ -147,7 +150,7 @@ def _fill(H, i0, j0, nw, mw, ucls, u_time, u_run, u_gap, kcls, k_time, T, t_off,
 
 
 @nb.njit(cache=True)
-def _traceback(H, ea, eb, i0, j0, late, ucls, u_time, u_run, u_gap, kcls, k_time, T, t_off, t_tol, path_a, path_b, path_r):  # fmt: skip
+def _traceback(H, ea, eb, i0, j0, late, ucls, u_time, u_run, u_gap, kcls, k_time, T, t_lo, t_hi, t_soft, path_a, path_b, path_r):  # fmt: skip
     """Walk back from (ea, eb); ``late`` prefers gaps (so matches sit as late as possible).
 
     Writes the visited cells (end first) and, per cell, the number of units the step out of it
@@ -167,7 +170,7 @@ def _traceback(H, ea, eb, i0, j0, late, ucls, u_time, u_run, u_gap, kcls, k_time
         if a > 0 and b > 0:
             i = i0 + a - 1
             j = j0 + b - 1
-            p = _score(i, j, ucls, kcls, T, u_time, k_time, t_off, t_tol)
+            p = _score(i, j, ucls, kcls, T, u_time, k_time, t_lo, t_hi, t_soft)
             diag_ok = p > NEG and H[a - 1, b - 1] + p == h
         else:
             diag_ok = False
@@ -212,7 +215,7 @@ def _traceback(H, ea, eb, i0, j0, late, ucls, u_time, u_run, u_gap, kcls, k_time
 
 
 @nb.njit(cache=True)
-def _align_windows(ucls, u_time, u_run, u_gap, kcls, k_time, T, t_off, t_tol, window,
+def _align_windows(ucls, u_time, u_run, u_gap, kcls, k_time, T, t_lo, t_hi, t_soft, window,
                    slack):  # fmt: skip
     """Align the whole sequences window by window; returns per-unit kernel (early and late
     extreme alignments; -1 = gap) and per-kernel unit of the early alignment."""
@@ -235,7 +238,7 @@ def _align_windows(ucls, u_time, u_run, u_gap, kcls, k_time, T, t_off, t_tol, wi
         nw = min(window, n - i0)
         mw = min(wk, m - j0)
         final = i0 + nw == n and j0 + mw == m
-        _fill(H, i0, j0, nw, mw, ucls, u_time, u_run, u_gap, kcls, k_time, T, t_off, t_tol)  # fmt: skip
+        _fill(H, i0, j0, nw, mw, ucls, u_time, u_run, u_gap, kcls, k_time, T, t_lo, t_hi, t_soft)  # fmt: skip
         # End cell: the true corner for the last window, else the best cell on the far edges
         # (the rest of the sequences is aligned by the next window).
         ea, eb = nw, mw
@@ -254,8 +257,8 @@ def _align_windows(ucls, u_time, u_run, u_gap, kcls, k_time, T, t_off, t_tol, wi
                 if H[nw, b] > best:
                     best = H[nw, b]
                     eb = b
-        ne = _traceback(H, ea, eb, i0, j0, False, ucls, u_time, u_run, u_gap, kcls, k_time, T, t_off, t_tol, ea_a, ea_b, ea_r)  # fmt: skip
-        nl = _traceback(H, ea, eb, i0, j0, True, ucls, u_time, u_run, u_gap, kcls, k_time, T, t_off, t_tol, la_a, la_b, la_r)  # fmt: skip
+        ne = _traceback(H, ea, eb, i0, j0, False, ucls, u_time, u_run, u_gap, kcls, k_time, T, t_lo, t_hi, t_soft, ea_a, ea_b, ea_r)  # fmt: skip
+        nl = _traceback(H, ea, eb, i0, j0, True, ucls, u_time, u_run, u_gap, kcls, k_time, T, t_lo, t_hi, t_soft, la_a, la_b, la_r)  # fmt: skip
         # Commit point: a cell on both paths, the furthest one within the first half of the
         # window (or the end for the last window / when the paths only meet there).
         ca, cb = ea, eb
@@ -312,7 +315,7 @@ MAX_FUSE = 16
 
 
 @nb.njit(cache=True)
-def _forward(ucls, u_time, u_run, u_gap, kcls, k_time, T, t_off, t_tol, lo, hi, off,
+def _forward(ucls, u_time, u_run, u_gap, kcls, k_time, T, t_lo, t_hi, t_soft, lo, hi, off,
              score_first):  # fmt: skip
     """Best score of every band cell (a units and b kernels consumed) from the start: int32 per cell.
 
@@ -335,7 +338,7 @@ def _forward(ucls, u_time, u_run, u_gap, kcls, k_time, T, t_off, t_tol, lo, hi, 
                 v = F[off[a] + b - 1 - la] + GAP_KERNEL
                 best = max(best, v)
             if b >= 1:
-                p = _score(i, b - 1, ucls, kcls, T, u_time, k_time, t_off, t_tol)
+                p = _score(i, b - 1, ucls, kcls, T, u_time, k_time, t_lo, t_hi, t_soft)
                 if p > NEG:
                     if lp <= b - 1 <= hp and F[off[a - 1] + b - 1 - lp] > NEG_INF:
                         v = F[off[a - 1] + b - 1 - lp] + p
@@ -345,7 +348,7 @@ def _forward(ucls, u_time, u_run, u_gap, kcls, k_time, T, t_off, t_tol, lo, hi, 
                         if lr <= b - 1 <= hr and F[off[a - r] + b - 1 - lr] > NEG_INF:
                             pr = p
                             if score_first:
-                                pr = _score(a - r, b - 1, ucls, kcls, T, u_time, k_time, t_off, t_tol)
+                                pr = _score(a - r, b - 1, ucls, kcls, T, u_time, k_time, t_lo, t_hi, t_soft)
                             if pr > NEG:
                                 v = F[off[a - r] + b - 1 - lr] + pr + FUSE_EXTRA * (r - 1)
                                 best = max(best, v)
@@ -354,7 +357,7 @@ def _forward(ucls, u_time, u_run, u_gap, kcls, k_time, T, t_off, t_tol, lo, hi, 
 
 
 @nb.njit(cache=True)
-def _certain(F, R, lo, hi, off, roff, m, k_stream, k_grid, ucls, u_time, u_run, u_gap, kcls, k_time, T, t_off, t_tol):  # fmt: skip
+def _certain(F, R, lo, hi, off, roff, m, k_stream, k_grid, margin, ucls, u_time, u_run, u_gap, kcls, k_time, T, t_lo, t_hi, t_soft):  # fmt: skip
     """Per unit: the kernel every optimal alignment matches it to (-1 if none), and whether the
     optimal alignments disagree about it (ambiguous).
 
@@ -363,6 +366,7 @@ def _certain(F, R, lo, hi, off, roff, m, k_stream, k_grid, ucls, u_time, u_run, 
     equals the optimum; every alignment consumes each unit by exactly one edge."""
     n = ucls.shape[0]
     opt = F[off[n] + m - lo[n]]
+    near = opt - margin  # alignments scoring at least this are explanations the model cannot rule out
     kernel = np.full(n, -1, np.int64)
     amb = np.zeros(n, np.bool_)
     cstream = np.full(n, -1, np.int64)  # stream every optimal match of the unit is on (-1: none/differs)
@@ -389,17 +393,18 @@ def _certain(F, R, lo, hi, off, roff, m, k_stream, k_grid, ucls, u_time, u_run, 
                 continue
             if lp <= b <= hp:
                 f = F[off[a - 1] + b - lp]
-                if f > NEG_INF and f + u_gap[i] + sfx == opt:
+                if f > NEG_INF and f + u_gap[i] + sfx >= near:
                     can_gap = True
             if b >= 1 and lp <= b - 1 <= hp:
                 f = F[off[a - 1] + b - 1 - lp]
                 if f > NEG_INF:
-                    p = _score(i, b - 1, ucls, kcls, T, u_time, k_time, t_off, t_tol)
-                    if p > NEG and f + p + sfx == opt:
+                    p = _score(i, b - 1, ucls, kcls, T, u_time, k_time, t_lo, t_hi, t_soft)
+                    if p > NEG and f + p + sfx >= near:
                         if cand == -2:
                             cand = b - 1
                         elif cand != b - 1:
                             many = True
+                    if p > NEG and f + p + sfx == opt:
                         st = k_stream[b - 1] if st == -2 or st == k_stream[b - 1] else -1
                         gr = k_grid[b - 1] if gr == -2 or gr == k_grid[b - 1] else -1
         # fused edges (a2 - r, b - 1) -> (a2, b) with a2 - r < a <= a2 also consume unit i
@@ -413,18 +418,19 @@ def _certain(F, R, lo, hi, off, roff, m, k_stream, k_grid, ucls, u_time, u_run, 
                 sfx = suffix(a2, b)
                 if sfx <= NEG_INF:
                     continue
-                p = _score(a2 - 1, b - 1, ucls, kcls, T, u_time, k_time, t_off, t_tol)
+                p = _score(a2 - 1, b - 1, ucls, kcls, T, u_time, k_time, t_lo, t_hi, t_soft)
                 for r in range(max(2, a2 - a + 1), run + 1):
                     lr, hr = lo[a2 - r], hi[a2 - r]
                     if lr <= b - 1 <= hr:
                         f = F[off[a2 - r] + b - 1 - lr]
-                        if p > NEG and f > NEG_INF and f + p + FUSE_EXTRA * (r - 1) + sfx == opt:
+                        if p > NEG and f > NEG_INF and f + p + FUSE_EXTRA * (r - 1) + sfx >= near:
                             if cand == -2:
                                 cand = b - 1
                             elif cand != b - 1:
                                 many = True
-                            st = k_stream[b - 1] if st == -2 or st == k_stream[b - 1] else -1
-                            gr = k_grid[b - 1] if gr == -2 or gr == k_grid[b - 1] else -1
+                            if f + p + FUSE_EXTRA * (r - 1) + sfx == opt:
+                                st = k_stream[b - 1] if st == -2 or st == k_stream[b - 1] else -1
+                                gr = k_grid[b - 1] if gr == -2 or gr == k_grid[b - 1] else -1
         # a match pressed against the band's edge may only be optimal because the band cut off
         # the true path (the guide drifted): do not trust it
         edge = cand >= 0 and ((cand + 1 - lo[a] < 2 and lo[a] > 0) or (hi[a] - (cand + 1) < 2 and hi[a] < m))
@@ -440,10 +446,10 @@ def _certain(F, R, lo, hi, off, roff, m, k_stream, k_grid, ucls, u_time, u_run, 
 
 
 @nb.njit(cache=True)
-def _match_scores(us, js, ucls, kcls, T, u_time, k_time, t_off, t_tol):
+def _match_scores(us, js, ucls, kcls, T, u_time, k_time, t_lo, t_hi, t_soft):
     out = np.empty(us.shape[0], np.int64)
     for q in range(us.shape[0]):
-        out[q] = _score(us[q], js[q], ucls, kcls, T, u_time, k_time, t_off, t_tol)
+        out[q] = _score(us[q], js[q], ucls, kcls, T, u_time, k_time, t_lo, t_hi, t_soft)
     return out
 
 
@@ -479,8 +485,9 @@ class UnitAlignment:
     confidence: np.ndarray  # float64 per unit
     method: np.ndarray  # object per unit: 'alignment', 'opcount', None
     stream_map: dict[int, int]  # log stream pointer -> kernel stream id (learned)
-    time_offset_ns: int | None  # learned launch - log-line delay (None without timestamps)
-    time_tolerance_ns: int | None
+    time_windows: list[dict]  # learned log-line -> launch delay windows (empty without timestamps)
+    contradicted: np.ndarray  # object per unit: the check that demoted its match, or None
+    checks: list[dict]  # per check: applicable, confirmed, contradicted, not_checkable, detail
 
 
 def _class_table(units: LogUnits, ks: KernelSeq, ugrid: np.ndarray, kgrid: np.ndarray, smap: np.ndarray,
@@ -583,7 +590,7 @@ def _learn_rate(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, min_obs: int
     return usize, kcap
 
 
-def _run(units: LogUnits, ks: KernelSeq, smap: np.ndarray, t_off: int, t_tol: int, p: AlignParams,
+def _run(units: LogUnits, ks: KernelSeq, smap: np.ndarray, tw: TimeWindows, p: AlignParams,
          ugrid: np.ndarray | None = None, kgrid: np.ndarray | None = None,
          guide: np.ndarray | None = None, usize: np.ndarray | None = None,
          kcap: np.ndarray | None = None):  # fmt: skip
@@ -596,7 +603,8 @@ def _run(units: LogUnits, ks: KernelSeq, smap: np.ndarray, t_off: int, t_tol: in
     ucls, kcls, T = _class_table(units, ks, ugrid, kgrid, smap, usize, kcap)
     # a placeholder whose log position is a guess may go unmatched at no cost
     u_gap = np.where(units.optional, 0, GAP_LOG).astype(np.int64)
-    args = (ucls, units.time, units.fuse_run, u_gap, kcls, ks.time, T, np.int64(t_off), np.int64(t_tol))
+    t_lo, t_hi = tw.per_unit(units)
+    args = (ucls, units.time, units.fuse_run, u_gap, kcls, ks.time, T, t_lo, t_hi, np.int64(tw.soft))
     if guide is None:
         guide, _ = _align_windows(*args, p.window, p.slack)
     lo, hi = _band(guide, ks.m, p.band)
@@ -614,9 +622,9 @@ def _run(units: LogUnits, ks: KernelSeq, smap: np.ndarray, t_off: int, t_tol: in
     roff[1:] = np.cumsum(rhi - rlo + 1)
     rargs = (ucls[::-1].copy(), units.time[::-1].copy(), _runs(rev_adjacent, MAX_FUSE), u_gap[::-1].copy(),
              kcls[::-1].copy(),
-             ks.time[::-1].copy(), T, np.int64(t_off), np.int64(t_tol))  # fmt: skip
+             ks.time[::-1].copy(), T, t_lo[::-1].copy(), t_hi[::-1].copy(), np.int64(tw.soft))  # fmt: skip
     R = _forward(*rargs, rlo, rhi, roff, True)
-    kernel, amb, cstream, cgrid = _certain(F, R, lo, hi, off, roff, m, ks.stream, kgrid, *args)
+    kernel, amb, cstream, cgrid = _certain(F, R, lo, hi, off, roff, m, ks.stream, kgrid, np.int64(p.margin), *args)
     del F, R
     return kernel, amb, cstream, cgrid, guide
 
@@ -631,31 +639,76 @@ def _timestamp_resolution(t: np.ndarray) -> int:
     return res
 
 
-def _prior_delay(units: LogUnits, ks: KernelSeq) -> tuple[int, int]:
-    """Log-line -> launch delay before any alignment, with a wide tolerance for the first pass.
+@dataclass(frozen=True)
+class TimeWindows:
+    """Where a unit's kernel may be launched, relative to its log line's time (ns of delay).
+
+    NCCL writes a call's line before it launches the call's kernel (a group's kernel at its
+    ``ncclGroupEnd``, after every line of the group), so the window is one-sided: a launch
+    *before* the line is never its kernel, whatever the scores say. Windows are kept per
+    (log stream, call kind) because grouped P2P launches wait for the group's end.
+    ``soft`` widens every window at a penalty (first pass only, when the delay is a guess)."""
+
+    default: tuple[int, int] | None = None  # (lo, hi) for units without a window of their own
+    by_key: dict[tuple[int, bool], tuple[int, int]] = field(default_factory=dict)  # (stream idx, p2p) -> (lo, hi)
+    soft: int = 0
+    resolution: int = 1  # of the log's timestamps
+
+    @property
+    def active(self) -> bool:
+        return self.default is not None or bool(self.by_key)
+
+    def per_unit(self, units: LogUnits) -> tuple[np.ndarray, np.ndarray]:
+        """Per-unit window bounds (``hi < lo``: no window)."""
+        lo = np.ones(units.n, np.int64)
+        hi = np.zeros(units.n, np.int64)
+        if self.default is not None:
+            lo[:], hi[:] = self.default
+        for (st, p2p), (a, b) in self.by_key.items():
+            sel = (units.stream == st) & (units.p2p == p2p)
+            lo[sel], hi[sel] = a, b
+        return lo, hi
+
+    def describe(self, streams: np.ndarray) -> list[dict]:
+        """The learned windows, for the alignment's quality record."""
+        out = [{"stream": f"0x{int(streams[st]):x}", "p2p": bool(p2p), "lo_ns": a, "hi_ns": b}
+               for (st, p2p), (a, b) in sorted(self.by_key.items())]
+        if self.default is not None:
+            out.append({"stream": "*", "p2p": None, "lo_ns": self.default[0], "hi_ns": self.default[1]})
+        return out
+
+
+_MIN_DELAYS = 8  # certain matches per (stream, kind) before its window is its own
+
+
+def _prior_delay(units: LogUnits, ks: KernelSeq) -> TimeWindows:
+    """Log-line -> launch delay before any alignment, a wide window for the first pass.
 
     NCCL writes a call's line just before launching it, so for most lines the next launch of
     the process is its own: the median distance to the next launch estimates the delay, and
     a tolerance of twice its 90th percentile (at least 50 us) keeps the first pass from drifting
-    over long repetitive stretches without excluding grouped launches."""
+    over long repetitive stretches without excluding grouped launches. Fewer than 8 timed lines
+    give a window from the few there are rather than none."""
     has = (units.time != NO_TIME) & ~units.placeholder
     kt = ks.time[ks.time != NO_TIME]
-    if has.sum() < 8 or len(kt) < 8:
-        return 0, 0
+    if has.sum() == 0 or len(kt) == 0:
+        return TimeWindows()
     kt = np.sort(kt)
     ut = units.time[has]
     pos = np.searchsorted(kt, ut)
     ok = pos < len(kt)
-    if ok.sum() < 8:
-        return 0, 0
+    if ok.sum() == 0:
+        return TimeWindows()
     d = kt[pos[ok]] - ut[ok]
     res = _timestamp_resolution(ut)
-    return int(np.median(d)), int(max(2 * np.percentile(d, 90), 50_000, 2 * res))
+    off, tol = int(np.median(d)), int(max(2 * np.percentile(d, 90), 50_000, 2 * res))
+    return TimeWindows(default=(off - tol, off + tol), soft=2 * tol, resolution=res)
 
 
-def _learn(units: LogUnits, ks: KernelSeq, early: np.ndarray, cstream: np.ndarray):
-    """Stream map (from units whose every optimal match is on one stream) and log-to-launch delay
-    (from certain matches) of the first pass."""
+def _learn(units: LogUnits, ks: KernelSeq, early: np.ndarray, cstream: np.ndarray,
+           prior: TimeWindows) -> tuple[np.ndarray, TimeWindows]:  # fmt: skip
+    """Stream map (from units whose every optimal match is on one stream) and the one-sided
+    log-to-launch windows (from certain matches) of the first pass."""
     sure = (early >= 0) & ~units.placeholder
     sure[sure] &= ~ks.placeholder[early[sure]]
     vote = (cstream >= 0) & ~units.placeholder
@@ -670,19 +723,56 @@ def _learn(units: LogUnits, ks: KernelSeq, early: np.ndarray, cstream: np.ndarra
         # kernel taken through a lost line's placeholder), or a large majority of three or more
         if (len(vals) == 1 and sel.sum() >= 2) or (sel.sum() >= 3 and counts[top] >= 0.95 * sel.sum()):
             smap[s] = vals[top]
-    t_off, t_tol = 0, 0
+    return smap, _learn_windows(units, ks, sure, early, prior)
+
+
+def _learn_windows(units: LogUnits, ks: KernelSeq, sure: np.ndarray, kernel: np.ndarray,
+                   prior: TimeWindows) -> TimeWindows:  # fmt: skip
+    """One-sided delay windows from certain matches: per (log stream, P2P or not) with at
+    least ``_MIN_DELAYS`` of them, else per kind over the process, else over everything.
+
+    The delays of the matches within six robust deviations (MAD) of their median form the
+    window's core (a wrong first-pass match is an outlier, and must not widen the window it is
+    judged by). The low edge is the core's smallest delay less twice the timestamps'
+    resolution: the edge is physical, a kernel is never launched before its line. The high
+    edge is the core's largest delay plus a quarter of the core's spread (launches can be held
+    up by the CPU). With fewer than ``_MIN_DELAYS`` delays the window spans what was observed
+    and the prior's high edge."""
     has_t = sure & (units.time != NO_TIME)
-    if has_t.sum() >= 8:
-        kt = ks.time[early[has_t]]
-        ok = kt != NO_TIME
-        if ok.sum() >= 8:
-            d = kt[ok] - units.time[has_t][ok]
-            med = int(np.median(d))
-            mad = float(np.median(np.abs(d - med))) * 1.4826
-            res = _timestamp_resolution(units.time[has_t])
-            t_off = med
-            t_tol = int(max(5 * mad, 2 * res, 2_000))
-    return smap, t_off, t_tol
+    has_t[has_t] &= ks.time[kernel[has_t]] != NO_TIME
+    if not has_t.any():
+        return TimeWindows(default=prior.default, resolution=prior.resolution) if prior.active else TimeWindows()
+    d_all = ks.time[kernel[has_t]] - units.time[has_t]
+    res = _timestamp_resolution(units.time[has_t])
+    pad = max(2 * res, 1_000)
+
+    def window(d: np.ndarray) -> tuple[int, int]:
+        med = np.median(d)
+        mad = max(float(np.median(np.abs(d - med))) * 1.4826, res)
+        core = d[np.abs(d - med) <= 6 * mad]
+        lo, hi = int(core.min()), int(core.max())
+        return lo - pad, hi + max(pad, (hi - lo) // 4)
+
+    if len(d_all) < _MIN_DELAYS:
+        lo, hi = int(d_all.min()) - pad, int(d_all.max()) + pad
+        if prior.default is not None:
+            hi = max(hi, prior.default[1])
+        return TimeWindows(default=(lo, hi), resolution=res)
+    by_key: dict[tuple[int, bool], tuple[int, int]] = {}
+    st, p2p = units.stream[has_t], units.p2p[has_t]
+    kind_default: dict[bool, tuple[int, int]] = {}
+    for kind in (False, True):
+        sel = p2p == kind
+        if sel.sum() >= _MIN_DELAYS:
+            kind_default[kind] = window(d_all[sel])
+    for s_idx in np.unique(units.stream):
+        for kind in (False, True):
+            sel = (st == s_idx) & (p2p == kind)
+            if sel.sum() >= _MIN_DELAYS:
+                by_key[(int(s_idx), kind)] = window(d_all[sel])
+            elif kind in kind_default:
+                by_key[(int(s_idx), kind)] = kind_default[kind]
+    return TimeWindows(default=window(d_all), by_key=by_key, resolution=res)
 
 
 def _learn_grid(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, cgrid: np.ndarray) -> np.ndarray:
@@ -880,14 +970,14 @@ def align_units(units: LogUnits, ks: KernelSeq, params: AlignParams = AlignParam
     n = units.n
     if n == 0 or ks.m == 0:
         return UnitAlignment(np.full(n, -1, np.int64), np.zeros(n, bool), np.zeros(n), np.full(n, None, object),
-                             {}, None, None)  # fmt: skip
+                             {}, [], np.full(n, None, object), [])  # fmt: skip
     smap = np.full(len(units.streams), -1, np.int64)
-    t_off0, t_tol0 = _prior_delay(units, ks)
-    kernel, amb, cstream, cgrid, guide = _run(units, ks, smap, t_off0, t_tol0, params)
+    prior = _prior_delay(units, ks)
+    kernel, amb, cstream, cgrid, guide = _run(units, ks, smap, prior, params)
     # Stream and grid evidence also comes from ambiguous units whose optimal candidates all
     # agree on it: an extra kernel makes a run of identical launches ambiguous, yet every
     # optimal alignment still puts each communicator's launches on one stream.
-    smap, t_off, t_tol = _learn(units, ks, kernel, cstream)
+    smap, tw = _learn(units, ks, kernel, cstream, prior)
     ugrid = _learn_grid(units, ks, kernel, cgrid)
     kgrid = _odd_grids(ks, cstream, cgrid)
     usize, kcap = _learn_rate(units, ks, np.where(amb, -1, kernel))
@@ -895,41 +985,68 @@ def align_units(units: LogUnits, ks: KernelSeq, params: AlignParams = AlignParam
     units, perm, moved = _place(units, ks, kernel, amb, smap, kgrid, perm)
     if moved is not None:
         ugrid, guide, usize = ugrid[moved], guide[moved], usize[moved]
-    if ((smap >= 0).any() or t_tol > 0 or (ugrid >= 0).any() or (kgrid <= ODD_GRID).any()
+    if ((smap >= 0).any() or tw.active or (ugrid >= 0).any() or (kgrid <= ODD_GRID).any()
             or (kcap >= 0).any()):  # fmt: skip
         # the first pass's guide path serves again (the band around it held the first pass)
-        kernel, amb, _, _, _ = _run(units, ks, smap, t_off, t_tol, params, ugrid, kgrid, guide=guide, usize=usize,
+        kernel, amb, _, _, _ = _run(units, ks, smap, tw, params, ugrid, kgrid, guide=guide, usize=usize,
                                     kcap=kcap)  # fmt: skip
         # with the stream map, far more matches are certain: place the remaining lost lines
         # from them, and align once more if any moved
         units, perm, moved = _place(units, ks, kernel, amb, smap, kgrid, perm)
         if moved is not None:
             ugrid, guide, usize = ugrid[moved], guide[moved], usize[moved]
-            kernel, amb, _, _, _ = _run(units, ks, smap, t_off, t_tol, params, ugrid, kgrid, guide=guide,
+            kernel, amb, _, _, _ = _run(units, ks, smap, tw, params, ugrid, kgrid, guide=guide,
                                         usize=usize, kcap=kcap)  # fmt: skip
     else:
         ugrid = np.full(units.n, -1, np.int64)
         kgrid = ks.grid
     method = np.where(kernel >= 0, "alignment", None).astype(object)
     _opcount_fix(units, ks, kernel, amb, method, smap)
+    contradicted = np.full(units.n, None, object)
+    checks = [_check_log_time(units, ks, kernel, tw, contradicted)]
     # Confidence: the share of the evidence available for the pair that confirmed it.
     conf = np.zeros(units.n)
     us = np.flatnonzero(kernel >= 0)
     if len(us):
         js = kernel[us]
         ucls, kcls, T = _class_table(units, ks, ugrid, kgrid, smap, usize, kcap)
-        got = _match_scores(us, js, ucls, kcls, T, units.time, ks.time, np.int64(t_off), np.int64(t_tol))
+        t_lo, t_hi = tw.per_unit(units)
+        got = _match_scores(us, js, ucls, kcls, T, units.time, ks.time, t_lo, t_hi, np.int64(0))
         avail = np.full(len(us), BASE, np.int64)
         avail += np.where((ks.dtype_class[js] >= 0) & (units.dt_mask[us] != 0), DTYPE_OK, 0)
         avail += np.where(smap[units.stream[us]] >= 0, STREAM_OK, 0)
-        if t_tol > 0:
-            avail += np.where((units.time[us] != NO_TIME) & (ks.time[js] != NO_TIME), TIME_OK, 0)
+        if tw.active:
+            avail += np.where((units.time[us] != NO_TIME) & (ks.time[js] != NO_TIME) & (t_hi[us] >= t_lo[us]),
+                              TIME_OK, 0)
         avail += np.where((ugrid[us] >= 0) & (ks.grid[js] >= 0), GRID_OK, 0)
         conf[us] = np.clip(np.maximum(got, 0) / avail, 0.0, 1.0)
     stream_map = {int(units.streams[s]): int(ks.streams[smap[s]]) for s in range(len(smap)) if smap[s] >= 0}
     if perm is not None:  # back to the caller's unit order
-        kernel, amb, conf, method = (_unpermute(x, perm) for x in (kernel, amb, conf, method))
-    return UnitAlignment(kernel, amb, conf, method, stream_map, t_off if t_tol else None, t_tol or None)
+        kernel, amb, conf, method, contradicted = (_unpermute(x, perm) for x in (kernel, amb, conf, method,
+                                                                                 contradicted))
+    return UnitAlignment(kernel, amb, conf, method, stream_map, tw.describe(units.streams), contradicted, checks)
+
+
+def _check_log_time(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, tw: TimeWindows,
+                    contradicted: np.ndarray) -> dict:  # fmt: skip
+    """Check every match against the learned log-line -> launch windows; a match outside its
+    window (e.g. one made by opCount arithmetic, which does not look at time) is demoted in
+    place (``kernel`` -1, ``contradicted`` names the check)."""
+    matched = (kernel >= 0) & ~units.placeholder
+    out = {"check": "log_time", "applicable": bool(tw.active), "confirmed": 0, "contradicted": 0,
+           "not_checkable": int(matched.sum()), "detail": tw.describe(units.streams)}
+    if not tw.active or not matched.any():
+        return out
+    t_lo, t_hi = tw.per_unit(units)
+    us = np.flatnonzero(matched)
+    js = kernel[us]
+    timed = (units.time[us] != NO_TIME) & (ks.time[js] != NO_TIME) & (t_hi[us] >= t_lo[us]) & ~ks.placeholder[js]
+    d = ks.time[js] - units.time[us]
+    bad = timed & ((d < t_lo[us]) | (d > t_hi[us]))
+    kernel[us[bad]] = -1
+    contradicted[us[bad]] = "contradicted_log_time"
+    out.update(confirmed=int((timed & ~bad).sum()), contradicted=int(bad.sum()), not_checkable=int((~timed).sum()))
+    return out
 
 
 def _place(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, amb: np.ndarray, smap: np.ndarray,
