@@ -49,6 +49,8 @@ from typing import Any
 
 import pandas as pd
 
+from .align.correlate import NO_EXPORT_REASON, NOT_IN_EXPORT_REASON
+
 __all__ = [
     "NO_EXPORT_REASON",
     "VALIDATION_SECTIONS",
@@ -61,8 +63,6 @@ __all__ = [
     "validation_tables",
 ]
 
-NO_EXPORT_REASON = "no_export"
-"""Alignment reason of call lines of a process whose node has no nsys export."""
 
 _LOG_HINT = ("write one NCCL debug log per process with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,COLL "
              "NCCL_DEBUG_FILE=<dir>/nccl_%h_%p.log")
@@ -220,7 +220,7 @@ def _align_without_export(calls_path: Path, kernel_schema_from: Path, out_path: 
     # (duplicate lines, single-rank communicators); every other call lacked its kernel only
     # because nothing was exported.
     table = align_process(calls, no_kernels, mode="default")
-    need = (table["row_kind"] == "call") & (table["reason"] == "no_kernel")
+    need = (table["row_kind"] == "call") & table["reason"].isin(["no_kernel", NOT_IN_EXPORT_REASON])
     table.loc[need, "reason"] = NO_EXPORT_REASON
     write_table_atomic(pa.Table.from_pandas(table, schema=ALIGNMENT_SCHEMA, preserve_index=False), out_path)
     return table

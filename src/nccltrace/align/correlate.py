@@ -16,11 +16,15 @@ from ..nccl.versions import NcclVersion
 from ..tables import _NULLABLE_DTYPES
 from ..tables import documented_field as _f
 from .default import AlignParams, align_units
-from .sequences import FAMILIES, GENERIC, build_kernel_sequence, build_log_units, is_nccl_kernel
+from .window import step_lines, unlocated_message, window_unlocated
+from .sequences import FAMILIES, GENERIC, NO_TIME, build_kernel_sequence, build_log_units, is_nccl_kernel
 
 MODES = ("default", "thesis", "exact")
 NO_EXPORT_REASON = "no_export"
 """Reason of call lines whose node has no usable nsys export (missing, unreadable)."""
+NOT_IN_EXPORT_REASON = "not_in_export"
+"""Reason of call lines of a process with no NCCL kernel or launch in its node's export (a rank
+the capture did not profile)."""
 
 
 ALIGNMENT_SCHEMA = pa.schema(
@@ -46,7 +50,10 @@ ALIGNMENT_SCHEMA = pa.schema(
            "no kernel), 'no_kernel' (gap: kernel missing from the export or line order), 'ambiguous' (several "
            "equally good alignments disagree; left unmatched rather than guessed), 'kernel_record_missing' (the launch "
            "call is in the export, its kernel record is not; kernel columns name the launch), 'no_export' (the "
-           "process's node has no nsys export), 'contradicted_log_time' (the aligned kernel was launched outside "
+           "process's node has no nsys export), 'not_in_export' (the export has no NCCL kernel or launch of the "
+           "process: a rank the capture did not profile), 'outside_capture' (the line was written outside the span of the "
+           "export's capture, located by log time or declared steps), 'capture_not_located' (the export covers "
+           "part of the log and nothing locates it: no log timestamps, no declared steps), 'contradicted_log_time' (the aligned kernel was launched outside "
            "the log-line -> launch window learned from the process's certain matches: demoted, see "
            "alignment_quality.json), 'no_log_line' (kernel rows), "
            "'unparsed' (thesis mode: not an op it aligns); null when matched"),
@@ -200,18 +207,21 @@ def align_process(
     nccl_version: str | None = None,
     params: AlignParams | None = None,
     quality: dict | None = None,
+    capture_steps: tuple[int, int] | None = None,
 ) -> pd.DataFrame:
     """Correlate one process's call lines (``calls`` table) with its kernels (nsys ``kernels`` rows of
     the same pid). ``utc_offset_ns`` (the export's session UTC start) enables the time signal
     when the log has timestamps; ``nccl_version`` ("2.21.5") tells whether opCount separates
     launches on every communicator. ``quality`` (a dict, filled in place): the checks run on the
-    matches, what each confirmed and contradicted. Returns a table with ``ALIGNMENT_SCHEMA``."""
+    matches, what each confirmed and contradicted. ``capture_steps``: 0-based first and last
+    training step of a step-window capture (used when the log has no timestamps to locate the
+    window; see :mod:`.window`). Returns a table with ``ALIGNMENT_SCHEMA``."""
     if mode not in MODES:
         raise ValueError(f"unknown alignment mode {mode!r}; use one of {', '.join(MODES)}")
     kernels = kernels[is_nccl_kernel(kernels["short_name"].astype(object))]
     if mode == "default":
         return _align_default(calls, kernels, utc_offset_ns, params or AlignParams(), launches_without_kernel,
-                              _version_tuple(nccl_version), quality)
+                              _version_tuple(nccl_version), quality, capture_steps)
     if mode == "thesis":
         return _align_thesis(calls, kernels)
     return _align_exact(calls, kernels, nvtx)
@@ -225,9 +235,28 @@ def _version_tuple(v: str | None) -> tuple[int, int, int] | None:
 
 
 def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kernel=None,
-                   version=None, quality: dict | None = None) -> pd.DataFrame:  # fmt: skip
-    units = build_log_units(calls, nccl_version=version)
+                   version=None, quality: dict | None = None,
+                   capture_steps: tuple[int, int] | None = None) -> pd.DataFrame:  # fmt: skip
     ks = build_kernel_sequence(kernels, utc_offset_ns=utc_offset_ns, launches_without_kernel=launches_without_kernel)
+    span = capture_span(ks)
+    units = build_log_units(calls, nccl_version=version, capture_ns=span)
+    timed = span is not None and (units.time[~units.placeholder] != NO_TIME).mean() > 0.5 if units.n else False
+    window = {"check": "capture_window", "applicable": True, "confirmed": 0, "contradicted": 0, "not_checkable": 0,
+              "located_by": "log_time" if timed else None, "outside": 0, "message": None}
+    if ks.m == 0:
+        # no NCCL kernel or launch of this process in its export: not profiled (a rank subset)
+        # or nothing captured; its calls are analysed from the log alone
+        window.update(applicable=False, located_by=None)
+        units = _abstain(units, NOT_IN_EXPORT_REASON)
+    elif not timed:
+        real = int((~units.placeholder).sum())
+        if capture_steps is not None:
+            units, window = _locate_steps(units, calls, version, capture_steps, window)
+        elif window_unlocated(real, ks.m):
+            window.update(located_by=None, message=unlocated_message(_process_name(calls), real, ks.m))
+            units = _abstain(units, "capture_not_located")
+        else:
+            window.update(applicable=False)
     res = align_units(units, ks, params)
     cu = units.call_unit
     has_unit = cu >= 0
@@ -249,9 +278,74 @@ def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kerne
     lost[call_kernel >= 0] = ks.placeholder[call_kernel[call_kernel >= 0]]
     reason[lost] = "kernel_record_missing"
     if quality is not None:
-        quality.update(mode="default", checks=res.checks, stream_map={f"0x{k:x}": v for k, v in res.stream_map.items()})
+        window["outside"] = int((units.call_reason == "outside_capture").sum())
+        window["confirmed"] = int((res.kernel >= 0).sum())
+        if window["located_by"] == "log_time":
+            window["span_utc_ns"] = list(span)
+        quality.update(mode="default", stream_map={f"0x{k:x}": v for k, v in res.stream_map.items()},
+                       checks=[window, *res.checks])
     return _assemble(units.calls, call_kernel, cu, reason, conf, method, ks.kernels, "default", lost=lost,
                      placeholder=ks.placeholder)
+
+
+# How long before the first captured launch a line may have been written and still be its
+# call (a group's lines precede its ncclGroupEnd), and how far the log's clock may be from the
+# export's UTC after conversion.
+CAPTURE_LEAD_NS = 2_000_000
+CAPTURE_CLOCK_SLACK_NS = 1_000_000
+
+
+def capture_span(ks) -> tuple[int, int] | None:
+    """Wall-clock span (UTC ns) in which a call line can have its kernel in this export: from
+    a little before the first launch to the last (NCCL launches after it logs). None when the
+    kernels have no UTC time (no session anchor)."""
+    t = ks.time[ks.time != NO_TIME]
+    if len(t) == 0:
+        return None
+    return int(t.min()) - CAPTURE_LEAD_NS, int(t.max()) + CAPTURE_CLOCK_SLACK_NS
+
+
+def _process_name(calls: pd.DataFrame) -> str:
+    host = calls["host"].dropna().iloc[0] if "host" in calls and calls["host"].notna().any() else "?"
+    pid = calls["pid"].dropna().iloc[0] if "pid" in calls and calls["pid"].notna().any() else "?"
+    return f"{host}:{pid}"
+
+
+def _abstain(units, reason: str):
+    """The same calls with no launch unit: every call that needed a kernel gets ``reason``."""
+    from dataclasses import replace
+
+    cr = units.call_reason.copy()
+    cr[(units.call_unit >= 0)] = reason
+    keep = np.zeros(units.n, bool)
+    return replace(units.permuted(np.flatnonzero(keep)), call_reason=cr,
+                   call_unit=np.full(len(units.call_unit), -1, np.int64))
+
+
+def _locate_steps(units, calls, version, steps: tuple[int, int], window: dict):
+    """Keep the lines of the declared steps (0-based, inclusive), found from the log's periodic
+    structure; abstain (reason ``capture_not_located``) when the log has none."""
+    sorted_calls = units.calls
+    live = sorted_calls["duplicate_of"].isna().to_numpy() if "duplicate_of" in sorted_calls else np.ones(
+        len(sorted_calls), bool)
+    sl = step_lines(sorted_calls[live])
+    lo, hi = steps
+    if sl is None or hi >= sl.steps:
+        why = ("its calls do not repeat step after step (a damaged log, an irregular schedule or evaluation steps)"
+               if sl is None else f"the log holds {sl.steps} training steps, the declared range ends at step {hi + 1}")
+        window.update(located_by=None, message=f"{_process_name(calls)}: the declared capture steps cannot be found "
+                      f"in the log: {why}; its calls are left unmatched. Remedy: log timestamps (NCCL >= 2.26 with "
+                      "NCCL_DEBUG_TIMESTAMP_FORMAT)")
+        return _abstain(units, "capture_not_located"), window
+    step = np.full(len(sorted_calls), -1, np.int64)
+    step[np.flatnonzero(live)] = sl.step
+    # a duplicate line belongs to the step of the line it repeats (the previous live line)
+    idx = np.maximum.accumulate(np.where(live, np.arange(len(live)), 0))
+    step = step[idx]
+    outside = (step < lo) | (step > hi)
+    units = build_log_units(sorted_calls, nccl_version=version, outside=outside)
+    window.update(located_by="declared_steps", period=sl.period, log_steps=sl.steps)
+    return units, window
 
 
 def _align_thesis(calls, kernels) -> pd.DataFrame:
@@ -358,7 +452,8 @@ def align_files(calls_path, kernels_path, session_path, out_path, *, mode: str =
         # Default mode on no kernels keeps the reasons that hold without an export; every other
         # call lacks its kernel only because nothing was exported.
         table = align_process(calls, kernels.iloc[0:0], mode="default", nccl_version=nccl_version)
-        table.loc[(table["row_kind"] == "call") & (table["reason"] == "no_kernel"), "reason"] = NO_EXPORT_REASON
+        table.loc[(table["row_kind"] == "call") & table["reason"].isin(["no_kernel", NOT_IN_EXPORT_REASON]),
+                  "reason"] = NO_EXPORT_REASON
     else:
         table = align_process(calls, kernels, mode=mode, utc_offset_ns=utc, nvtx=nvtx,
                               launches_without_kernel=launches, nccl_version=nccl_version)

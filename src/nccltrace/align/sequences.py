@@ -162,9 +162,16 @@ _RECENT_UNITS = 64  # a group's calls on one comm are logged close together
 
 
 def build_log_units(calls: pd.DataFrame, *, nccl_version: tuple[int, int, int] | None = None,
-                    max_fuse: int = 16) -> LogUnits:  # fmt: skip
+                    max_fuse: int = 16, capture_ns: tuple[int, int] | None = None,
+                    outside: np.ndarray | None = None) -> LogUnits:  # fmt: skip
     """Group one process's call lines into launch units (see module docstring). ``nccl_version``
-    says whether opCount counts launches on every communicator (before 2.27.3)."""
+    says whether opCount counts launches on every communicator (before 2.27.3).
+
+    ``capture_ns`` (wall-clock ns, as the log's timestamps): the span in which the export can
+    hold a line's kernel; timed lines outside it get reason ``outside_capture`` and no unit.
+    ``outside`` (bool per call in line order): lines known to be outside the capture by other
+    evidence (a declared step range). An opCount gap is then counted from the communicator's
+    last line before the capture, not from zero."""
     calls = calls.sort_values(["file", "line"], kind="stable").reset_index(drop=True)
     n = len(calls)
     op = calls["op"].astype(object).to_numpy()
@@ -184,7 +191,10 @@ def build_log_units(calls: pd.DataFrame, *, nccl_version: tuple[int, int, int] |
 
     comms, comm_idx = np.unique(comm, return_inverse=True)
     streams, stream_idx = np.unique(stream, return_inverse=True)
-    live = ~dup & (nranks != 1)
+    out = np.zeros(n, bool) if outside is None else np.asarray(outside, bool).copy()
+    if capture_ns is not None:
+        out |= (wall != NO_TIME) & ((wall < capture_ns[0]) | (wall > capture_ns[1]))
+    live = ~dup & (nranks != 1) & ~out
     # opCount counts launches on every multi-rank comm before NCCL 2.27.3; from then on it stays
     # 0 on single-node comms. Without the version, a comm whose opCount takes one value over
     # several calls cannot be told from a frozen one and is treated as not informative.
@@ -195,8 +205,20 @@ def build_log_units(calls: pd.DataFrame, *, nccl_version: tuple[int, int, int] |
         informative[c] = counts_always or len(vals) <= 1 or len(np.unique(vals)) > 1
 
     reason = np.full(n, None, dtype=object)
+    reason[out] = "outside_capture"
     reason[dup] = "duplicate_line"
     reason[~dup & (nranks == 1)] = "single_rank_communicator"
+    # opCount of each comm's last counted line before the capture (-1: none): where the comm's
+    # count stood when the capture began
+    before = np.full(len(comms), -1, np.int64)
+    pre = out & ~dup & (nranks != 1) & (op_count >= 0)
+    if pre.any():
+        first_in = np.full(len(comms), n, np.int64)
+        live_idx = np.flatnonzero(live)
+        np.minimum.at(first_in, comm_idx[live_idx], live_idx)
+        sel = np.flatnonzero(pre)
+        sel = sel[sel < first_in[comm_idx[sel]]]
+        np.maximum.at(before, comm_idx[sel], op_count[sel])
     fam_codes = {name: FAMILY_CODE[OP_FAMILY.get(name, "Other")] for name in pd.unique(op) if isinstance(name, str)}
     call_fam = (pd.Series(op, dtype=object).map(fam_codes).fillna(FAMILY_CODE["Other"]).to_numpy(np.int64)
                 if n else np.zeros(0, np.int64))  # fmt: skip
@@ -218,7 +240,7 @@ def build_log_units(calls: pd.DataFrame, *, nccl_version: tuple[int, int, int] |
     if len(order):
         comm_o, opc_o = u_comm[order], u_opc[order]
         starts = np.r_[True, comm_o[1:] != comm_o[:-1]]
-        prev_opc = np.where(starts, -1, np.r_[-1, opc_o[:-1]])
+        prev_opc = np.where(starts, before[comm_o], np.r_[-1, opc_o[:-1]])
         missing = np.minimum(opc_o - prev_opc - 1, 64)
         for k in np.flatnonzero(missing > 0):
             for q in range(int(missing[k])):
