@@ -75,9 +75,10 @@ def test_default_mode_beats_thesis_mode_and_sliding_window_on_table_4_5(tmp_path
         # runs of identical P2P launches: lost lines are placed by the kernels, short unlogged
         # kernels are told from large launches by the payload they could have carried
         {"pp": 4},
-        pytest.param({"pp": 4, "vpp": 2, "num_layers": 8}, marks=pytest.mark.xfail(
-            strict=True, reason="known: on one rank a run of interleaved-schedule P2P launches aligns shifted by "
-            "a few kernels (precision 0.96); the example campaign's VPP run is not affected")),
+        # a dense stretch of lost lines and lost kernel records in a run of interleaved-schedule
+        # P2P launches: the scoring model's optimum is shifted by a few kernels there (precision
+        # 0.96 before certainty looked beyond the optimum); now those units are ambiguous
+        {"pp": 4, "vpp": 2, "num_layers": 8},
         {"num_experts": 4, "ep": 4, "moe_layer_freq": 2, "moe_router_topk": 2, "moe_token_dispatcher": "alltoall"},
     ],
     ids=["tp4-sp", "dp4", "moe-ep4-allgather", "pp4", "pp4-vpp2", "moe-ep4-alltoall"],
@@ -91,7 +92,9 @@ def test_no_wrong_matches_with_every_imperfection_knob_on(tmp_path, settings):
     inputs = load_emulated(tmp_path / "raw", tmp_path / "parsed")
     table = align_run(inputs, "default")
     s = score_alignment(table, inputs.truth)
-    assert s["precision"] >= 0.999 and s["f1"] >= 0.99, s
+    # a wrong match is a defect; where evidence cannot decide, abstaining costs recall only
+    min_recall = 0.9 if settings.get("vpp") else 0.98
+    assert s["precision"] >= 0.999 and s["recall"] >= min_recall, s
     calls = table[table["row_kind"] == "call"]
     assert set(calls["reason"].dropna()) <= {"duplicate_line", "single_rank_communicator", "no_kernel", "ambiguous",
                                              "kernel_record_missing"}  # fmt: skip

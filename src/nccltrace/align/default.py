@@ -54,7 +54,12 @@ class AlignParams:
     window: int = 128  # units per window of the guide pass
     slack: int = 128  # extra kernels per window (kernels without log line, dropped lines)
     band: int = 48  # half-width of the global alignment's band around the guide path
-    margin: int = 4  # a match is certain only if every alignment within this of the optimum agrees
+    # A match is certain only if every alignment scoring within ``margin`` of the optimum agrees
+    # on it: lost kernels without launch records and lost lines on communicators whose opCount
+    # does not count make the scoring model's optimum unreliable by about one gap. Log time
+    # rules most such alternatives out on its own, so a timed log needs less.
+    margin: int = 8
+    margin_timed: int = 4
 
 
 @nb.njit(cache=True, inline="always")
@@ -624,7 +629,8 @@ def _run(units: LogUnits, ks: KernelSeq, smap: np.ndarray, tw: TimeWindows, p: A
              kcls[::-1].copy(),
              ks.time[::-1].copy(), T, t_lo[::-1].copy(), t_hi[::-1].copy(), np.int64(tw.soft))  # fmt: skip
     R = _forward(*rargs, rlo, rhi, roff, True)
-    kernel, amb, cstream, cgrid = _certain(F, R, lo, hi, off, roff, m, ks.stream, kgrid, np.int64(p.margin), *args)
+    margin = p.margin_timed if tw.active else p.margin
+    kernel, amb, cstream, cgrid = _certain(F, R, lo, hi, off, roff, m, ks.stream, kgrid, np.int64(margin), *args)
     del F, R
     return kernel, amb, cstream, cgrid, guide
 
