@@ -29,6 +29,9 @@ def test_example_campaign_expands_to_the_thesis_configurations():
         "dense_reduced_A100_tp4_pp1_ep1_cp1_vpp1_sp0_dp1",
         "dense_moe_A100_tp1_pp1_ep4_cp1_vpp1_sp0_dp4_a2a",
         "dense_moe_A100_tp1_pp1_ep4_cp1_vpp1_sp0_dp4_ag",
+        # how real users capture: a step window, and a rank subset (tests/test_capture_window.py)
+        "dense_A100_tp1_pp2_ep1_cp1_vpp1_sp0_dp2_cap3-4",
+        "dense_A100_tp1_pp2_ep1_cp1_vpp1_sp0_dp2_cap1-10_rk0.3",
     }
     moe = runs["dense_moe_A100_tp1_pp1_ep4_cp1_vpp1_sp0_dp4_ag"].settings
     assert moe["moe_router_topk"] == 2 and moe["precision"] == "bf16" and moe["moe_token_dispatcher"] == "allgather"
@@ -68,7 +71,7 @@ def test_exclude_removes_matching_entries():
     cfg = yaml.safe_load(EXAMPLE.read_text())
     cfg["exclude"] = [{"model": "dense_reduced", "tp": 4}]
     ids = [r.run_id for r in expand_campaign(cfg)]
-    assert len(ids) == 6 and not any("_tp4_" in i for i in ids)
+    assert len(ids) == 8 and not any("_tp4_" in i for i in ids)
 
 
 def test_every_cli_subcommand_has_help(capsys):

@@ -90,6 +90,9 @@ def test_from_yaml_text_and_nested_imperfections(tmp_path):
         ({"num_layer": 4}, "num_layer"),  # unknown key
         ({"imperfections": {"drop_lines": 0.1}}, "imperfections.drop_lines"),
         ({"iterations": 0}, "iterations"),
+        ({"capture": {"steps": [9, 11]}}, "capture.steps"),  # beyond the 10 iterations
+        ({"capture": {"ranks": [4]}}, "capture.ranks"),  # world size 4
+        ({"capture": {"pre_window_metadata": "lost"}}, "capture.pre_window_metadata"),
     ],
 )
 def test_validation_errors_name_the_field(changes, field):
@@ -132,3 +135,11 @@ def test_fp16_overflow_model_and_realistic_imperfections():
     assert EmulatorConfig.from_dict({"num_experts": 4, "precision": "bf16"}).overflow_iterations == 0
     imp = Imperfections.realistic()
     assert imp.fuse_grouped_p2p and imp.single_rank_comm_ops == -1 and imp.arrival_skew_ns_max > 0
+
+
+def test_capture_is_normalised_and_tags_the_run_id_but_is_absent_from_a_plain_config():
+    cfg = EmulatorConfig.from_dict({"capture": {"ranks": [2, 0]}})
+    assert cfg.capture == {"steps": [1, 10], "ranks": [0, 2], "pre_window_metadata": "kept"}
+    assert cfg.run_id.endswith("_dp4_cap1-10_rk0.2") and cfg.capture_window.profiles(2)
+    assert EmulatorConfig.from_dict(cfg.to_dict()) == cfg
+    assert "capture" not in EmulatorConfig().to_dict() and EmulatorConfig().capture_window is None

@@ -190,3 +190,18 @@ def test_the_thesis_chapter5_campaign_is_sixteen_valid_slurm_runs():
     assert len(runs) == 16 and {r.backend for r in runs} == {"slurm"}
     assert {r.hardware["gpu"] for r in runs} == {"A40", "A100"}
     assert "dense_moe_A100_tp1_pp1_ep4_cp1_vpp1_sp0_dp4_a2a_rcselective" in {r.run_id for r in runs}
+
+
+def test_a_capture_expects_reports_only_from_nodes_with_a_profiled_rank(tmp_path):
+    from nccltrace.acquisition.launch import check_capture
+
+    settings = {**TINY, "nodes": 2, "capture": {"steps": [1, 2], "ranks": [1, 2]}}  # both on node 0
+    (tmp_path / "nccl").mkdir()
+    (tmp_path / "nsys").mkdir()
+    for i in range(8):
+        (tmp_path / "nccl" / f"nccl_h_{i}.log").write_text("x")
+    (tmp_path / "nsys" / "h0.nsys-rep").write_text("x")
+    assert check_capture(tmp_path, settings) == []
+    assert check_capture(tmp_path, {**settings, "capture": {"steps": [1, 2], "ranks": [1, 6]}}) == [
+        f"1 nsys reports for 2 nodes with a profiled rank in {tmp_path / 'nsys'}"]
+    assert "for 2 nodes in" in check_capture(tmp_path, {**TINY, "nodes": 2})[0]

@@ -4,7 +4,8 @@ A campaign config (``config/config.yaml``, schema ``workflow/schemas/config.sche
 names models and hardware profiles and lists matrix blocks; each block is the product
 ``models x hardware x parallelism x options``. Entries matching an ``exclude`` pattern are
 dropped. Every run gets a readable id that depends only on its settings, e.g.
-``dense_A100_tp4_pp1_ep1_cp1_vpp1_sp1_dp1`` (plus option tags such as ``_distopt``).
+``dense_A100_tp4_pp1_ep1_cp1_vpp1_sp1_dp1`` (plus option tags such as ``_distopt``, and
+``_cap3-4``/``_rk0-3`` for a step-window/rank-subset ``capture``, see :mod:`nccltrace.capture`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from .capture import CaptureError, CaptureWindow, capture_run_id_tag
 
 PARALLEL_KEYS = ("tp", "pp", "ep", "cp", "vpp")
 EMULATOR_PRESETS = ("a100", "a40", "h100")  # nccltrace.emulator.config.HARDWARE_PRESETS
@@ -58,7 +61,7 @@ def _option_tags(s: dict[str, Any]) -> str:
         tags.append({"alltoall": "a2a", "allgather": "ag"}.get(s.get("moe_token_dispatcher", "alltoall"), "a2a"))
     if s.get("recompute", "none") not in ("none", None, False):
         tags.append(f"rc{s['recompute']}")
-    return "".join(f"_{t}" for t in tags)
+    return "".join(f"_{t}" for t in tags) + capture_run_id_tag(s.get("capture"))
 
 
 def run_id_for(model: str, gpu: str, s: dict[str, Any]) -> str:
@@ -77,6 +80,20 @@ def run_id_for(model: str, gpu: str, s: dict[str, Any]) -> str:
 
 def _matches(pattern: dict[str, Any], entry: dict[str, Any]) -> bool:
     return all(entry.get(k) == v for k, v in pattern.items())
+
+
+def _normalise_capture(settings: dict[str, Any]) -> None:
+    """Explicit steps and ranks in a valid ``capture`` (what run.yaml records and later stages
+    read); an invalid one is left for :func:`run_problems` to report with the others."""
+    if settings.get("capture") is None:
+        settings.pop("capture", None)
+        return
+    try:
+        window = CaptureWindow.of_settings(settings)
+    except CaptureError:
+        return
+    if window is not None:
+        settings["capture"] = window.to_setting()
 
 
 def expand_campaign(config: dict[str, Any]) -> list[RunSpec]:
@@ -98,6 +115,9 @@ def expand_campaign(config: dict[str, Any]) -> list[RunSpec]:
         for model, hw_name, par, opt in combos:
             hw = dict(hardware[hw_name])
             settings = {**defaults, **models[model], **par, **opt}
+            # Like backend: the entry's own capture, then the matrix block's, then the defaults'.
+            if "capture" in block and not any("capture" in d for d in (opt, par, models[model])):
+                settings["capture"] = block["capture"]
             settings["model"] = model
             settings.setdefault("nodes", hw.get("nodes", 1))
             settings.setdefault("gpus_per_node", hw.get("gpus_per_node", 1))
@@ -113,6 +133,7 @@ def expand_campaign(config: dict[str, Any]) -> list[RunSpec]:
                         f"/ (tp*pp*cp={mp}); drop 'dp' or fix the sizes"
                     )
                 settings.pop("dp")
+            _normalise_capture(settings)
             entry = {"model": model, "hardware": hw_name, **settings}
             if any(_matches(p, entry) for p in config.get("exclude", [])):
                 continue

@@ -24,6 +24,7 @@ import pandas as pd
 import pyarrow as pa
 
 from .align.correlate import ALIGNMENT_SCHEMA
+from .align.quality import CROSS_RANK_REASON
 from .tables import atomic_path, coerce_to_schema, read_table, write_table_atomic
 from .tables import documented_field as _f
 
@@ -78,6 +79,7 @@ class RunOps:
     calls: int = 0
     matched: int = 0
     unmatched_by_reason: dict[str, int] = field(default_factory=dict)  # call rows by alignment reason
+    quality: pd.DataFrame | None = None  # alignment-quality table (align.quality.QUALITY_SCHEMA)
 
 
 def _instances(ops: pd.DataFrame) -> pd.Series:
@@ -125,14 +127,79 @@ def _process_ops(aligned_path: Path | str, calls_dir: Path | str, members: pd.Da
     return ops
 
 
-def _sync_rows(ops: pd.DataFrame) -> pd.DataFrame:
-    """The rows the clock model is fitted on: matched calls of cross-rank instances."""
-    rows = ops[(ops["status"] == "matched") & ops["instance"].notna()]
+_SYNC_FIT_COLUMNS = ["clock_domain", "global_rank", "instance", "start_ns", "end_ns", "nranks"]
+
+
+def _sync_rows(ops: pd.DataFrame, proc: int = 0) -> pd.DataFrame:
+    """The rows the clock model is fitted on, matched calls of cross-rank instances, with what
+    the cross-rank check needs to find them again (``proc``: the process's position, ``row``:
+    the row's position in its ops frame)."""
+    sel = ((ops["status"] == "matched") & ops["instance"].notna()).to_numpy()
+    rows = ops[sel]
     return pd.DataFrame({
         "clock_domain": rows["host"].astype(str), "global_rank": rows["global_rank"],
         "instance": rows["instance"].astype(str), "start_ns": rows["kernel_start_utc"],
-        "end_ns": rows["kernel_end_utc"], "nranks": rows["nranks"],
-    }).dropna()  # fmt: skip
+        "end_ns": rows["kernel_end_utc"], "nranks": rows["nranks"], "op": rows["op"].astype(str),
+        "rank_in_comm": rows["rank_in_comm"], "root": rows["root"], "proc": np.int64(proc),
+        "row": np.flatnonzero(sel),
+    }).dropna(subset=_SYNC_FIT_COLUMNS)  # fmt: skip
+
+
+# Kernel columns a demoted match loses (it keeps what the log says).
+_KERNEL_COLUMNS = ("kernel_global_pid", "kernel_correlation_id", "kernel_name", "kernel_stream_id", "kernel_start",
+                   "kernel_end", "launch_start", "confidence", "method", "kernel_start_utc", "kernel_end_utc",
+                   "kernel_start_sync", "kernel_end_sync")  # fmt: skip
+
+
+def _demote(ops: pd.DataFrame, rows: np.ndarray, reason: str) -> None:
+    """Turn matches into unmatched rows with ``reason`` (in place)."""
+    if len(rows) == 0:
+        return
+    idx = ops.index[rows]
+    ops.loc[idx, "status"] = "unmatched"
+    ops.loc[idx, "reason"] = reason
+    for c in _KERNEL_COLUMNS:
+        if c in ops:
+            ops.loc[idx, c] = pd.NA
+
+
+def _cross_rank(frame: pd.DataFrame, model: Any, processes: list[str]) -> tuple[dict[int, np.ndarray], pd.DataFrame]:
+    """Run the cross-rank check on the instance rows: per process position the ops rows to
+    demote, and the per-process summary (confirmed, contradicted, not checkable)."""
+    from .align.quality import cross_rank_contradictions, cross_rank_summary
+    from .clocksync import add_sync_columns
+
+    if model is None:  # one clock: nothing to convert
+        start, end = frame["start_ns"], frame["end_ns"]
+        slack: dict[str, float] = {}
+    else:
+        synced = add_sync_columns(frame[["clock_domain", "start_ns", "end_ns"]], model)
+        start, end = synced["start_ns_sync"], synced["end_ns_sync"]
+        rms = model.domains["residual_rms_ns"].astype("Float64").fillna(0.0)
+        slack = {str(d): 5.0 * float(v) for d, v in rms.items()}
+    rows = pd.DataFrame({
+        "instance": frame["instance"].to_numpy(), "member": frame["global_rank"].to_numpy(),
+        "clock_domain": frame["clock_domain"].to_numpy(), "op": frame["op"].to_numpy(),
+        "rank_in_comm": frame["rank_in_comm"].to_numpy(), "root": frame["root"].to_numpy(),
+        "start_sync": pd.array(start, dtype="Int64"), "end_sync": pd.array(end, dtype="Int64"),
+    })  # fmt: skip
+    # Only instances keyed by opCount are certain to be one collective on every rank: a key by
+    # the k-th call on the communicator shifts on a rank that lost a line, and the check would
+    # then contradict correct matches.
+    keyed = rows["instance"].astype(str).str.contains(":", regex=False).to_numpy()
+    rows.loc[~keyed, ["start_sync", "end_sync"]] = pd.NA
+    removed = cross_rank_contradictions(rows, slack)
+    timed = rows["start_sync"].notna() & rows["end_sync"].notna()
+    members = rows[timed].groupby("instance")["member"].transform("size")
+    testable = pd.Series(False, index=rows.index)
+    testable.loc[members.index] = members >= 2
+    checked = rows.assign(process=[processes[i] for i in frame["proc"].to_numpy()], testable=testable.to_numpy())
+    summary = cross_rank_summary(checked, removed.index)
+    demote: dict[int, list[int]] = collections.defaultdict(list)
+    procs, prow = frame["proc"].to_numpy(), frame["row"].to_numpy()
+    for i in removed.index:
+        demote[int(procs[i])].append(int(prow[i]))
+    return {k: np.asarray(v, np.int64) for k, v in demote.items()}, summary
 
 
 def stream_run_ops(
@@ -146,12 +213,15 @@ def stream_run_ops(
     *,
     clock_rows_budget: int = CLOCK_ROWS_BUDGET,
     progress: Any = None,
+    quality_paths: Iterable[Path | str] | None = None,
 ) -> RunOps:
     """Build the enriched ops of one run and write them to ``ops_path`` (atomically), one
     process at a time: memory holds one process's rows plus the clock-sync rows (at most
     ``clock_rows_budget``), whatever the number of ranks. Row order and values are those of
     the whole-run join (processes in the order given). ``progress``: optional callable run
-    after each pass over a process."""
+    after each pass over a process. ``quality_paths``: each process's alignment-quality record
+    (``alignment_quality.json``, same order), merged with the cross-rank check into
+    ``RunOps.quality``; a process whose matches a check contradicted makes the run partial."""
     import pyarrow.parquet as pq
 
     from .clocksync import add_sync_columns, estimate_clock_model
@@ -159,6 +229,7 @@ def stream_run_ops(
 
     alignment_paths = [Path(p) for p in alignment_paths]
     calls_dirs = [Path(d) for d in calls_dirs]
+    processes = [p.parent.name for p in alignment_paths]  # aligned/<process>/alignment.parquet
     if len(alignment_paths) != len(calls_dirs):
         raise ValueError(f"{len(alignment_paths)} alignment tables but {len(calls_dirs)} parsed call directories")
     problems: list[str] = []
@@ -192,7 +263,7 @@ def stream_run_ops(
             calls_n += int(is_call.sum())
             matched_n += int((is_call & (ops["status"] == "matched")).sum())
             by_reason.update({str(k): int(v) for k, v in ops.loc[is_call, "reason"].value_counts().items()})
-            sync.append(_sync_rows(ops))
+            sync.append(_sync_rows(ops, i))
             part = parts_dir / f"{i:06d}.parquet"
             pq.write_table(pa.Table.from_pandas(coerce_to_schema(ops, OPS_SCHEMA), schema=OPS_SCHEMA,
                                                 preserve_index=False), part)  # fmt: skip
@@ -207,25 +278,29 @@ def stream_run_ops(
         clock = pd.DataFrame()
         model = None
         if frame["clock_domain"].nunique() > 1:
-            if len(frame) > clock_rows_budget:
-                n_before = len(frame)
-                h = pd.util.hash_array(frame["instance"].to_numpy(dtype=object))
-                k = -(-len(frame) // clock_rows_budget)
-                frame = frame[h % np.uint64(k) == 0]
-                notes.append(f"clock sync fitted on {len(frame):,} of {n_before:,} instance rows "
+            fit = frame[_SYNC_FIT_COLUMNS]
+            if len(fit) > clock_rows_budget:
+                n_before = len(fit)
+                h = pd.util.hash_array(fit["instance"].to_numpy(dtype=object))
+                k = -(-len(fit) // clock_rows_budget)
+                fit = fit[h % np.uint64(k) == 0]
+                notes.append(f"clock sync fitted on {len(fit):,} of {n_before:,} instance rows "
                              f"(every instance whose key hashes to 0 mod {k}, on all its ranks)")  # fmt: skip
-            model = estimate_clock_model(frame.astype({"start_ns": "int64", "end_ns": "int64", "global_rank": "int64",
-                                                       "nranks": "int64"}))  # fmt: skip
+            model = estimate_clock_model(fit.astype({"start_ns": "int64", "end_ns": "int64", "global_rank": "int64",
+                                                     "nranks": "int64"}))  # fmt: skip
+            del fit
             clock = model.domains.reset_index()
             bad = clock[clock["status"].isin(["disconnected", "no_shared_instances", "all_rejected"])]
             for row in bad.itertuples():
                 problems.append(f"clock of {row[1]}: {row.reason}")
+        # Cross-rank check: kernels of one instance must overlap in synchronised time.
+        demote, cross = _cross_rank(frame, model, processes)
         del frame
         # Pass 2: synchronised times, appended process by process to the one output file.
         tmp = atomic_path(ops_path)
         try:
             with pq.ParquetWriter(tmp, OPS_SCHEMA, compression="zstd") as writer:
-                for part in parts:
+                for i, part in enumerate(parts):
                     ops = read_table(part)
                     if model is None:
                         # one node: one clock, nothing to synchronise
@@ -239,6 +314,7 @@ def stream_run_ops(
                         synced = add_sync_columns(tmpf, model)
                         ops.loc[has, "kernel_start_sync"] = synced["start_ns_sync"].to_numpy()
                         ops.loc[has, "kernel_end_sync"] = synced["end_ns_sync"].to_numpy()
+                    _demote(ops, demote.get(i, np.zeros(0, np.int64)), CROSS_RANK_REASON)
                     writer.write_table(pa.Table.from_pandas(coerce_to_schema(ops, OPS_SCHEMA), schema=OPS_SCHEMA,
                                                             preserve_index=False))  # fmt: skip
                     part.unlink()
@@ -250,12 +326,44 @@ def stream_run_ops(
             raise
     finally:
         shutil.rmtree(parts_dir, ignore_errors=True)
+    quality = _quality_table(processes, calls_dirs, quality_paths, cross)
+    for msg in quality["message"].dropna():
+        if msg not in problems:
+            problems.append(str(msg))
+    n_demoted = int(quality.loc[quality["check"] == "cross_rank", "contradicted"].sum())
+    if n_demoted:
+        matched_n -= n_demoted
+        by_reason[CROSS_RANK_REASON] = by_reason.get(CROSS_RANK_REASON, 0) + n_demoted
     if len(comms) and not bool(comms["complete"].astype(bool).all()):
         n_bad = int((~comms["complete"].astype(bool)).sum())
         problems.append(f"{n_bad} of {len(comms)} communicators incomplete (ranks without a log)")
     partial = bool(problems) or not len(comms)
     return RunOps(ops=None, labels=labels, clock=clock, partial=partial, problems=problems, notes=notes,
-                  calls=calls_n, matched=matched_n, unmatched_by_reason=dict(by_reason))  # fmt: skip
+                  calls=calls_n, matched=matched_n, unmatched_by_reason=dict(by_reason), quality=quality)  # fmt: skip
+
+
+def _quality_table(processes: list[str], calls_dirs: list[Path], quality_paths: Iterable[Path | str] | None,
+                   cross: pd.DataFrame) -> pd.DataFrame:  # fmt: skip
+    """The run's alignment-quality table (``QUALITY_SCHEMA``): each process's own checks and
+    the cross-rank check."""
+    from .align.quality import QUALITY_SCHEMA, quality_rows, read_quality
+
+    qpaths = list(quality_paths) if quality_paths is not None else [None] * len(processes)
+    cross = cross.set_index("process") if len(cross) else cross
+    rows: list[dict] = []
+    for proc, qp in zip(processes, qpaths):
+        q = read_quality(qp) if qp is not None else {"checks": []}
+        host, pid = q.get("host"), q.get("pid")
+        checks = list(q.get("checks", []))
+        if len(cross) and proc in cross.index:
+            c = cross.loc[proc]
+            checks.append({"check": "cross_rank", "applicable": True, "confirmed": int(c["confirmed"]),
+                           "contradicted": int(c["contradicted"]), "not_checkable": int(c["not_checkable"])})
+        else:
+            checks.append({"check": "cross_rank", "applicable": False})
+        rows += quality_rows(proc, host, pid, {"checks": checks})
+    frame = pd.DataFrame(rows, columns=QUALITY_SCHEMA.names)
+    return coerce_to_schema(frame, QUALITY_SCHEMA)
 
 
 def build_run_ops(
@@ -276,9 +384,15 @@ def build_run_ops(
     return result
 
 
-def write_run_ops(result: RunOps, ops_path: Path | str | None, labels_path: Path | str, clock_path: Path | str) -> None:
-    """Write the ops table (when held in memory; None skips it), the parallelism labels and the
-    clock model atomically."""
+def write_run_ops(result: RunOps, ops_path: Path | str | None, labels_path: Path | str, clock_path: Path | str,
+                  quality_path: Path | str | None = None) -> None:  # fmt: skip
+    """Write the ops table (when held in memory; None skips it), the parallelism labels, the
+    clock model and (``quality_path``) the alignment-quality table atomically."""
+    if quality_path is not None and result.quality is not None:
+        from .align.quality import QUALITY_SCHEMA
+
+        write_table_atomic(pa.Table.from_pandas(result.quality, schema=QUALITY_SCHEMA, preserve_index=False),
+                           Path(quality_path))
     if result.ops is not None and ops_path is not None:
         write_table_atomic(pa.Table.from_pandas(result.ops, schema=OPS_SCHEMA, preserve_index=False), Path(ops_path))
     from .parallelism import LABEL_SCHEMA

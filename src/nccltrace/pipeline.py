@@ -275,12 +275,18 @@ def _int_or_none(v: Any) -> int | None:
 
 
 def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[str, Any] | None = None,
-                mode: str = "default", progress: bool = True) -> dict[str, Any]:  # fmt: skip
+                mode: str = "default", progress: bool = True,
+                capture_steps: tuple[int, int] | None = None) -> dict[str, Any]:  # fmt: skip
     """Run every analysis stage on one run (see the module docstring for inputs, outputs and
     how missing inputs are handled). ``mode``: alignment mode (``default``, ``thesis``,
     ``exact``). Returns a summary: processes, hosts, calls, matched, partial, problems,
-    ignored logs, the resolved settings and the output paths."""
+    ignored logs, the resolved settings and the output paths. ``capture_steps``: the captured
+    steps of a step-window capture (logged, 1-based, inclusive; overrides the settings'
+    ``capture.steps``)."""
     import pyarrow.parquet as pq
+
+    from .align.quality import QUALITY_FILE, QUALITY_TABLE, quality_problems, read_quality
+    from .capture import CaptureWindow
 
     from .align.correlate import MODES, align_files, process_key
     from .communicators import infer_run_communicators
@@ -299,6 +305,11 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
     stems = sorted(inputs.exports)
     source = " + ".join(s for s, v in (("run.yaml", inputs.run_yaml), ("given settings", settings)) if v)
     run_settings = resolve_settings(inputs.run_yaml, settings)
+    if capture_steps is not None:
+        steps: tuple[int, int] | None = CaptureWindow(*capture_steps).loop_indices
+    else:
+        window = CaptureWindow.of_settings(run_settings) if run_settings and run_settings.get("capture") else None
+        steps = window.loop_indices if window is not None else None
     problems: list[str] = []  # anything that makes the result partial
     notes: list[str] = []  # worth saying, not a gap in the result
     if inputs.ignored_logs:
@@ -408,9 +419,11 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
                 pid = None if pq.read_metadata(calls_path).num_rows else process_key(proc)[1]
                 table = align_files(calls_path, nd / "kernels.parquet", nd / "session.json", dest, mode=mode,
                                     launches_path=nd / "launches_without_kernel.parquet",
-                                    nvtx_path=nd / "nvtx.parquet" if mode == "exact" else None, pid=pid)
+                                    nvtx_path=nd / "nvtx.parquet" if mode == "exact" else None, pid=pid,
+                                    capture_steps=steps)  # fmt: skip
                 inputs_used = [calls_path, nd / "kernels.parquet", nd / "session.json"]
-                partial, note = False, None
+                found = quality_problems(proc, read_quality(dest.parent / QUALITY_FILE))
+                partial, note = bool(found), "; ".join(found) or None
             align_summary[proc] = alignment_summary(table, mode)
             extra = {"summary": align_summary[proc], **({"problem": note} if note else {})}
             write_manifest(dest.parent / "manifest.json", stage="align", inputs=inputs_used, outputs=[dest],
@@ -426,12 +439,15 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
     ops_dir.mkdir(parents=True, exist_ok=True)
     result = stream_run_ops([aligned[p] for p in procs], [parsed / "nccl" / p for p in procs],
                             comm_out / "communicators.parquet", comm_out / "communicator_members.parquet",
-                            session_paths, run_settings, ops_dir / "ops.parquet")  # fmt: skip
-    write_run_ops(result, None, ops_dir / "parallelism.parquet", ops_dir / "clock_sync.parquet")
+                            session_paths, run_settings, ops_dir / "ops.parquet",
+                            quality_paths=[aligned[p].parent / QUALITY_FILE for p in procs])  # fmt: skip
+    write_run_ops(result, None, ops_dir / "parallelism.parquet", ops_dir / "clock_sync.parquet",
+                  ops_dir / QUALITY_TABLE)
     problems += [p for p in result.problems if p not in problems]
     n_calls, n_matched = result.calls, result.matched
     partial = bool(result.partial or summary["partial"] or no_export or problems)
-    ops_outputs = [ops_dir / "ops.parquet", ops_dir / "parallelism.parquet", ops_dir / "clock_sync.parquet"]
+    ops_outputs = [ops_dir / "ops.parquet", ops_dir / "parallelism.parquet", ops_dir / "clock_sync.parquet",
+                   ops_dir / QUALITY_TABLE]
     write_manifest(ops_dir / "manifest.json", stage="ops",
                    inputs=[*aligned.values(), comm_out / "communicators.parquet",
                            comm_out / "communicator_members.parquet", *dict.fromkeys(session_paths.values())],
@@ -447,6 +463,7 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
         "partial": partial, "problems": problems, "notes": notes, "settings": run_settings,
         "label_source": sorted(set(result.labels["label_source"].astype(str))) if len(result.labels) else [],
         "outputs": {"ops": str(ops_outputs[0]), "parallelism": str(ops_outputs[1]), "clock_sync": str(ops_outputs[2]),
+                    "alignment_quality": str(ops_outputs[3]),
                     "communicators": str(comm_out / "communicators.parquet"),
                     "parse_summary": str(parsed / "parse_summary.json")},
     }  # fmt: skip

@@ -454,6 +454,10 @@ def render_run_report(
         "config_rows": config_rows,
         "figures": figures,
         "alignment": tables.view("alignment"),
+        "match_checks": tables.view("match_checks") if tables.get("match_checks") is not None else None,
+        "match_check_findings": (tables.view("match_check_findings")
+                                 if tables.get("match_check_findings") is not None
+                                 and not tables.get("match_check_findings").empty else None),
         "op_counts": tables.view("op_counts"),
         "kernel_counts": tables.view("kernel_counts"),
         "volume_by_op": tables.view("volume_by_op"),

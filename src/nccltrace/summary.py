@@ -454,10 +454,12 @@ def _overview(ops: pd.DataFrame, base: pd.DataFrame, dups: pd.DataFrame, kernels
 
 
 def run_tables(
-    ops: pd.DataFrame, op_metrics: pd.DataFrame | None = None, volume: pd.DataFrame | None = None
+    ops: pd.DataFrame, op_metrics: pd.DataFrame | None = None, volume: pd.DataFrame | None = None,
+    quality: pd.DataFrame | None = None,
 ) -> dict[str, pd.DataFrame]:
-    """Summary tables of one run from its ops table (and, when given, its op metrics and volume
-    validation). Keys: the names in ``RUN_SCHEMAS`` plus ``volume_validation`` when given."""
+    """Summary tables of one run from its ops table (and, when given, its op metrics, volume
+    validation and alignment-quality table). Keys: the names in ``RUN_SCHEMAS`` plus
+    ``volume_validation``, ``match_checks`` and ``match_check_findings`` when given."""
     base, dups = _prepare(ops)
     kernels = _kernels(base)
     bw_calls = None
@@ -485,7 +487,24 @@ def run_tables(
     if volume is not None:
         # produced by the volume model; its columns are rendered as they come
         tables["volume_validation"] = volume.reset_index(drop=True).copy()
+    if quality is not None:
+        tables.update(match_check_tables(quality))
     return tables
+
+
+def match_check_tables(quality: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """"Can I trust these matches?": per check, over the run's processes, how many matches it
+    confirmed, contradicted (demoted) and could not test (``match_checks``); and every process
+    a check has something to say about (``match_check_findings``)."""
+    q = quality.copy()
+    q["applicable"] = q["applicable"].astype("boolean").fillna(False)
+    checks = q.groupby("check", sort=False).agg(
+        processes=("process", "nunique"), applicable_in=("applicable", "sum"), confirmed=("confirmed", "sum"),
+        contradicted=("contradicted", "sum"), not_checkable=("not_checkable", "sum")).reset_index()
+    findings = q[(q["contradicted"].fillna(0) > 0) | q["message"].notna()]
+    return {"match_checks": checks.astype({"applicable_in": "int64"}),
+            "match_check_findings": findings[["process", "check", "confirmed", "contradicted", "message"]]
+            .reset_index(drop=True)}
 
 
 # --------------------------------------------------------------------------- campaign tables

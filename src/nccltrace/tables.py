@@ -39,7 +39,8 @@ def _schema(columns: Iterable[Column], table: str, doc: str) -> pa.Schema:
     return pa.schema(fields, metadata={"table": table, "doc": doc, "nccltrace_schema_version": SCHEMA_VERSION})
 
 
-_NULLABLE_DTYPES = {"string": "string", "int64": "Int64", "int32": "Int32", "uint64": "UInt64", "double": "Float64"}
+_NULLABLE_DTYPES = {"string": "string", "int64": "Int64", "int32": "Int32", "uint64": "UInt64", "double": "Float64",
+                    "bool": "boolean"}
 
 
 def coerce_to_schema(df, schema: pa.Schema):

@@ -75,8 +75,9 @@ def main(argv: list[str]) -> int:
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(log, dst)
         handoff = os.environ.get("NCCLTRACE_FAKE_NSYS_REPORT")
-        if handoff:
-            shutil.copyfile(Path(tmp) / "nsys" / f"{host}.sqlite", handoff)
+        export = Path(tmp) / "nsys" / f"{host}.sqlite"
+        if handoff and export.exists():  # none when no rank here profiles (--profile-ranks)
+            shutil.copyfile(export, handoff)
     print(f"[fake torchrun] training finished ({settings.get('iterations')} iterations)", flush=True)
     return 0
 

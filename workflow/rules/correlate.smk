@@ -10,11 +10,13 @@ rule align:
         launches=lambda wc: f"{RESULTS}/{wc.run}/parsed/nsys/{proc_host(wc)}/launches_without_kernel.parquet",
     output:
         alignment=f"{RESULTS}/{{run}}/aligned/{{proc}}/alignment.parquet",
+        quality=f"{RESULTS}/{{run}}/aligned/{{proc}}/alignment_quality.json",
         manifest=f"{RESULTS}/{{run}}/aligned/{{proc}}/manifest.json",
     params:
         code=stage_code_hash("align"),
         mode=config.get("analysis", {}).get("alignment", "default"),
         nccl_version=lambda wc: RUNS[wc.run].settings.get("nccl_version"),
+        settings=run_settings,
     log:
         f"{RESULTS}/{{run}}/logs/align/{{proc}}.log",
     benchmark:
@@ -30,6 +32,9 @@ rule ops:
         alignments=lambda wc: [
             f"{RESULTS}/{wc.run}/aligned/{proc}/alignment.parquet" for proc in nccl_processes(wc)
         ],
+        qualities=lambda wc: [
+            f"{RESULTS}/{wc.run}/aligned/{proc}/alignment_quality.json" for proc in nccl_processes(wc)
+        ],
         reports=lambda wc: [
             f"{RESULTS}/{wc.run}/parsed/nccl/{proc}/parse_report.json" for proc in nccl_processes(wc)
         ],
@@ -42,6 +47,7 @@ rule ops:
         ops=f"{RESULTS}/{{run}}/ops/ops.parquet",
         labels=f"{RESULTS}/{{run}}/ops/parallelism.parquet",
         clock=f"{RESULTS}/{{run}}/ops/clock_sync.parquet",
+        quality=f"{RESULTS}/{{run}}/ops/alignment_quality.parquet",
         manifest=f"{RESULTS}/{{run}}/ops/manifest.json",
     params:
         code=stage_code_hash("ops"),

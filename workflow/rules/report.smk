@@ -4,6 +4,7 @@
 rule report:
     input:
         ops=f"{RESULTS}/{{run}}/ops/ops.parquet",
+        quality=f"{RESULTS}/{{run}}/ops/alignment_quality.parquet",
         op_metrics=f"{RESULTS}/{{run}}/metrics/op_metrics.parquet",
         volume=f"{RESULTS}/{{run}}/volume/volume_validation.parquet",
         trace=f"{RESULTS}/{{run}}/trace/trace.json.gz",

@@ -18,13 +18,14 @@ run = snakemake.wildcards.run  # noqa: F821
 run_dir = Path(inp.ops).parents[1]
 # only the columns the tables and plots use: the run's ops table is never loaded whole
 ops = read_table(inp.ops, columns=OPS_COLUMNS)
-tables = run_tables(ops, read_table(inp.op_metrics, columns=OP_METRICS_COLUMNS), read_table(inp.volume))
+tables = run_tables(ops, read_table(inp.op_metrics, columns=OP_METRICS_COLUMNS), read_table(inp.volume),
+                    read_table(inp.quality))
 written = write_tables(tables, out.tables)
 plots = run_plots(ops, tables, out.plots, title=run)
 render_run_report(run_dir, out.html, tables_dir=out.tables, plots_dir=out.plots, run_id=run)
 manifest = write_manifest(out.manifest, stage="report",
                           # the parse summary first: its reasons (missing logs, exports) lead the list
-                          inputs=[inp.summary, inp.ops, inp.op_metrics, inp.volume, inp.trace],
+                          inputs=[inp.summary, inp.ops, inp.quality, inp.op_metrics, inp.volume, inp.trace],
                           outputs=[*written.values(), *plots.values(), out.html])
 print(f"{len(written)} table files, {len(plots)} plots, report {out.html}")
 if manifest["partial"]:

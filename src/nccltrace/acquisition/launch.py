@@ -13,7 +13,10 @@ starts it once per node with ``srun``, and leaves a *capture directory*::
     nccl/nccl_<host>_<pid>.log   NCCL_DEBUG_FILE, one per process
     nccl/topo_<host>.xml         NCCL_TOPO_DUMP_FILE
     nsys/<host>.nsys-rep         one Nsight Systems report per node (all its ranks); a .qdstrm
-                                 when the installed nsys cannot import its own capture
+                                 when the installed nsys cannot import its own capture. With a
+                                 ``capture`` setting nsys records only the step window
+                                 (``--capture-range=cudaProfilerApi``) and a node none of whose
+                                 ranks profiles leaves no report
 
 A training run that fails or outlives its time budget is retried in the same job
 (``training.retries``); after the last attempt the failure itself is recorded (``status:
@@ -39,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..capture import NSYS_CAPTURE_RANGE_ARGS, CaptureWindow
 from .megatron import launch_problems, megatron_arguments
 
 MIN_TRAINING_BUDGET_S = 60.0  # never give a training run less, whatever the margin
@@ -126,13 +130,21 @@ def render_node_script(run_id: str, settings: Mapping[str, Any], setup: Training
     env.filters["q"] = _q
     env.filters["dq"] = _dq
     run_env = {**setup.env, **{str(k): str(v) for k, v in (settings.get("env") or {}).items()}}
+    capture_args: list[str] = []
+    if CaptureWindow.of_settings(settings) is not None:
+        own = [a for a in setup.nsys_profile_args if a.startswith(("--capture-range", "-c"))]
+        if own:
+            raise LaunchError(f"training.nsys_profile_args: {own} conflicts with the run's capture setting, which "
+                              f"adds {' '.join(NSYS_CAPTURE_RANGE_ARGS)}; remove them")
+        capture_args = list(NSYS_CAPTURE_RANGE_ARGS)
     return env.get_template("launch_node.sh.j2").render(
         run_id=run_id, version=__version__, capture=str(capture), nodes=int(settings["nodes"]),
         gpus_per_node=int(settings["gpus_per_node"]), master_port=int(setup.master_port),
         setup=setup.setup, conda=setup.conda, python=_cmd(setup.python), nsys=_cmd(setup.nsys),
         torchrun=_cmd(setup.torchrun),
         megatron_path=setup.megatron_path, megatron_commit=setup.megatron_commit, pretrain_script=setup.script,
-        nccl_debug_subsys=setup.nccl_debug_subsys, env=run_env, nsys_profile_args=list(setup.nsys_profile_args),
+        nccl_debug_subsys=setup.nccl_debug_subsys, env=run_env,
+        nsys_profile_args=capture_args + list(setup.nsys_profile_args),
         megatron_args=megatron_arguments(settings, dataset=setup.dataset),
     )  # fmt: skip
 
@@ -193,15 +205,20 @@ def _slurm_job(job_id: str | None) -> dict[str, str]:
 
 
 def check_capture(capture: Path, settings: Mapping[str, Any]) -> list[str]:
-    """What is missing from a finished capture: one NCCL log per rank, one nsys report per node."""
+    """What is missing from a finished capture: one NCCL log per rank, one nsys report per node
+    (with a rank subset: per node with a profiled rank; nsys writes none for the others)."""
     problems = []
-    world = int(settings["nodes"]) * int(settings["gpus_per_node"])
+    gpn = int(settings["gpus_per_node"])
+    world = int(settings["nodes"]) * gpn
     logs = sorted((capture / "nccl").glob("nccl_*.log"))
     if len(logs) < world:
         problems.append(f"{len(logs)} NCCL logs for {world} ranks in {capture / 'nccl'} (NCCL_DEBUG_FILE)")
     reports = sorted(p for p in (capture / "nsys").glob("*") if p.suffix in (".nsys-rep", ".qdrep", ".qdstrm"))
-    if len(reports) < int(settings["nodes"]):
-        problems.append(f"{len(reports)} nsys reports for {settings['nodes']} nodes in {capture / 'nsys'}")
+    window = CaptureWindow.of_settings(settings)
+    nodes = int(settings["nodes"]) if window is None else len(window.profiled_nodes(world, gpn))
+    if len(reports) < nodes:
+        what = "nodes" if window is None else "nodes with a profiled rank"
+        problems.append(f"{len(reports)} nsys reports for {nodes} {what} in {capture / 'nsys'}")
     empty = [p.name for p in [*logs, *reports] if p.stat().st_size == 0]
     if empty:
         problems.append(f"empty files: {', '.join(empty[:5])}")

@@ -5,13 +5,16 @@ The arguments follow the thesis's launch script (appendix A.3): GPT model dimens
 the GPT-3 recipe, fp16 (bf16 for MoE), sequence parallelism whenever TP > 1 unless the run says
 otherwise, MoE with aux-loss balancing and grouped GEMM, and ``--mock-data`` unless a dataset is
 configured. They are written for Megatron-Core r0.13 (the thesis's pinned commit) and later; the
-flags used here exist unchanged in both.
+flags used here exist unchanged in both. A ``capture`` setting adds ``--profile
+--profile-step-start/-end --profile-ranks`` (mapping and step semantics: :mod:`nccltrace.capture`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+from ..capture import CaptureWindow, capture_problems
 
 DEFAULT_VOCAB_SIZE = 50257  # GPT-2 BPE; NullTokenizer with --mock-data needs an explicit size
 
@@ -81,6 +84,8 @@ def launch_problems(settings: Mapping[str, Any]) -> list[str]:
         if m % pp:
             out.append(f"global_batch_size: the interleaved schedule needs the number of microbatches ({m}) "
                        f"to be a multiple of pp ({pp})")
+    out += [f"{field}: {message}" for field, message in
+            capture_problems(s.get("capture"), iterations=_int(s, "iterations", 10), world_size=world)]
     return out
 
 
@@ -157,6 +162,9 @@ def megatron_arguments(settings: Mapping[str, Any], *, dataset: Mapping[str, Any
                  "--vocab-size", str(_int(s, "vocab_size", DEFAULT_VOCAB_SIZE))]  # fmt: skip
     # Per-iteration timers (the NVTX/timeline context the analysis uses); no evaluation, no checkpoints.
     args += ["--log-interval", "1", "--eval-interval", "1000000", "--eval-iters", "0", "--log-timers-to-tensorboard"]
+    window = CaptureWindow.of_settings(s)
+    if window is not None:  # the ranks call cudaProfilerStart/Stop around the window (nsys: capture range)
+        args += window.megatron_arguments(_int(s, "nodes", 1) * _int(s, "gpus_per_node", 1))
     args += [str(a) for a in s.get("megatron_args", [])]
     return args
 
@@ -175,6 +183,7 @@ def parse_megatron_arguments(argv: list[str]) -> dict[str, Any]:
             "--expert-model-parallel-size": "ep", "--num-experts": "num_experts", "--moe-router-topk": "moe_router_topk",
             "--moe-layer-freq": "moe_layer_freq", "--seed": "seed"}  # fmt: skip
     out: dict[str, Any] = {}
+    profile: dict[str, Any] = {}
     i = 0
     while i < len(argv):
         a = argv[i]
@@ -199,9 +208,22 @@ def parse_megatron_arguments(argv: list[str]) -> dict[str, Any]:
         elif a == "--position-embedding-type" and i + 1 < len(argv):
             out["position_embedding_type"] = argv[i + 1]
             i += 1
+        elif a == "--profile":
+            profile["on"] = True
+        elif a in ("--profile-step-start", "--profile-step-end") and i + 1 < len(argv):
+            profile[a[10:]] = int(argv[i + 1])
+            i += 1
+        elif a == "--profile-ranks":  # nargs='+'
+            while i + 1 < len(argv) and argv[i + 1].lstrip("-").isdigit():
+                profile.setdefault("ranks", []).append(int(argv[i + 1]))
+                i += 1
         i += 1
     per_stage = out.pop("_layers_per_virtual_stage", None)
     if per_stage:
         out["vpp"] = out.get("num_layers", 0) // (out.get("pp", 1) * per_stage)
     out.setdefault("precision", "fp32")
+    if profile.get("on"):
+        # Megatron core_r0.13's defaults: steps 10..12 (0-based start, end), ranks [0]
+        out["capture"] = CaptureWindow.setting_from_megatron(profile.get("step-start", 10), profile.get("step-end", 12),
+                                                             profile.get("ranks", [0]))  # fmt: skip
     return out

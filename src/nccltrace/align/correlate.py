@@ -16,7 +16,7 @@ from ..nccl.versions import NcclVersion
 from ..tables import _NULLABLE_DTYPES
 from ..tables import documented_field as _f
 from .default import AlignParams, align_units
-from .window import step_lines, unlocated_message, window_unlocated
+from .window import log_unlocated, step_lines, unlocated_message, window_unlocated
 from .sequences import FAMILIES, GENERIC, NO_TIME, build_kernel_sequence, build_log_units, is_nccl_kernel
 
 MODES = ("default", "thesis", "exact")
@@ -53,7 +53,8 @@ ALIGNMENT_SCHEMA = pa.schema(
            "process's node has no nsys export), 'not_in_export' (the export has no NCCL kernel or launch of the "
            "process: a rank the capture did not profile), 'outside_capture' (the line was written outside the span of the "
            "export's capture, located by log time or declared steps), 'capture_not_located' (the export covers "
-           "part of the log and nothing locates it: no log timestamps, no declared steps), 'contradicted_log_time' (the aligned kernel was launched outside "
+           "part of the log, or the log part of the export, and nothing locates one in the other: no log "
+           "timestamps, no declared steps), 'contradicted_log_time' (the aligned kernel was launched outside "
            "the log-line -> launch window learned from the process's certain matches: demoted, see "
            "alignment_quality.json), 'no_log_line' (kernel rows), "
            "'unparsed' (thesis mode: not an op it aligns); null when matched"),
@@ -246,13 +247,16 @@ def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kerne
     if ks.m == 0:
         # no NCCL kernel or launch of this process in its export: not profiled (a rank subset)
         # or nothing captured; its calls are analysed from the log alone
-        window.update(applicable=False, located_by=None)
+        window.update(applicable=False, located_by=None, message=(
+            f"{_process_name(calls)}: its node's export holds no NCCL kernel or launch of this process (a rank "
+            "the capture did not profile, or nothing was captured): analysed from its log alone (counts, volumes, "
+            "communicators), no times or bandwidths"))
         units = _abstain(units, NOT_IN_EXPORT_REASON)
     elif not timed:
         real = int((~units.placeholder).sum())
         if capture_steps is not None:
             units, window = _locate_steps(units, calls, version, capture_steps, window)
-        elif window_unlocated(real, ks.m):
+        elif window_unlocated(real, ks.m) or log_unlocated(real, ks.m):
             window.update(located_by=None, message=unlocated_message(_process_name(calls), real, ks.m))
             units = _abstain(units, "capture_not_located")
         else:
@@ -410,13 +414,16 @@ def process_key(log_stem: str) -> tuple[str, int]:
 
 def align_files(calls_path, kernels_path, session_path, out_path, *, mode: str = "default",
                 nvtx_path=None, launches_path=None, pid: int | None = None,
-                nccl_version: str | None = None, export_available: bool = True) -> pd.DataFrame:  # fmt: skip
+                nccl_version: str | None = None, export_available: bool = True,
+                quality_path=None, capture_steps: tuple[int, int] | None = None) -> pd.DataFrame:  # fmt: skip
     """Stage entry point: align one process's parsed calls with its node's parsed kernels and
     write the correlation table atomically. ``pid`` defaults to the pid of the calls; the NCCL
     version defaults to the process's version line (``versions.parquet`` beside the calls).
     ``export_available=False`` (the node's export is missing or unreadable; ``kernels_path`` is
     then an empty table): every call that needed a kernel is unmatched with reason
-    ``'no_export'``, the others keep reasons that need no export (duplicates, single-rank)."""
+    ``'no_export'``, the others keep reasons that need no export (duplicates, single-rank).
+    ``quality_path``: where to write the process's alignment-quality record (default
+    ``alignment_quality.json`` beside ``out_path``); ``capture_steps``: see :func:`align_process`."""
     import json
     from pathlib import Path
 
@@ -448,6 +455,8 @@ def align_files(calls_path, kernels_path, session_path, out_path, *, mode: str =
         if vfile.exists():
             v = read_table(vfile)
             nccl_version = str(v["version"].dropna().iloc[0]) if v["version"].notna().any() else None
+    quality: dict = {"host": str(calls["host"].dropna().iloc[0]) if calls["host"].notna().any() else None,
+                     "pid": int(pid), "checks": []}
     if not export_available:
         # Default mode on no kernels keeps the reasons that hold without an export; every other
         # call lacks its kernel only because nothing was exported.
@@ -456,6 +465,11 @@ def align_files(calls_path, kernels_path, session_path, out_path, *, mode: str =
                   "reason"] = NO_EXPORT_REASON
     else:
         table = align_process(calls, kernels, mode=mode, utc_offset_ns=utc, nvtx=nvtx,
-                              launches_without_kernel=launches, nccl_version=nccl_version)
+                              launches_without_kernel=launches, nccl_version=nccl_version, quality=quality,
+                              capture_steps=capture_steps)  # fmt: skip
+    from .quality import QUALITY_FILE, write_quality
+
+    out_path = Path(out_path)
     write_table_atomic(pa.Table.from_pandas(table, schema=ALIGNMENT_SCHEMA, preserve_index=False), out_path)
+    write_quality(quality_path or out_path.parent / QUALITY_FILE, out_path.parent.name, quality)
     return table

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-__all__ = ["COVERAGE_MIN", "StepLines", "step_lines", "unlocated_message", "window_unlocated"]
+__all__ = ["COVERAGE_MIN", "StepLines", "log_unlocated", "step_lines", "unlocated_message", "window_unlocated"]
 
 COVERAGE_MIN = 0.75
 """Below this ratio of export launches (kernels and launch records) to logged launch units, the
@@ -114,8 +114,20 @@ def window_unlocated(n_units: int, n_launches: int) -> bool:
     return n_units - n_launches >= _MIN_MISSING and n_launches < COVERAGE_MIN * n_units
 
 
+def log_unlocated(n_units: int, n_launches: int) -> bool:
+    """Whether the log covers too little of the export to be the whole of it: a log cut short
+    (copied while the job ran) or with a large block of lines missing."""
+    return n_launches - n_units >= _MIN_MISSING and n_units < COVERAGE_MIN * n_launches
+
+
 def unlocated_message(process: str, n_units: int, n_launches: int) -> str:
-    """The one message for an export that covers part of a log that cannot be located."""
+    """The one message for a log and an export that cover different parts of the run, when
+    nothing locates one in the other."""
+    if n_units < n_launches:
+        return (f"{process}: the log holds {n_units:,} NCCL launches for {n_launches:,} in the export - a log cut "
+                "short or missing lines, whose place in the export cannot be located; its calls are left unmatched. "
+                "Remedies: the complete log, or log timestamps (NCCL >= 2.26 with NCCL_DEBUG_TIMESTAMP_FORMAT, "
+                "which nccltrace's launch sets)")
     return (f"{process}: the export holds {n_launches:,} NCCL launches for {n_units:,} logged launches - a step-window "
             "or partial capture whose place in the log cannot be located; its calls are left unmatched. Remedies: "
             "log timestamps (NCCL >= 2.26 with NCCL_DEBUG_TIMESTAMP_FORMAT, which nccltrace's launch sets), or "

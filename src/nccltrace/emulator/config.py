@@ -23,6 +23,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from ..capture import CaptureError, CaptureWindow, capture_run_id_tag
 from ..nccl.versions import NcclVersion
 
 __all__ = [
@@ -224,6 +225,8 @@ class EmulatorConfig:
     start_time_utc_ns: int = 1_760_000_000_000_000_000
     host_names: list[str] | None = None  # node host names (default node000, node001, ...)
     imperfections: Imperfections = field(default_factory=Imperfections)
+    # step window / rank subset captured by nsys (nccltrace.capture); None = the whole run
+    capture: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ construction
 
@@ -248,6 +251,8 @@ class EmulatorConfig:
         cfg = cls(**data)
         cfg.imperfections = imp if isinstance(imp, Imperfections) else Imperfections.from_dict(imp)
         cfg.validate()
+        if cfg.capture is not None:  # explicit steps and ranks from here on (run.yaml)
+            cfg.capture = cfg.capture_window.to_setting()  # type: ignore[union-attr]
         return cfg
 
     @classmethod
@@ -266,8 +271,12 @@ class EmulatorConfig:
         return EmulatorConfig.from_dict(d)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-data form (round-trips through :meth:`from_dict`)."""
-        return dataclasses.asdict(self)
+        """Plain-data form (round-trips through :meth:`from_dict`). ``capture`` appears only when
+        set, so a run without one writes the run.yaml it always did."""
+        d = dataclasses.asdict(self)
+        if d["capture"] is None:
+            del d["capture"]
+        return d
 
     # ------------------------------------------------------------------ derived values
 
@@ -363,6 +372,11 @@ class EmulatorConfig:
         return min(n, self.iterations)
 
     @property
+    def capture_window(self) -> CaptureWindow | None:
+        """The captured step window and ranks (None = the whole run is profiled)."""
+        return CaptureWindow.from_setting(self.capture, iterations=self.iterations, world_size=self.world_size)
+
+    @property
     def run_id(self) -> str:
         """``<name>_tp<T>_pp<P>_ep<E>_cp<C>_vpp<V>_sp<0|1>_dp<D>`` plus ``_distopt`` / ``_agdisp``
         when the distributed optimizer / the allgather token dispatcher are on."""
@@ -374,7 +388,7 @@ class EmulatorConfig:
             rid += "_distopt"
         if self.is_moe and self.moe_token_dispatcher == "allgather":
             rid += "_agdisp"
-        return rid
+        return rid + capture_run_id_tag(self.capture)
 
     # ------------------------------------------------------------------ validation
 
@@ -522,6 +536,12 @@ class EmulatorConfig:
                 raise ConfigError(f"imperfections.{name}", "must be >= 0")
         if imp.clock_drift_ppm_max < 0 or imp.clock_drift_ppm_max > 1000:
             raise ConfigError("imperfections.clock_drift_ppm_max", "must be in [0, 1000] ppm")
+
+        # capture window (the one definition: nccltrace.capture)
+        try:
+            self.capture_window
+        except CaptureError as exc:
+            raise ConfigError(exc.field, exc.message) from None
 
 
 def _positive(cfg: EmulatorConfig, *names: str) -> None:

@@ -3,13 +3,21 @@
 Layout of ``out_dir``::
 
     nccl/nccl_<host>_<pid>.log      one NCCL debug log per process (NCCL_DEBUG_FILE=nccl_%h_%p.log)
-    nsys/<host>.sqlite              one Nsight Systems SQLite export per node (all its processes)
+    nsys/<host>.sqlite              one Nsight Systems SQLite export per node (all its processes); with
+                                    ``capture``: only the window of the profiled ranks, and none for a
+                                    node without a profiled rank (nsys writes no report then)
     ground_truth/ops.parquet        one row per NCCL call per rank (also calls whose line was dropped)
     ground_truth/kernels.parquet    every emulated NCCL kernel (also dropped ones and ones without a log line)
     ground_truth/communicators.parquet  every communicator of every process
     ground_truth/clock.parquet      per-node clock offset and drift
     run.yaml                        resolved configuration + nccltrace version
     stdout.log                      only with imperfections.torn_lines: all processes' lines interleaved
+
+With a ``capture`` setting (:mod:`nccltrace.capture`) the export holds what a
+``--capture-range=cudaProfilerApi`` export of the step window holds (docs/emulator.md §3.1):
+rows are filtered while they are written, the NCCL logs stay complete, and ground truth gains an
+``in_capture`` column. Without one every output is byte-identical to an emulation without the
+feature.
 
 Every file is written to a temporary sibling and renamed into place. Memory is bounded by one
 rank's output at a time: ranks are processed node by node, each rank's program is generated
@@ -34,6 +42,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from .. import __version__
+from ..capture import CaptureWindow
 from ..nccl.log_writer import NcclLogWriter, TopoGpu, TopoNic, TopoSystem
 from ..nccl.versions import NcclVersion
 from ..nsys.writer import NsysExportWriter, encode_global_pid
@@ -86,6 +95,19 @@ GROUND_TRUTH_SCHEMAS: dict[str, pa.Schema] = {
         ("session_start_true_ns", pa.int64()), ("session_start_utc_ns", pa.int64()),
     ]),  # fmt: skip
 }
+
+
+# With a capture window, ops and kernels say whether they lie in it (on a profiled rank): the
+# call's NVTX range, launch and kernel are then in the export unless an imperfection dropped them.
+_CAPTURE_COLUMN = ("in_capture", pa.bool_())
+
+
+def ground_truth_schemas(capture: bool) -> dict[str, pa.Schema]:
+    """Ground-truth schemas of a run; with a capture window ops and kernels gain ``in_capture``."""
+    if not capture:
+        return GROUND_TRUTH_SCHEMAS
+    return {name: schema.append(pa.field(*_CAPTURE_COLUMN)) if name in ("ops", "kernels") else schema
+            for name, schema in GROUND_TRUTH_SCHEMAS.items()}  # fmt: skip
 
 
 class _Sink:
@@ -237,14 +259,34 @@ class _NodeClock:
         return int(t + self.offset_ns + round(self._k * t)) - self.session_local
 
 
-def _clocks(cfg: EmulatorConfig) -> list[_NodeClock]:
+def _clocks(cfg: EmulatorConfig, anchors: dict[int, int] | None = None) -> list[_NodeClock]:
+    """Per-node clocks. ``anchors``: true session start of nodes whose nsys session starts at a
+    capture window (default: nsys starts 1.5-1.9 s before the job)."""
     imp = cfg.imperfections
     out = []
     for n in range(cfg.nodes):
         off = int(round((2 * u01(cfg.seed, n, 0xC10C) - 1) * imp.clock_offset_ns_max))
         drift = (2 * u01(cfg.seed, n, 0xD41F) - 1) * imp.clock_drift_ppm_max
         sess = -(1_500_000_000 + int(400_000_000 * u01(cfg.seed, n, 0x5E55)))
+        if anchors and n in anchors:
+            sess = anchors[n]
         out.append(_NodeClock(n, off, float(drift), sess))
+    return out
+
+
+def _capture_anchors(cfg: EmulatorConfig, cap: CaptureWindow, layout: MegatronLayout,
+                     skel: Skeleton) -> dict[int, int]:  # fmt: skip
+    """True time at which each node's nsys collection starts: its first profiled rank's window.
+
+    Measured with nsys 2022.4 (docs/emulator.md §3.1): a capture-range export's timeline zero and
+    TARGET_INFO_SESSION_START_TIME are the start of collection, not the start of nsys; metadata
+    kept from before it has negative timestamps. The bound comes from the timing skeleton, so it
+    is known before any row is written (one pass)."""
+    out: dict[int, int] = {}
+    for r in cap.profiled_ranks(cfg.world_size):
+        node = r // cfg.gpus_per_node
+        t = skel.window_start_ns(layout.pp_rank(r), cap.first - 1) - 1_000  # collection starts just before
+        out[node] = min(out.get(node, t), t)
     return out
 
 
@@ -294,7 +336,11 @@ class _Context:
         self.tparams = TimingParams()
         self.skel = Skeleton(cfg, self.layout, self.link, self.tparams)
         self.nccl = cfg.nccl
-        self.clocks = _clocks(cfg)
+        self.capture = cfg.capture_window
+        self.exported_nodes = (set(range(cfg.nodes)) if self.capture is None
+                               else set(self.capture.profiled_nodes(cfg.world_size, cfg.gpus_per_node)))
+        anchors = None if self.capture is None else _capture_anchors(cfg, self.capture, self.layout, self.skel)
+        self.clocks = _clocks(cfg, anchors)
         self.hosts = list(cfg.host_names) if cfg.host_names else [f"node{n:03d}" for n in range(cfg.nodes)]
         self.pids = {}
         for r in range(cfg.world_size):
@@ -379,6 +425,20 @@ class _Process:
         self.world_ptr = 0
         self._prev_gpu_end = 0
         self._prev_cpu = 0
+        # Capture window: rows are written only while ``capturing`` (always without a window).
+        # Only profiled ranks ever capture; a rank that never calls cudaProfilerStart leaves no
+        # events or NVTX metadata, only its process and thread names (measured, docs §3.1).
+        cap = ctx.capture
+        self.cap = cap
+        self.profiled = cap is None or cap.profiles(rank)
+        self.capturing = cap is None
+        # pre_window_metadata 'dropped': what was registered before the window is unknown to
+        # nsys: the domain's name row, the payload schemas (so no payloads decode), and the
+        # registered strings (ranges using them lose their text).
+        self.drop_meta = cap is not None and self.profiled and cap.pre_window_metadata == "dropped"
+        self.meta_lost = False
+        self._strings_seen: set[str] = set()
+        self._strings_lost: set[str] = set()
 
     # ---------------------------------------------------------------- helpers
     def wall(self, t: int) -> int:
@@ -393,6 +453,18 @@ class _Process:
 
     def _nvtx(self, start: int, end: int | None, text: str, *, domain: int = 0, payload: dict | None = None,
               registered: bool = True) -> None:  # fmt: skip
+        if self.drop_meta and registered and text not in self._strings_seen:
+            # NCCL registers each function's name at its first call (nvtx3 registered_string)
+            self._strings_seen.add(text)
+            if not self.capturing:
+                self._strings_lost.add(text)
+        if not self.capturing:
+            return
+        if self.drop_meta:
+            if registered and text in self._strings_lost:
+                text, registered = None, False  # type: ignore[assignment]
+            if self.meta_lost and domain:
+                payload = None
         row = {"start": self.ts(start), "end": None if end is None else self.ts(end), "pid": self.pid, "tid": self.tid,
                "text": text, "registered": registered, "domain_id": domain, "event_type": 59}  # fmt: skip
         if payload is not None and self.ctx.payloads:
@@ -401,8 +473,12 @@ class _Process:
 
     def _ensure_domain(self, t: int) -> int:
         if self.domain_id is None:
-            self.domain_id = self.nsys.add_nvtx_domain(self.pid, self.tid, "NCCL", self.ts(t))
-            if self.ctx.payloads:
+            # Created before the window: kept by nsys (default, measured) unless the emulator is
+            # told 'dropped'; never for a rank that does not profile.
+            record = self.capturing or (self.profiled and not self.drop_meta)
+            self.meta_lost = not record
+            self.domain_id = self.nsys.add_nvtx_domain(self.pid, self.tid, "NCCL", self.ts(t), record=record)
+            if self.ctx.payloads and record:
                 self.nsys.add_nccl_payload_schemas(self.pid, self.domain_id, self.ctx.nccl.tuple)
         return self.domain_id
 
@@ -530,7 +606,10 @@ class _Process:
         it_start: dict[int, int] = {}
         it_end: dict[int, int] = {}
         last_units = 0
+        cap = self.cap
         for u in prog.units():
+            if cap is not None:
+                self.capturing = self.profiled and cap.contains_iteration(u.iteration)
             tm = timer.times(u)
             it_start.setdefault(u.iteration, tm.init_start if u.new_comms else tm.group_start)
             it_end[u.iteration] = tm.call_end
@@ -541,6 +620,8 @@ class _Process:
         if last_units != ctx.skel.n_units[ctx.layout.pp_rank(self.rank)]:
             raise RuntimeError(f"rank {self.rank}: {last_units} units, its stage has {ctx.skel.n_units}")
         for it in range(cfg.iterations):
+            if cap is not None:
+                self.capturing = self.profiled and cap.contains_iteration(it)
             if it in it_start:
                 self._nvtx(it_start[it], it_end[it], f"iteration {it + 1}", domain=0, registered=False)
         self.flush()
@@ -562,7 +643,11 @@ class _Process:
             self.nvtx_rows = []
 
     def _launch(self, t0: int, t1: int, name: str, event_class: int) -> int:
+        # Correlation ids count every launch, captured or not, so that a capture changes no id
+        # (and no imperfection draw keyed by it) relative to the whole run.
         self.corr += 1
+        if not self.capturing:
+            return self.corr
         self.runtime_rows.append({"start": self.ts(t0), "end": self.ts(t1), "pid": self.pid, "tid": self.tid,
                                   "correlation_id": self.corr, "name": name, "event_class": event_class,
                                   "return_value": 0})  # fmt: skip
@@ -579,6 +664,8 @@ class _Process:
         name, short = _COMPUTE_KERNELS[self.compute_i % len(_COMPUTE_KERNELS)]
         self.compute_i += 1
         corr = self._launch(t_launch, t_launch + 3_000, "cudaLaunchKernel_v7000", 0)
+        if not self.capturing:
+            return
         self.kernel_rows.append({
             "start": self.ts(start), "end": self.ts(end), "device_id": self.local, "context_id": 1, "stream_id": 7,
             "correlation_id": corr, "pid": self.pid, "name": name, "short_name": short, "grid_x": 216, "grid_y": 1,
@@ -695,6 +782,8 @@ class _Process:
             row["kernel_dropped"] = bool(k[1]) if k else False
             row["single_rank_no_kernel"] = o.comm.size == 1
             row["kernel_fused"] = bool(k) and len(kern_groups) == 1 and len(multi) > 1
+            if self.cap is not None:
+                row["in_capture"] = self.capturing
             self.sinks["ops"].add(row)
 
     def _emit_kernel(self, ops: list[Op], times: tuple[int, int], name: str, short: str, corr: int, st: _CommState,
@@ -702,7 +791,7 @@ class _Process:
                      dropped: bool = False, without_log: bool = False) -> None:  # fmt: skip
         ks, ke = times
         self.stream_last_end[st.stream_id] = ke
-        if not dropped:
+        if not dropped and self.capturing:
             self.kernel_rows.append({
                 "start": self.ts(ks), "end": self.ts(ke), "device_id": self.local, "context_id": 1,
                 "stream_id": st.stream_id, "correlation_id": corr, "pid": self.pid, "name": name, "short_name": short,
@@ -712,7 +801,7 @@ class _Process:
             self.n_kernels += 1
             self.kernel_counts[family] = self.kernel_counts.get(family, 0) + 1
         first = ops[0] if ops else None
-        self.sinks["kernels"].add({
+        row = {
             "rank": self.rank, "host": self.host, "pid": self.pid, "global_pid": self.gpid, "device_id": self.local,
             "stream_id": st.stream_id, "correlation_id": corr, "name": name, "short_name": short, "family": family,
             "start": self.ts(ks), "end": self.ts(ke), "start_true_ns": ks, "end_true_ns": ke,
@@ -720,7 +809,10 @@ class _Process:
             "n_ops": len(ops), "first_seq": first.seq if first else None,
             "instance_id": first.instance if first else None, "comm_uid": st.comm.uid, "algo": algo, "proto": proto,
             "dropped": dropped, "without_log": without_log,
-        })  # fmt: skip
+        }  # fmt: skip
+        if self.cap is not None:
+            row["in_capture"] = self.capturing
+        self.sinks["kernels"].add(row)
 
     def _flush_tuning(self, wall_ns: int | None) -> None:
         """TUNING lines of one launched plan, in the order and aggregation of the NCCL version.
@@ -920,7 +1012,7 @@ class _NodeOutput:
     """What emulating one node wrote (returned from a worker process)."""
 
     node: int
-    nsys_path: Path
+    nsys_path: Path | None  # None: no profiled rank on the node, so nsys left no report
     log_files: list[Path]
     parts: dict[str, Path]
     line_time_files: list[tuple[Path, Path, int]]
@@ -954,10 +1046,11 @@ def _emulate_node(node: int, ctx: _Context | None = None) -> _NodeOutput:
     host = ctx.hosts[node]
     clk = ctx.clocks[node]
     parts_dir = out_dir / "ground_truth" / ".parts"
-    sinks = {name: _Sink(parts_dir / f"{name}.{node:06d}.parquet", GROUND_TRUTH_SCHEMAS[name])
-             for name in _PART_NAMES}  # fmt: skip
+    schemas = ground_truth_schemas(ctx.capture is not None)
+    sinks = {name: _Sink(parts_dir / f"{name}.{node:06d}.parquet", schemas[name]) for name in _PART_NAMES}
     nsys_path = out_dir / "nsys" / f"{host}.sqlite"
-    out = _NodeOutput(node, nsys_path, [], {}, [])
+    exported = node in ctx.exported_nodes
+    out = _NodeOutput(node, nsys_path if exported else None, [], {}, [])
     record_times = cfg.imperfections.torn_lines > 0
     payload_mode = cfg.nvtx_payloads if cfg.nvtx_payloads != "none" else "none"
     hw_id, vm_id = _capture_ids(node)
@@ -976,6 +1069,8 @@ def _emulate_node(node: int, ctx: _Context | None = None) -> _NodeOutput:
                     tpath = atomic_path(out_dir / "nccl" / f".{proc.log_name}.times")
                     np.asarray(proc.fh.times, dtype=np.int64).tofile(tpath)
                     out.line_time_files.append((proc.log_path, tpath, proc.pid))
+            if not exported:
+                nw.abort()  # its processes never started a capture: nsys generates no report
         out.parts = {name: sink.close() for name, sink in sinks.items()}
     except BaseException:
         for sink in sinks.values():
@@ -1021,6 +1116,7 @@ def emulate_run(config: EmulatorConfig | dict, out_dir: Path, *, progress: bool 
     ctx = _Context(cfg, out_dir)
     gt = out_dir / "ground_truth"
     res = EmulationResult(out_dir=out_dir, run_id=cfg.run_id, config=cfg, n_ranks=cfg.world_size)
+    schemas = ground_truth_schemas(ctx.capture is not None)
     record_times = cfg.imperfections.torn_lines > 0
     workers = max(1, min(int(workers), cfg.nodes))
     outputs: list[_NodeOutput] = []
@@ -1048,11 +1144,12 @@ def emulate_run(config: EmulatorConfig | dict, out_dir: Path, *, progress: bool 
         outputs.sort(key=lambda o: o.node)
         for o in outputs:
             res.log_files += o.log_files
-            res.nsys_files.append(o.nsys_path)
+            if o.nsys_path is not None:
+                res.nsys_files.append(o.nsys_path)
             _add_counts(res, o)
         for name in _PART_NAMES:
             res.ground_truth[name] = _merge_parts([o.parts[name] for o in outputs], gt / f"{name}.parquet",
-                                                  GROUND_TRUTH_SCHEMAS[name])  # fmt: skip
+                                                  schemas[name])  # fmt: skip
     except BaseException:
         for o in outputs:
             for part in o.parts.values():
@@ -1098,6 +1195,11 @@ def emulate_run(config: EmulatorConfig | dict, out_dir: Path, *, progress: bool 
             "job_duration_ns": int(res.duration_ns),
         },
     }  # fmt: skip
+    if ctx.capture is not None:
+        run_yaml["derived"]["capture"] = {
+            "profiled_ranks": ctx.capture.profiled_ranks(cfg.world_size),
+            "exported_hosts": [ctx.hosts[n] for n in sorted(ctx.exported_nodes)],
+        }
     res.run_yaml = out_dir / "run.yaml"
     _yaml_atomic(res.run_yaml, run_yaml)
     _remove_stale(res)

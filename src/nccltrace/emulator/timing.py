@@ -224,6 +224,7 @@ class Skeleton:
         self.skew: list[np.ndarray] = []
         self.init: list[np.ndarray] = []
         self.n_units = [0] * pp
+        self.first_unit: list[dict[int, int]] = [{} for _ in range(pp)]  # per stage: iteration -> first unit
         self._run()
 
     def split_groups(self, rank: int) -> int:
@@ -315,6 +316,8 @@ class Skeleton:
                             progress = True
                             break
                         st.unit = nxt
+                        # units are appended in program order: this one gets the next index
+                        self.first_unit[s].setdefault(nxt.iteration, len(starts[s]))
                         st.info = self._classify(s, nxt)
                         st.arrived = False
                     u, info = st.unit, st.info
@@ -378,6 +381,17 @@ class Skeleton:
             self.skew.append(np.asarray(skews[s], dtype=np.int64))
             self.init.append(np.asarray(inits[s], dtype=np.int64))
             self.n_units[s] = len(starts[s])
+
+    def window_start_ns(self, stage: int, iteration: int) -> int:
+        """A lower bound on the true time of the first activity of ``stage``'s ranks from
+        ``iteration`` (0-based) on: every call, launch and kernel of its units comes after the
+        previous unit's CPU calls, which begin at most ``host_lead_ns`` before that unit's
+        stage time (``RankTimer.times``). Where a capture window starts, for the session anchor."""
+        firsts = self.first_unit[stage]
+        k = min((i for it, i in firsts.items() if it >= iteration), default=self.n_units[stage])
+        if k == 0:  # nothing runs before the job starts (true time 0)
+            return min(0, int(self.start[stage][0] - self.init[stage][0]) - self.tp.host_lead_ns)
+        return int(self.start[stage][k - 1]) - self.tp.host_lead_ns
 
     @property
     def job_end_ns(self) -> int:

@@ -777,12 +777,16 @@ class NsysExportWriter:
         self._track_frame_time(df)
         self._insert_columns("CUPTI_ACTIVITY_KIND_RUNTIME", cols, len(df))
 
-    def add_nvtx_domain(self, pid: int, tid: int, name: str, start: int) -> int:
+    def add_nvtx_domain(self, pid: int, tid: int, name: str, start: int, *, record: bool = True) -> int:
         """Create an NVTX domain in process ``pid`` (an ``eventType = 75`` row); returns its
-        domainId. Ids are per process and start at 1 (0 is the default domain)."""
+        domainId. Ids are per process and start at 1 (0 is the default domain). ``record=False``
+        allocates the id without a row: a capture-range export whose nsys missed the creation
+        (created before the capture) still numbers the domain's ranges."""
         domains = self._domains.setdefault(pid, {})
         domain_id = len(domains) + 1
         domains[domain_id] = name
+        if not record:
+            return domain_id
         gtid = encode_global_tid(pid, tid, self.hw_id, self.vm_id)
         row = {
             "start": int(start),
@@ -794,7 +798,9 @@ class NsysExportWriter:
         if self._has_event_id:
             row["eventId"] = self._next_event_id
             self._next_event_id += 1
-        self._track_time([int(start)], [])
+        # A domain kept from before a capture range has a negative time; the analysed span of a
+        # real capture-range export still starts at the collection start (measured, 2022.4).
+        self._track_time([max(int(start), 0)], [])
         self._insert("NVTX_EVENTS", list(row), [tuple(row.values())])
         return domain_id
 

@@ -1,0 +1,207 @@
+"""Can I trust these matches? Checks of call <-> kernel matches against evidence the alignment
+did not optimise, their per-process record, and the messages they give.
+
+The aligner reports a match only when every near-optimal alignment agrees on it, but that is
+certainty *within its scoring model*; a capture that breaks the model's assumptions makes all
+optimal alignments wrong together. So every match is also checked against evidence outside the
+model, and a match a check contradicts is demoted to unmatched with the check's name as reason:
+
+* ``capture_window`` (per process, align stage): where a windowed capture sits in the log
+  (log time, a declared step range), or that nothing locates it (the process abstains);
+* ``log_time`` (per process, align stage): the kernel was launched inside the log-line ->
+  launch window learned from the process's certain matches (one-sided: NCCL launches after
+  it logs);
+* ``cross_rank`` (per run, ops stage): the kernels of one collective instance on all its
+  ranks overlap in synchronised time. A rank's result needs every data source to have
+  started: for AllReduce/AllGather/ReduceScatter/AlltoAll every member feeds every other, for
+  Broadcast the root feeds the others, for Reduce every member feeds the root. A match shifted
+  onto the next instance's kernel starts after the others have finished and is caught here,
+  even when each rank is self-consistent.
+
+The per-process record is ``aligned/<process>/alignment_quality.json`` (:func:`write_quality`);
+the run's table is ``ops/alignment_quality.parquet`` (``QUALITY_SCHEMA``), shown in the run
+report's section "Can I trust these matches?".
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from ..tables import documented_field as _f
+from ..tables import write_json_atomic
+
+__all__ = [
+    "CHECKS",
+    "CROSS_RANK_REASON",
+    "QUALITY_FILE",
+    "QUALITY_TABLE",
+    "QUALITY_SCHEMA",
+    "cross_rank_contradictions",
+    "quality_problems",
+    "quality_rows",
+    "read_quality",
+    "write_quality",
+]
+
+QUALITY_FILE = "alignment_quality.json"
+QUALITY_TABLE = "alignment_quality.parquet"
+CROSS_RANK_REASON = "contradicted_cross_rank"
+
+CHECKS: dict[str, tuple[str, str]] = {
+    # check -> (what it verifies, what to do when it contradicts matches)
+    "capture_window": ("the export's capture is located in the log (log time or declared steps)",
+                       "log timestamps (NCCL >= 2.26) or declare the captured steps"),
+    "log_time": ("each kernel was launched within the learned log-line -> launch window",
+                 "check that the log and the export come from the same run and host clock"),
+    "cross_rank": ("the kernels of one collective instance on all its ranks overlap in synchronised time",
+                   "check the rank's log and export for lost records around the demoted calls; with NCCL >= 2.26 "
+                   "log timestamps locate every call"),
+}
+
+QUALITY_SCHEMA = pa.schema(
+    [
+        _f("process", pa.string(), "", "process (log stem nccl_<host>_<pid>, or host:pid)"),
+        _f("host", pa.string(), "", "host of the process"),
+        _f("pid", pa.int64(), "", "process id"),
+        _f("check", pa.string(), "", "'capture_window', 'log_time' or 'cross_rank' (see docs/correlation.md)"),
+        _f("applicable", pa.bool_(), "", "whether the evidence the check needs exists for this process"),
+        _f("confirmed", pa.int64(), "", "matches the check confirmed (capture_window: matches inside the located window)"),
+        _f("contradicted", pa.int64(), "", "matches the check contradicted; they were demoted to unmatched"),
+        _f("not_checkable", pa.int64(), "", "matches the check could not test (no time, no peer, unsynchronised clock)"),
+        _f("message", pa.string(), "", "what the check found and what to do (null when nothing to say)"),
+    ]
+)
+
+
+def write_quality(path: Path | str, process: str, quality: Mapping[str, Any]) -> None:
+    """Write one process's alignment-quality record (JSON, atomically)."""
+    write_json_atomic(Path(path), {"process": process, **quality})
+
+
+def read_quality(path: Path | str) -> dict[str, Any]:
+    """A record written by :func:`write_quality` (empty checks when the file is absent: an
+    alignment made before quality records existed, or by a mode without checks)."""
+    p = Path(path)
+    if not p.exists():
+        return {"process": p.parent.name, "checks": []}
+    return json.loads(p.read_text())
+
+
+def _message(process: str, check: dict[str, Any]) -> str | None:
+    if check.get("message"):
+        return str(check["message"])
+    n = int(check.get("contradicted") or 0)
+    if n == 0:
+        return None
+    what, remedy = CHECKS.get(check["check"], (check["check"], ""))
+    return (f"{process}: {n} match(es) contradicted by the {check['check']} check ({what}); demoted to unmatched. "
+            f"What to do: {remedy}")
+
+
+def quality_problems(process: str, quality: Mapping[str, Any]) -> list[str]:
+    """The problems a process's quality record makes (each makes the run partial)."""
+    return [m for c in quality.get("checks", []) if (m := _message(process, c))]
+
+
+def quality_rows(process: str, host: str | None, pid: int | None, quality: Mapping[str, Any]) -> list[dict]:
+    """Rows of ``QUALITY_SCHEMA`` for one process's record."""
+    rows = []
+    for c in quality.get("checks", []):
+        rows.append({"process": process, "host": host, "pid": pid, "check": c["check"],
+                     "applicable": bool(c.get("applicable", False)), "confirmed": int(c.get("confirmed") or 0),
+                     "contradicted": int(c.get("contradicted") or 0),
+                     "not_checkable": int(c.get("not_checkable") or 0), "message": _message(process, c)})  # fmt: skip
+    return rows
+
+
+# ------------------------------------------------------------------ cross-rank consistency
+
+_SYMMETRIC = {"AllReduce", "AllGather", "ReduceScatter", "AlltoAll"}
+CROSS_RANK_SLACK_NS = 2_000
+"""Kernel timestamps of one node agree to about a microsecond; across nodes the clock model's
+residual (times five) is added."""
+
+
+def cross_rank_contradictions(rows: pd.DataFrame, slack: Mapping[str, float] | None = None) -> pd.DataFrame:
+    """Matches whose kernel cannot belong to their collective instance.
+
+    ``rows``: one row per matched call of a cross-rank instance with ``instance``, ``member``
+    (any id unique within the run, e.g. the global rank), ``clock_domain``, ``op``,
+    ``rank_in_comm``, ``root``, ``start_sync``, ``end_sync`` (null when the domain's clock is
+    unknown: not checkable). ``slack``: extra tolerance per clock domain (ns).
+
+    Per instance, member r's kernel must end after every member it needs data from started
+    (less the tolerance). Violations are resolved by removing members in order of how many
+    violated dependencies they take part in; when two members are equally implicated (a
+    two-rank instance), both go: the check cannot tell which one is wrong. Returns the removed
+    rows (index of ``rows``) with ``instance`` and ``member``; also sets nothing in ``rows``."""
+    cols = ["instance", "member", "clock_domain", "op", "rank_in_comm", "root", "start_sync", "end_sync"]
+    timed = rows.dropna(subset=["start_sync", "end_sync"])
+    if timed.empty:
+        return rows.iloc[0:0][["instance", "member"]]
+    tol = CROSS_RANK_SLACK_NS + timed["clock_domain"].map(slack or {}).astype(float).fillna(0.0)
+    t = timed[cols].assign(tol=tol.to_numpy())
+    g = t.groupby("instance", sort=False)
+    size = g["member"].transform("size")
+    # fast path: an instance whose latest start precedes its earliest end (within the largest
+    # tolerance) is consistent under every dependency pattern
+    late = g["start_sync"].transform("max") - g["tol"].transform("max")
+    early = g["end_sync"].transform("min")
+    suspect = (size >= 2) & (late > early)
+    out_idx: list[Any] = []
+    for _, inst in t[suspect].groupby("instance", sort=False):
+        out_idx += _resolve(inst)
+    return rows.loc[out_idx, ["instance", "member"]]
+
+
+def _resolve(inst: pd.DataFrame) -> list[Any]:
+    """Rows of one instance to remove so that every dependency holds (see caller)."""
+    op = str(inst["op"].iloc[0])
+    idx = list(inst.index)
+    start = inst["start_sync"].to_numpy(np.int64)
+    end = inst["end_sync"].to_numpy(np.int64)
+    tol = inst["tol"].to_numpy(float)
+    rk = inst["rank_in_comm"].to_numpy()
+    root = inst["root"].to_numpy()
+    n = len(idx)
+    # need[a, b]: member a's result depends on member b having started
+    if op in _SYMMETRIC:
+        need = ~np.eye(n, dtype=bool)
+    elif op == "Broadcast":
+        need = np.zeros((n, n), bool)
+        need[:, rk == root] = True
+        np.fill_diagonal(need, False)
+    elif op == "Reduce":
+        need = np.zeros((n, n), bool)
+        need[rk == root, :] = True
+        np.fill_diagonal(need, False)
+    else:
+        return []
+    bad = need & (end[:, None] < start[None, :] - np.maximum(tol[:, None], tol[None, :]))
+    alive = np.ones(n, bool)
+    removed: list[Any] = []
+    while True:
+        b = bad & alive[:, None] & alive[None, :]
+        if not b.any():
+            break
+        score = b.sum(axis=0) + b.sum(axis=1)
+        worst = np.flatnonzero(score == score.max())
+        alive[worst] = False
+        removed += [idx[i] for i in worst]
+    return removed
+
+
+def cross_rank_summary(checked: pd.DataFrame, removed: Iterable[Any]) -> pd.DataFrame:
+    """Per process: matches the cross-rank check confirmed, contradicted and could not test.
+    ``checked``: the candidate rows with ``process`` and ``testable``."""
+    rm = checked.index.isin(list(removed))
+    out = checked.assign(_rm=rm, _ok=checked["testable"] & ~rm, _nt=~checked["testable"])
+    return out.groupby("process", sort=False).agg(confirmed=("_ok", "sum"), contradicted=("_rm", "sum"),
+                                                    not_checkable=("_nt", "sum")).reset_index()
