@@ -140,7 +140,8 @@ def test_sample_processes_threads_and_enum_typo(sample: NsysExport) -> None:
 def test_export_tables_writes_parquet_and_session_json(sample: NsysExport, tmp_path: Path) -> None:
     paths = sample.export_tables(tmp_path / "out")
     assert {p.name for p in (tmp_path / "out").iterdir()} == {"kernels.parquet", "nvtx.parquet", "processes.parquet",
-                                                          "launches_without_kernel.parquet", "session.json"}
+                                                          "launches_without_kernel.parquet", "nccl_api_calls.parquet",
+                                                          "session.json"}
     session = json.loads(paths["session"].read_text())
     assert session["source_sha256"] == hashlib.sha256(SAMPLE.read_bytes()).hexdigest()
     assert (session["schema_version"], session["hostname"], session["session_start_utc_ns"]) == ("3.0.0", "sample-host", UTC0)

@@ -41,6 +41,7 @@ def cmd_parse_nccl(args: argparse.Namespace) -> int:
 
 
 def cmd_parse_nsys(args: argparse.Namespace) -> int:
+    from .nsys.nccl_api import format_summary
     from .nsys.reader import NsysExport
     from .provenance import write_manifest
 
@@ -50,6 +51,10 @@ def cmd_parse_nsys(args: argparse.Namespace) -> int:
         written = export.export_tables(out)
         write_manifest(out / "manifest.json", stage="parse_nsys", inputs=[path], outputs=list(written.values()))
         print(f"{path}: schema {export.schema_version} (nsys {export.product_version}) -> {out}")
+        api = export.nccl_api_summary
+        print(f"  {format_summary(api)}")
+        if api["payload_warning"]:
+            print(f"warning: {path}: {api['payload_warning']}", file=sys.stderr)
     return 0
 
 
@@ -141,11 +146,23 @@ def _declared_settings(args: argparse.Namespace) -> dict:
     return settings
 
 
+def _step_range(text: str) -> tuple[int, int]:
+    """``A-B`` (or ``A``) -> (A, B), 1-based logged step numbers."""
+    a, _, b = text.partition("-")
+    try:
+        first, last = int(a), int(b or a)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give the captured steps as FIRST-LAST, e.g. 3-4") from None
+    if first < 1 or last < first:
+        raise argparse.ArgumentTypeError(f"{text!r}: steps are 1-based and FIRST <= LAST, e.g. 3-4")
+    return first, last
+
+
 def cmd_analyze(args: argparse.Namespace) -> int:
     from .pipeline import analyze_run
 
     res = analyze_run(Path(args.raw_dir), Path(args.out), settings=_declared_settings(args) or None, mode=args.mode,
-                      progress=not args.quiet)
+                      progress=not args.quiet, capture_steps=args.capture_steps)
     share = f" ({res['matched'] / res['calls']:.1%})" if res["calls"] else ""
     reasons = ", ".join(f"{k} {v}" for k, v in res["unmatched_by_reason"].items()) or "none"
     print(f"{res['processes']} processes on {len(res['hosts'])} host(s), mode {res['mode']}: {res['calls']} calls, "
@@ -319,7 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("parse-nsys", help="read nsys SQLite exports into Parquet tables",
                        description="Read `nsys export --type sqlite` files (schema 3.x): NCCL kernels with their "
-                                   "launches, NVTX ranges and NCCL payloads, processes, session anchor.")
+                                   "launches, NVTX ranges and NCCL payloads, NCCL API calls linked to their kernels "
+                                   "(nccl_api_calls.parquet), processes, session anchor.")
     s.add_argument("exports", nargs="+", help="SQLite export files")
     s.add_argument("-o", "--out", required=True, help="output directory (one subdirectory per export if several)")
     s.set_defaults(func=cmd_parse_nsys)
@@ -356,6 +374,10 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, metavar="N", help=what)
     s.add_argument("--distributed-optimizer", action="store_true", help="the run used Megatron's distributed "
                    "optimizer")
+    s.add_argument("--capture-steps", type=_step_range, metavar="FIRST-LAST",
+                   help="the training steps the nsys capture covers (Megatron's logged iteration numbers, both "
+                        "included; e.g. 3-4 for --profile-step-start 2 --profile-step-end 4): locates a step-window "
+                        "capture in logs without timestamps (overrides capture.steps of the run settings)")
     s.add_argument("--strict", action="store_true", help="exit with status 2 when the result is partial")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     s.set_defaults(func=cmd_analyze)

@@ -81,7 +81,7 @@ STAGE_MODULES: dict[str, tuple[str, ...]] = {
     "emulate": ("emulator", "nccl/log_writer.py", "nccl/versions.py", "nccl/enums.py", "nsys/writer.py",
                 "nsys/ddl"),
     "parse_nccl": ("nccl/log_reader.py", "nccl/fast_scan.py", "nccl/enums.py", "nccl/versions.py", "tables.py"),
-    "parse_nsys": ("nsys/reader.py", "tables.py"),
+    "parse_nsys": ("nsys/reader.py", "nsys/nccl_api.py", "tables.py"),
     "communicators": ("communicators.py", "tables.py"),
     "align": ("align", "tables.py"),
     "ops": ("ops.py", "align/correlate.py", "parallelism.py", "clocksync.py", "emulator/layout.py",

@@ -11,7 +11,7 @@ RUNS = {run.run_id: run for run in expand_campaign(config)}
 validate_runs(list(RUNS.values()))
 RUN_IDS = sorted(RUNS)
 RESULTS = f"results/{config['campaign']}"
-NSYS_TABLES = ["kernels", "nvtx", "processes", "launches_without_kernel"]
+NSYS_TABLES = ["kernels", "nvtx", "processes", "launches_without_kernel", "nccl_api_calls"]
 
 
 wildcard_constraints:

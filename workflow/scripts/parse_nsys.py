@@ -19,6 +19,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from nccltrace.acquisition.raw import export_hint, missing_export_problem, read_status  # noqa: E402
 from nccltrace.nsys import reader  # noqa: E402
+from nccltrace.nsys.nccl_api import NCCL_API_CALL_COLUMNS, format_summary  # noqa: E402
 from nccltrace.nsys.reader import NsysExport, NsysFormatError  # noqa: E402
 from nccltrace.provenance import write_manifest  # noqa: E402
 from nccltrace.tables import write_json_atomic  # noqa: E402
@@ -32,7 +33,7 @@ _KINDS = {"int64": pa.int64(), "Int64": pa.int64(), "UInt64": pa.uint64(), "floa
           "object": pa.string()}
 # The reader's column specs of the tables export_tables writes (same names and types).
 _SPECS = {"kernels": reader.KERNEL_COLUMNS, "nvtx": reader.NVTX_COLUMNS, "processes": reader.PROCESS_COLUMNS,
-          "launches_without_kernel": reader.RUNTIME_COLUMNS}
+          "launches_without_kernel": reader.RUNTIME_COLUMNS, "nccl_api_calls": NCCL_API_CALL_COLUMNS}
 
 
 def unavailable(problem: str) -> None:
@@ -82,8 +83,16 @@ if problems:
     write_json_atomic(written["session"], {**session, "problems": problems})
     for p in problems:
         print(f"PARTIAL: {p}", file=sys.__stderr__)
+api = export.nccl_api_summary
 write_manifest(snakemake.output.manifest, stage="parse_nsys", inputs=[export_file],  # noqa: F821
                outputs=list(written.values()), config=settings, partial=bool(problems), reasons=problems,
-               extra={"nccl_kernels": kernels})
+               extra={"nccl_kernels": kernels, "nccl_api_calls": api["api_calls"],
+                      "nccl_api_calls_matched": api["matched"]})
 print(f"schema {export.schema_version}, product {export.product_version}: {sorted(written)}, "
       f"{kernels} NCCL kernels; problems: {problems}")
+print(format_summary(api))
+if api["payload_warning"]:
+    # Not a gap in this stage's tables (the call ranges and kernel links are complete), but the
+    # arguments of the calls are missing: say so on Snakemake's console too.
+    print(f"NOTE: nsys export {export_file.name} of node {host}: {api['payload_warning']}", file=sys.__stderr__)
+    print(f"NOTE: {api['payload_warning']}")

@@ -65,6 +65,12 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
+# Which NVTX ranges are NCCL's, their group structure and the kernels launched inside them have
+# one home, shared with the nccl_api_calls table of parse-nsys.
+from ..nsys.nccl_api import CALL_OPS as _CALL_OPS
+from ..nsys.nccl_api import _codes, _int, _kernel_launch_ranges, _link_units, nccl_kernels, nccl_range_mask
+from ..nsys.nccl_api import _prepare_ranges as _nccl_ranges
+
 __all__ = [
     "REASONS",
     "ExactCorrelation",
@@ -77,10 +83,6 @@ __all__ = [
 REASONS = ("no_kernel_single_rank", "kernel_missing", "no_nvtx_range", "ambiguous", "duplicate_line")
 """Why a call line has no kernel (``reason`` is null for matched lines)."""
 
-# NVTX range name (without the ``nccl`` prefix) -> op as logged; ncclBcast is the legacy name.
-_CALL_OPS = {op: op for op in ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce", "Send", "Recv",
-                               "AlltoAll", "Gather", "Scatter", "PutSignal", "Signal", "WaitSignal")}  # fmt: skip
-_CALL_OPS["Bcast"] = "Broadcast"
 _ROOTED = {"Broadcast", "Reduce", "Gather", "Scatter"}
 _P2P = {"Send", "Recv", "PutSignal", "Signal"}
 _REDUCING = {"AllReduce", "ReduceScatter", "Reduce"}
@@ -140,11 +142,11 @@ def has_nccl_payloads(nvtx: pd.DataFrame) -> bool:
     ``binaryData`` blobs or JSON; bare ranges (older NCCL, an export without payloads) are not
     enough for :func:`exact_correlation`.
     """
-    needed = {"domain", "text", "nccl_message_bytes"}
+    needed = {"text", "nccl_message_bytes"}
     if nvtx is None or len(nvtx) == 0 or not needed <= set(nvtx.columns):
         return False
     text = nvtx.text.astype("string")
-    mask = (nvtx.domain == "NCCL").fillna(False).to_numpy(bool).copy()
+    mask = nccl_range_mask(nvtx).copy()
     mask &= text.str.startswith("nccl").fillna(False).to_numpy(bool)
     mask &= text.str.removeprefix("nccl").isin(list(_CALL_OPS)).fillna(False).to_numpy(bool)
     return bool(nvtx.nccl_message_bytes[mask].notna().any())
@@ -190,9 +192,9 @@ def exact_correlation(calls: pd.DataFrame, kernels: pd.DataFrame, nvtx: pd.DataF
     ranges = _prepare_ranges(nvtx, by_host)
     kern = _prepare_kernels(kernels)
     _link_units(ranges)
-    _kernel_launch_ranges(kern, ranges, by_host)
+    _kernel_launch_ranges(kern, ranges, _proc_columns(by_host))
     lost = _prepare_lost(lost_launches, by_host)
-    _kernel_launch_ranges(lost, ranges, by_host)
+    _kernel_launch_ranges(lost, ranges, _proc_columns(by_host))
     line_range, line_reason = _LineMatcher(calls, ranges, comms, by_host, duplicates == "possible").run()
     return _assign(calls, ranges, kern, lost, line_range, line_reason, by_host)
 
@@ -246,18 +248,6 @@ def _proc_columns(by_host: bool) -> list[str]:
     return ["host", "pid"] if by_host else ["pid"]
 
 
-def _int(s: pd.Series, fill: int = _NO_KEY) -> np.ndarray:
-    """Nullable integer column -> int64 array with ``fill`` for nulls."""
-    return s.astype("Int64").fillna(fill).to_numpy("int64")
-
-
-def _codes(frame: pd.DataFrame, cols: list[str]) -> np.ndarray:
-    """One int64 code per distinct combination of ``cols`` (nulls are a value of their own)."""
-    if len(frame) == 0:
-        return np.empty(0, np.int64)
-    return frame.groupby(cols, sort=False, dropna=False).ngroup().to_numpy("int64")
-
-
 def _prepare_calls(calls: pd.DataFrame, by_host: bool) -> pd.DataFrame:
     need = {"file", "line", "pid", "tid", "op", "comm", "nranks", "bytes", "root", "redop", "duplicate_of"}
     if by_host:
@@ -276,41 +266,8 @@ def _prepare_calls(calls: pd.DataFrame, by_host: bool) -> pd.DataFrame:
 
 
 def _prepare_ranges(nvtx: pd.DataFrame, by_host: bool) -> pd.DataFrame:
-    """NCCL-domain push/pop ranges, sorted per thread by start (outer before inner), classified
-    as ``call`` (op set), ``group_start``, ``group_end``, ``init`` or ``other``."""
-    proc = _proc_columns(by_host)
-    keep = (nvtx.domain == "NCCL").fillna(False).to_numpy(bool) & nvtx.end.notna().to_numpy(bool)
-    if "event_type" in nvtx.columns:
-        keep &= (nvtx.event_type == 59).to_numpy(bool)
-    cols = proc + ["tid", "start", "end", "text"]
-    payload = {"nccl_message_bytes": "Int64", "nccl_comm_id": "UInt64", "nccl_root": "Int64", "nccl_peer": "Int64",
-               "nccl_redop": "Int64", "nccl_nranks": "Int64"}  # fmt: skip
-    r = nvtx.loc[keep, cols + [p for p in payload if p in nvtx.columns]].copy()
-    for p, dt in payload.items():
-        r[p] = r[p].astype(dt) if p in r.columns else pd.array([None] * len(r), dtype=dt)
-    r["end"] = r["end"].astype("int64")
-    r["tid"] = r["tid"].astype("Int64")
-    r = r[r.tid.notna()]
-    r = r.sort_values(proc + ["tid", "start", "end"], ascending=[True] * (len(proc) + 2) + [False],
-                      kind="stable").reset_index(drop=True)  # fmt: skip
-    text = r.text.astype("string")
-    op = text.str.removeprefix("nccl").map(_CALL_OPS).where(text.str.startswith("nccl").fillna(False))
-    kind = np.full(len(r), "other", dtype=object)
-    kind[op.notna().to_numpy(bool)] = "call"
-    kind[(text == "ncclGroupStart").fillna(False).to_numpy(bool)] = "group_start"
-    kind[(text == "ncclGroupEnd").fillna(False).to_numpy(bool)] = "group_end"
-    kind[text.str.startswith("ncclComm").fillna(False).to_numpy(bool)] = "init"
-    r["_thread"] = _codes(r, proc + ["tid"])
-    # A legacy wrapper range (ncclBcast) containing the real call's range is not a call itself.
-    idx = np.flatnonzero(kind == "call")
-    if len(idx) > 1:
-        cur, nxt = idx[:-1], idx[1:]
-        th, st, en = r._thread.to_numpy(), r.start.to_numpy("int64"), r.end.to_numpy("int64")
-        wraps = (th[cur] == th[nxt]) & (st[nxt] < en[cur]) & (en[nxt] <= en[cur])
-        kind[cur[wraps]] = "other"
-    r["kind"] = kind
-    r["op"] = op.where(kind == "call")
-    return r
+    """NCCL push/pop ranges, sorted and classified (see :mod:`nccltrace.nsys.nccl_api`)."""
+    return _nccl_ranges(nvtx, _proc_columns(by_host))
 
 
 def _prepare_kernels(kernels: pd.DataFrame) -> pd.DataFrame:
@@ -318,12 +275,8 @@ def _prepare_kernels(kernels: pd.DataFrame) -> pd.DataFrame:
     missing = need - set(kernels.columns)
     if missing:
         raise ExactCorrelationError(f"kernels table lacks columns {sorted(missing)} (use NsysExport.kernels())")
-    k = kernels
-    name = k["short_name"] if "short_name" in k.columns else k["name"] if "name" in k.columns else None
-    if name is not None:
-        # Only NCCL's own kernels are launched by NCCL calls; others (compute) are ignored.
-        k = k[name.astype("string").str.lower().str.startswith("nccl").fillna(False).to_numpy(bool)]
-    return k.reset_index(drop=True).copy()
+    # Only NCCL's own kernels are launched by NCCL calls; others (compute) are ignored.
+    return nccl_kernels(kernels)
 
 
 def _prepare_lost(lost: pd.DataFrame | None, by_host: bool) -> pd.DataFrame:
@@ -336,82 +289,6 @@ def _prepare_lost(lost: pd.DataFrame | None, by_host: bool) -> pd.DataFrame:
         raise ExactCorrelationError(f"lost_launches lacks columns {sorted(need - set(lost.columns))}")
     out = lost.rename(columns={"tid": "launch_tid", "start": "launch_start", "end": "launch_end"})
     return out[cols].reset_index(drop=True).copy()
-
-
-# --------------------------------------------------------------------------- NVTX structure
-
-
-def _segmented_cummin(x: np.ndarray, seg: np.ndarray) -> np.ndarray:
-    """Running minimum of ``x`` restarting at each segment (``seg`` sorted, 0-based ids)."""
-    if len(x) == 0:
-        return x
-    # Shift each later segment below every earlier value so one cummin never crosses segments.
-    span = np.int64(x.max() - x.min() + 1)
-    shift = seg.astype(np.int64) * span
-    return np.minimum.accumulate(x - shift) + shift
-
-
-def _link_units(r: pd.DataFrame) -> None:
-    """Add ``unit`` (row of the range that launches each call's kernels, -1 if none) and
-    ``is_unit`` (ranges inside which NCCL launches kernels).
-
-    An ungrouped call launches in its own range; a call at group depth > 0 launches in the
-    ncclGroupEnd that brings its thread's depth back to 0 (nested groups launch only then).
-    """
-    n = len(r)
-    kind = r.kind.to_numpy()
-    rel = np.flatnonzero(np.isin(kind, ["call", "group_start", "group_end"]))
-    unit = np.full(n, -1, dtype=np.int64)
-    is_unit = np.zeros(n, bool)
-    if len(rel):
-        k, th = kind[rel], r._thread.to_numpy()[rel]
-        delta = np.where(k == "group_start", 1, np.where(k == "group_end", -1, 0)).astype(np.int64)
-        first = np.r_[True, th[1:] != th[:-1]]
-        seg = np.cumsum(first) - 1
-        cs = np.cumsum(delta)
-        walk = cs - (cs - delta)[first][seg]  # per-thread cumulative depth
-        # Clamp at 0: an ncclGroupEnd without its start (capture began inside a group) must not
-        # make the thread's later calls look grouped.
-        depth_after = walk - np.minimum(_segmented_cummin(walk, seg), 0)
-        depth_before = np.where(first, 0, np.r_[0, depth_after[:-1]])
-        closing = (k == "group_end") & (depth_before > 0) & (depth_after == 0)
-        ungrouped = (k == "call") & (depth_before == 0)
-        unit[rel[ungrouped]] = rel[ungrouped]
-        is_unit[rel[ungrouped | closing]] = True
-        grouped = np.flatnonzero((k == "call") & (depth_before > 0))
-        close_pos = np.flatnonzero(closing)
-        if len(grouped) and len(close_pos):
-            nxt = np.searchsorted(close_pos, grouped)
-            ok = nxt < len(close_pos)
-            cand = close_pos[np.minimum(nxt, len(close_pos) - 1)]
-            ok &= th[cand] == th[grouped]  # an unterminated group keeps -1
-            unit[rel[grouped[ok]]] = rel[cand[ok]]
-    r["unit"] = unit
-    r["is_unit"] = is_unit
-
-
-def _kernel_launch_ranges(k: pd.DataFrame, r: pd.DataFrame, by_host: bool) -> None:
-    """Add ``launch_range``: row of the launch range (ungrouped call or closing ncclGroupEnd)
-    on the launching thread that contains the launch API call, -1 if none."""
-    out = np.full(len(k), -1, dtype=np.int64)
-    key = _proc_columns(by_host) + ["tid"]
-    units = r[r.is_unit.to_numpy(bool)]
-    have = (k.launch_tid.notna() & k.launch_start.notna() & k.launch_end.notna()).to_numpy(bool)
-    if len(units) and have.any():
-        kk = k.loc[have, key[:-1] + ["launch_tid", "launch_start", "launch_end"]].rename(columns={"launch_tid": "tid"})
-        ugroups = {t if isinstance(t, tuple) else (t,): g for t, g in units.groupby(key, sort=False)}
-        for t, g in kk.groupby(key, sort=False):
-            u = ugroups.get(t if isinstance(t, tuple) else (t,))
-            if u is None:
-                continue
-            # Launch ranges of one thread do not overlap: the candidate is the last one starting
-            # at or before the launch, and it must also end after the launch.
-            st, en = u.start.to_numpy("int64"), u.end.to_numpy("int64")
-            ls, le = g.launch_start.to_numpy("int64"), g.launch_end.to_numpy("int64")
-            i = np.searchsorted(st, ls, side="right") - 1
-            inside = (i >= 0) & (en[np.maximum(i, 0)] >= le)
-            out[g.index.to_numpy()[inside]] = u.index.to_numpy()[i[inside]]
-    k["launch_range"] = out
 
 
 # --------------------------------------------------------------------------- line <-> range

@@ -140,6 +140,10 @@ PROCESS_COLUMNS: list[tuple[str, str]] = [("global_pid", "int64"), ("pid", "int6
 THREAD_COLUMNS: list[tuple[str, str]] = [
     ("global_tid", "Int64"), ("pid", "Int64"), ("tid", "Int64"), ("name", "object"), ("priority", "Int64"),
 ]
+PAYLOAD_SCHEMA_ENTRY_COLUMNS: list[tuple[str, str]] = [
+    ("domain_id", "Int64"), ("schema_id", "Int64"), ("idx", "Int64"), ("type", "Int64"), ("name", "object"),
+    ("offset", "Int64"),
+]  # fmt: skip
 GPU_COLUMNS: list[tuple[str, str]] = [
     ("device_id", "Int64"), ("name", "object"), ("bus_location", "object"), ("uuid", "object"),
     ("cu_device", "Int64"), ("pid", "Int64"), ("cuda_id", "Int64"),
@@ -362,6 +366,8 @@ class NsysExport:
         # Set by each kernels()/iter_kernels() read: kernel rows left out {"damaged": n, "duplicate": n}.
         self.skipped_kernel_rows: dict[str, int] | None = None
         self._kernel_records: int | None = None
+        # Set by export_tables(): NcclApiCalls.summary() of the nccl_api_calls table it wrote.
+        self.nccl_api_summary: dict[str, Any] | None = None
         self._tables: set[str] = set()
 
     # ------------------------------------------------------------------ opening
@@ -877,6 +883,32 @@ class NsysExport:
         cols.update(self._decode_payloads(cols))
         return _frame(cols, NVTX_COLUMNS)
 
+    def payload_schema_entries(self) -> pd.DataFrame:
+        """Rows of ``NVTX_PAYLOAD_SCHEMA_ENTRIES`` (:data:`PAYLOAD_SCHEMA_ENTRY_COLUMNS`): the
+        extended-payload schemas registered per NVTX domain id (the table has no process column).
+        Empty when the export has no such table."""
+        t = "NVTX_PAYLOAD_SCHEMA_ENTRIES"
+        names = [c for c, _ in PAYLOAD_SCHEMA_ENTRY_COLUMNS]
+        rows: list[tuple] = []
+        if t in self._tables:
+            cols = ", ".join(self._col(t, "s", c) for c in ("domainId", "schemaId", "idx", "type", "name"))
+            off = 's."offset"' if "offset" in self.columns(t) else "NULL"
+            rows = self._query(f"SELECT {cols}, {off} FROM {t} s ORDER BY 1, 2, 3", what=t)
+        return _frame(_rows_to_columns(rows, names), PAYLOAD_SCHEMA_ENTRY_COLUMNS)
+
+    def nccl_api_calls(self, *, nvtx: pd.DataFrame | None = None, kernels: pd.DataFrame | None = None,
+                       lost_launches: pd.DataFrame | None = None) -> Any:  # fmt: skip
+        """NCCL API call ranges linked to their kernels (:func:`nccltrace.nsys.nccl_api.nccl_api_calls`),
+        reading whichever of ``nvtx()``, ``kernels()`` and ``launches_without_kernel()`` is not given.
+        Returns an :class:`~nccltrace.nsys.nccl_api.NcclApiCalls`."""
+        from .nccl_api import nccl_api_calls
+
+        nvtx = self.nvtx() if nvtx is None else nvtx  # nvtx() also sets undecoded_payload_blobs
+        return nccl_api_calls(nvtx, self.kernels() if kernels is None else kernels,
+                              lost_launches=self.launches_without_kernel() if lost_launches is None else lost_launches,
+                              payload_schemas=self.payload_schema_entries(),
+                              undecoded_payload_blobs=self.undecoded_payload_blobs)  # fmt: skip
+
     # ---- NCCL extended payloads
 
     def _payload_schemas(self) -> dict[tuple[int, int], list[tuple[str, str, int]]]:
@@ -1116,16 +1148,22 @@ class NsysExport:
             "kernel_table": "CUPTI_ACTIVITY_KIND_KERNEL" in self._tables,
             "kernel_records": self.kernel_records,
             "skipped_kernel_rows": self.skipped_kernel_rows,
+            # Counts of nccl_api_calls.parquet and the payload warning (None before export_tables).
+            "nccl_api_calls": self.nccl_api_summary,
         }
 
     def export_tables(
         self, out_dir: str | os.PathLike[str], *, kernel_name_like: str | None = "nccl%"
     ) -> dict[str, Path]:
         """Write ``kernels.parquet`` (streamed), ``nvtx.parquet``, ``processes.parquet``,
-        ``launches_without_kernel.parquet`` and ``session.json`` into ``out_dir``; each file
-        appears atomically (temp file + rename). Returns table name -> path."""
+        ``launches_without_kernel.parquet``, ``nccl_api_calls.parquet`` (NCCL API call ranges
+        linked to their kernels, see :mod:`nccltrace.nsys.nccl_api`) and ``session.json`` into
+        ``out_dir``; each file appears atomically (temp file + rename). Returns table name -> path.
+        The summary of the NCCL API table is kept in :attr:`nccl_api_summary` and ``session.json``."""
         import pyarrow as pa
         import pyarrow.parquet as pq
+
+        from .nccl_api import NCCL_API_CALLS_SCHEMA, nccl_api_calls, nccl_kernels
 
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -1134,14 +1172,20 @@ class NsysExport:
             "nvtx": out / "nvtx.parquet",
             "processes": out / "processes.parquet",
             "launches_without_kernel": out / "launches_without_kernel.parquet",
+            "nccl_api_calls": out / "nccl_api_calls.parquet",
             "session": out / "session.json",
         }
         schema = _arrow_schema(KERNEL_COLUMNS)
         written = 0
+        # The few columns linking NCCL kernels to their calls, kept while kernels stream to disk.
+        link_cols = ["global_pid", "pid", "correlation_id", "stream_id", "launch_tid", "launch_start", "launch_end",
+                     "short_name", "name"]  # fmt: skip
+        links: list[pd.DataFrame] = []
         with _atomic_path(paths["kernels"]) as tmp, pq.ParquetWriter(tmp, schema) as pw:
             for batch in self.iter_kernels(kernel_name_like):
                 pw.write_table(pa.Table.from_pandas(batch, schema=schema, preserve_index=False))
                 written += len(batch)
+                links.append(nccl_kernels(batch[link_cols]))
         if not written:
             # Empty kernels.parquet: say why, so an empty result is never taken for "no NCCL traffic".
             if self.kernel_records == 0:
@@ -1152,11 +1196,18 @@ class NsysExport:
                        "without NCCL kernels, or every NCCL kernel row damaged)")
             warnings.warn(NsysDataWarning(f"{self.path}: kernels.parquet is empty: {why}; NCCL calls of this node "
                                           "cannot be matched to kernels"), stacklevel=2)
-        for key, frame, spec in (("nvtx", self.nvtx(), NVTX_COLUMNS), ("processes", self.processes(), PROCESS_COLUMNS),
-                                 ("launches_without_kernel", self.launches_without_kernel(), RUNTIME_COLUMNS)):
+        nvtx, lost = self.nvtx(), self.launches_without_kernel()
+        for key, frame, spec in (("nvtx", nvtx, NVTX_COLUMNS), ("processes", self.processes(), PROCESS_COLUMNS),
+                                 ("launches_without_kernel", lost, RUNTIME_COLUMNS)):
             with _atomic_path(paths[key]) as tmp:
                 s = _arrow_schema(spec)
                 pq.write_table(pa.Table.from_pandas(frame, schema=s, preserve_index=False), tmp)
+        kernels = pd.concat(links, ignore_index=True) if links else self._kernel_frame([])[link_cols]
+        api = nccl_api_calls(nvtx, kernels, lost_launches=lost, payload_schemas=self.payload_schema_entries(),
+                             undecoded_payload_blobs=self.undecoded_payload_blobs)
+        self.nccl_api_summary = api.summary()
+        with _atomic_path(paths["nccl_api_calls"]) as tmp:
+            pq.write_table(pa.Table.from_pandas(api.calls, schema=NCCL_API_CALLS_SCHEMA, preserve_index=False), tmp)
         with _atomic_path(paths["session"]) as tmp:
             tmp.write_text(json.dumps(self.session_info(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
         return paths
