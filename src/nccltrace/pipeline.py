@@ -419,7 +419,7 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
                 pid = None if pq.read_metadata(calls_path).num_rows else process_key(proc)[1]
                 table = align_files(calls_path, nd / "kernels.parquet", nd / "session.json", dest, mode=mode,
                                     launches_path=nd / "launches_without_kernel.parquet",
-                                    nvtx_path=nd / "nvtx.parquet" if mode == "exact" else None, pid=pid,
+                                    nvtx_path=nd / "nvtx.parquet", pid=pid,
                                     capture_steps=steps)  # fmt: skip
                 inputs_used = [calls_path, nd / "kernels.parquet", nd / "session.json"]
                 found = quality_problems(proc, read_quality(dest.parent / QUALITY_FILE))

@@ -26,7 +26,7 @@ session = json.loads(Path(inp.session).read_text())
 available = session.get("available", True)
 window = CaptureWindow.of_settings(dict(snakemake.params.settings))  # noqa: F821
 table = align_files(inp.calls, inp.kernels, inp.session, out.alignment, mode=mode, launches_path=inp.launches,
-                    nvtx_path=inp.nvtx if mode == "exact" and available else None,
+                    nvtx_path=inp.nvtx if available else None,
                     nccl_version=str(version) if version else None, pid=pid, export_available=available,
                     quality_path=out.quality, capture_steps=window.loop_indices if window else None)
 calls = table[table["row_kind"] == "call"]

@@ -222,7 +222,7 @@ def align_process(
     kernels = kernels[is_nccl_kernel(kernels["short_name"].astype(object))]
     if mode == "default":
         return _align_default(calls, kernels, utc_offset_ns, params or AlignParams(), launches_without_kernel,
-                              _version_tuple(nccl_version), quality, capture_steps)
+                              _version_tuple(nccl_version), quality, capture_steps, nvtx)
     if mode == "thesis":
         return _align_thesis(calls, kernels)
     return _align_exact(calls, kernels, nvtx)
@@ -237,7 +237,7 @@ def _version_tuple(v: str | None) -> tuple[int, int, int] | None:
 
 def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kernel=None,
                    version=None, quality: dict | None = None,
-                   capture_steps: tuple[int, int] | None = None) -> pd.DataFrame:  # fmt: skip
+                   capture_steps: tuple[int, int] | None = None, nvtx: pd.DataFrame | None = None) -> pd.DataFrame:  # fmt: skip
     ks = build_kernel_sequence(kernels, utc_offset_ns=utc_offset_ns, launches_without_kernel=launches_without_kernel)
     span = capture_span(ks)
     units = build_log_units(calls, nccl_version=version, capture_ns=span)
@@ -278,6 +278,7 @@ def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kerne
     conf[has_unit] = res.confidence[cu[has_unit]]
     method = np.full(len(cu), None, object)
     method[has_unit] = res.method[cu[has_unit]]
+    nvtx_check = _apply_nvtx(units, ks, kernels, nvtx, launches_without_kernel, call_kernel, reason, conf, method)
     lost = np.zeros(len(cu), bool)
     lost[call_kernel >= 0] = ks.placeholder[call_kernel[call_kernel >= 0]]
     reason[lost] = "kernel_record_missing"
@@ -287,9 +288,63 @@ def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kerne
         if window["located_by"] == "log_time":
             window["span_utc_ns"] = list(span)
         quality.update(mode="default", stream_map={f"0x{k:x}": v for k, v in res.stream_map.items()},
-                       checks=[window, *res.checks])
+                       checks=[window, *res.checks, nvtx_check])
     return _assemble(units.calls, call_kernel, cu, reason, conf, method, ks.kernels, "default", lost=lost,
                      placeholder=ks.placeholder)
+
+
+def _apply_nvtx(units, ks, kernels, nvtx, launches, call_kernel, reason, conf, method) -> dict:
+    """NCCL's own NVTX call ranges as evidence (in place on the per-call arrays): a kernel's
+    launch lies inside the range of the call that issued it, so where the export has those
+    ranges, lines are matched to ranges per thread in call order (``exact.exact_correlation``,
+    with or without payloads) and a line matched there gets that kernel exactly. Alignment
+    matches it confirms stay; ones it contradicts are replaced by its answer and counted;
+    lines it leaves undecided keep the alignment's answer."""
+    out = {"check": "nvtx_range", "applicable": False, "confirmed": 0, "contradicted": 0, "not_checkable": 0}
+    from ..nsys.nccl_api import nccl_range_mask
+    from .exact import ExactCorrelationError, exact_correlation
+
+    if nvtx is None or len(nvtx) == 0 or not nccl_range_mask(nvtx).any() or ks.m == 0:
+        out["not_checkable"] = int((call_kernel >= 0).sum())
+        return out
+    calls = units.calls
+    eligible = ~pd.Series(units.call_reason).isin(["outside_capture", "capture_not_located",
+                                                   NOT_IN_EXPORT_REASON]).to_numpy()  # fmt: skip
+    try:
+        ex = exact_correlation(calls[eligible], kernels, nvtx, lost_launches=launches, require_payloads=False)
+    except (ExactCorrelationError, ValueError, KeyError) as e:  # ranges it cannot use: say so, decide nothing
+        out.update(message=f"NCCL NVTX ranges present but not usable: {e}")
+        out["not_checkable"] = int((call_kernel >= 0).sum())
+        return out
+    m = ex.call_matches
+    real = ~ks.placeholder
+    kmap = {(int(g), int(c)): j for j, (g, c) in enumerate(zip(
+        ks.kernels["global_pid"].astype("Int64").fillna(-1), ks.kernels["correlation_id"].astype("Int64").fillna(-1)))
+        if real[j]}  # fmt: skip
+    got = m[m["reason"].isna() & m["kernel_correlation_id"].notna()]
+    pos = pd.Series(np.arange(len(calls)), index=pd.MultiIndex.from_arrays([calls["file"], calls["line"]]))
+    rows = pos.reindex(pd.MultiIndex.from_arrays([got["file"], got["line"]])).to_numpy()
+    nv = np.full(len(calls), -1, np.int64)
+    for r, g, c in zip(rows, got["kernel_global_pid"], got["kernel_correlation_id"]):
+        j = kmap.get((int(g), int(c)), -1)
+        if not np.isnan(r) and j >= 0:
+            nv[int(r)] = j
+    decided = nv >= 0
+    dp = call_kernel.copy()
+    agree = decided & (dp == nv)
+    differ = decided & (dp >= 0) & (dp != nv)
+    call_kernel[decided] = nv[decided]
+    reason[decided] = None
+    conf[decided] = 1.0
+    method[decided & ~agree] = "nvtx"
+    out.update(applicable=True, confirmed=int(agree.sum()), contradicted=int(differ.sum()),
+               not_checkable=int(((dp >= 0) & ~decided).sum()), nvtx_decided=int(decided.sum()),
+               filled=int((decided & (dp < 0)).sum()))  # fmt: skip
+    if differ.any():
+        out["message"] = (f"{int(differ.sum())} alignment match(es) disagreed with NCCL's NVTX call ranges and were "
+                          f"replaced by the ranges' exact answer; {out['not_checkable']} match(es) the ranges could "
+                          "not decide rest on the alignment alone")
+    return out
 
 
 # How long before the first captured launch a line may have been written and still be its

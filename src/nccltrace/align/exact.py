@@ -154,7 +154,8 @@ def has_nccl_payloads(nvtx: pd.DataFrame) -> bool:
 
 def exact_correlation(calls: pd.DataFrame, kernels: pd.DataFrame, nvtx: pd.DataFrame, *,
                       comms: pd.DataFrame | None = None, lost_launches: pd.DataFrame | None = None,
-                      duplicates: Literal["possible", "flagged"] = "possible") -> ExactCorrelation:  # fmt: skip
+                      duplicates: Literal["possible", "flagged"] = "possible",
+                      require_payloads: bool = True) -> ExactCorrelation:  # fmt: skip
     """Correlate NCCL call lines with their kernels through NCCL's NVTX payload ranges.
 
     ``calls``: the log reader's ``calls`` table (any number of processes). ``kernels``:
@@ -175,13 +176,17 @@ def exact_correlation(calls: pd.DataFrame, kernels: pd.DataFrame, nvtx: pd.DataF
     Returns an :class:`ExactCorrelation`. Never guesses: a line is matched only when the rule in
     the module docstring leaves exactly one range and one kernel for it.
 
+    ``require_payloads=False`` accepts bare ranges (legacy NCCL tracing, an export without
+    payload data): lines are then keyed by their op alone, so runs of like calls with lost lines
+    stay ambiguous, but every match is still exact (the default mode uses it this way).
+
     Raises :class:`ExactCorrelationError` when ``nvtx`` has no NCCL payloads (see
-    :func:`has_nccl_payloads`), when a required column is missing, or when a pid occurs on
-    several hosts without ``host`` columns to tell them apart.
+    :func:`has_nccl_payloads`) and they are required, when a required column is missing, or
+    when a pid occurs on several hosts without ``host`` columns to tell them apart.
     """
     if duplicates not in ("possible", "flagged"):
         raise ValueError(f"duplicates must be 'possible' or 'flagged', not {duplicates!r}")
-    if not has_nccl_payloads(nvtx):
+    if require_payloads and not has_nccl_payloads(nvtx):
         raise ExactCorrelationError(
             "the NVTX table has no NCCL payloads (no decoded message size on any NCCL-domain call range): exact "
             "correlation needs NCCL >= 2.16.2 and an nsys export that keeps the extended payloads "
@@ -312,9 +317,14 @@ class _LineMatcher:
         # Match keys, coded jointly for lines and ranges. The reduction op is compared only when
         # the export decoded it somewhere (an undecoded enum would mismatch every reduction).
         use_redop = bool(r.nccl_redop[call_rows].notna().any())
-        lk = self._keys(calls.op, calls["bytes"], calls.root, calls.root, calls.redop, use_redop)
         rc = r[call_rows]
-        rk = self._keys(rc.op, rc.nccl_message_bytes, rc.nccl_root, rc.nccl_peer, rc.nccl_redop, use_redop)
+        # Bare ranges (no payload data) key lines by op alone: a field no range carries is not
+        # compared (it would mismatch every line).
+        use_bytes = bool(rc.nccl_message_bytes.notna().any())
+        use_who = bool(rc.nccl_root.notna().any() or rc.nccl_peer.notna().any())
+        lk = self._keys(calls.op, calls["bytes"], calls.root, calls.root, calls.redop, use_redop, use_bytes, use_who)
+        rk = self._keys(rc.op, rc.nccl_message_bytes, rc.nccl_root, rc.nccl_peer, rc.nccl_redop, use_redop, use_bytes,
+                        use_who)  # fmt: skip
         code = _codes(pd.concat([lk, rk], ignore_index=True), list(lk.columns))
         self.lcode = code[:n]
         self.rcode = np.full(len(r), -2, dtype=np.int64)
@@ -322,12 +332,14 @@ class _LineMatcher:
 
     @staticmethod
     def _keys(op: pd.Series, nbytes: pd.Series, root: pd.Series, peer: pd.Series, redop: pd.Series,
-              use_redop: bool) -> pd.DataFrame:  # fmt: skip
+              use_redop: bool, use_bytes: bool = True, use_who: bool = True) -> pd.DataFrame:  # fmt: skip
         o = op.astype("string").fillna("").to_numpy(dtype=object)
         who = np.where(np.isin(o, list(_ROOTED)), _int(root),
                        np.where(np.isin(o, list(_P2P)), _int(peer), _NO_KEY))  # fmt: skip
         red = np.where(np.isin(o, list(_REDUCING)) & use_redop, _int(redop), _NO_KEY)
-        return pd.DataFrame({"op": o, "bytes": _int(nbytes), "who": who, "redop": red})
+        size = _int(nbytes) if use_bytes else np.full(len(o), _NO_KEY, np.int64)
+        return pd.DataFrame({"op": o, "bytes": size, "who": who if use_who else np.full(len(o), _NO_KEY, np.int64),
+                             "redop": red})
 
     def run(self) -> tuple[np.ndarray, np.ndarray]:
         calls, reason = self.calls, self.reason
