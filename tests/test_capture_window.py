@@ -334,7 +334,7 @@ def test_a_node_without_profiled_ranks_leaves_no_export(runs):
     assert len(res.log_files) == 8
     meta = yaml.safe_load((res.out_dir / "run.yaml").read_text())
     assert meta["config"]["capture"] == {"steps": [1, 5], "ranks": [0, 1, 2, 3], "pre_window_metadata": "kept"}
-    assert meta["derived"]["capture"] == {"profiled_ranks": [0, 1, 2, 3], "exported_hosts": ["node000"]}
+    assert meta["derived"]["captured"] == {"profiled_ranks": [0, 1, 2, 3], "exported_hosts": ["node000"]}
     # every step, but not the initialisation: no communicator init ranges even here
     assert not _export(res.nsys_files[0])["nvtx"].text.isin(NCCL_INIT_RANGES).any()
 

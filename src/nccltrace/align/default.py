@@ -692,7 +692,7 @@ def _prior_delay(units: LogUnits, ks: KernelSeq) -> TimeWindows:
 
     NCCL writes a call's line just before launching it, so for most lines the next launch of
     the process is its own: the median distance to the next launch estimates the delay, and
-    a tolerance of twice its 90th percentile (at least 50 us) keeps the first pass from drifting
+    a tolerance of twice its 75th percentile (at least 50 us) keeps the first pass from drifting
     over long repetitive stretches without excluding grouped launches. Fewer than 8 timed lines
     give a window from the few there are rather than none."""
     has = (units.time != NO_TIME) & ~units.placeholder
@@ -707,7 +707,9 @@ def _prior_delay(units: LogUnits, ks: KernelSeq) -> TimeWindows:
         return TimeWindows()
     d = kt[pos[ok]] - ut[ok]
     res = _timestamp_resolution(ut)
-    off, tol = int(np.median(d)), int(max(2 * np.percentile(d, 90), 50_000, 2 * res))
+    # the 75th percentile: lines just before a capture starts (whose own launch is not in the
+    # export) have a far "next launch" and must not widen the window for every line
+    off, tol = int(np.median(d)), int(max(2 * np.percentile(d, 75), 50_000, 2 * res))
     return TimeWindows(default=(off - tol, off + tol), soft=2 * tol, resolution=res)
 
 

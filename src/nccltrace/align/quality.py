@@ -137,11 +137,20 @@ def cross_rank_contradictions(rows: pd.DataFrame, slack: Mapping[str, float] | N
     ``rank_in_comm``, ``root``, ``start_sync``, ``end_sync`` (null when the domain's clock is
     unknown: not checkable). ``slack``: extra tolerance per clock domain (ns).
 
-    Per instance, member r's kernel must end after every member it needs data from started
-    (less the tolerance). Violations are resolved by removing members in order of how many
-    violated dependencies they take part in; when two members are equally implicated (a
-    two-rank instance), both go: the check cannot tell which one is wrong. Returns the removed
-    rows (index of ``rows``) with ``instance`` and ``member``; also sets nothing in ``rows``."""
+    Two tests, both on synchronised time:
+
+    * **dependency**: member r's kernel must end after every member it needs data from
+      started (less the tolerance);
+    * **common end**: the members of one collective finish together (the clock model rests
+      on it), so a kernel ending further from its instance's median end than ``END_SPREAD_K``
+      robust deviations of all instances' end spreads (at least the tolerance) is another
+      launch's. This catches a match shifted onto a back-to-back neighbour, which the first
+      test cannot.
+
+    Violations are resolved by removing members in order of how many violated dependencies
+    they take part in; when two members are equally implicated (a two-rank instance), both go:
+    the check cannot tell which one is wrong. Returns the removed rows (index of ``rows``)
+    with ``instance`` and ``member``."""
     cols = ["instance", "member", "clock_domain", "op", "rank_in_comm", "root", "start_sync", "end_sync"]
     timed = rows.dropna(subset=["start_sync", "end_sync"])
     if timed.empty:
@@ -150,19 +159,73 @@ def cross_rank_contradictions(rows: pd.DataFrame, slack: Mapping[str, float] | N
     t = timed[cols].assign(tol=tol.to_numpy())
     g = t.groupby("instance", sort=False)
     size = g["member"].transform("size")
-    # fast path: an instance whose latest start precedes its earliest end (within the largest
-    # tolerance) is consistent under every dependency pattern
+    t = t[size >= 2]
+    if t.empty:
+        return rows.iloc[0:0][["instance", "member"]]
+    spread = _end_spread(t)
+    # matches ending with a neighbouring instance first (they would skew each instance's median)
+    out_idx: list[Any] = _neighbour_ends(t, float(max(t["tol"].max(), END_SPREAD_K * spread)))
+    t = t.drop(index=out_idx)
+    g = t.groupby("instance", sort=False)
+    dev = (t["end_sync"].astype("float64") - g["end_sync"].transform("median").astype("float64")).abs()
+    off_end = (dev.to_numpy() > np.maximum(t["tol"].to_numpy(), END_SPREAD_K * spread))
+    # fast path for the dependency test: an instance whose latest start precedes its earliest
+    # end (within the largest tolerance) is consistent under every dependency pattern
     late = g["start_sync"].transform("max") - g["tol"].transform("max")
     early = g["end_sync"].transform("min")
-    suspect = (size >= 2) & (late > early)
-    out_idx: list[Any] = []
-    for _, inst in t[suspect].groupby("instance", sort=False):
-        out_idx += _resolve(inst)
+    bad_inst = set(t.loc[(late > early).to_numpy() | off_end, "instance"])
+    for _, inst in t[t["instance"].isin(bad_inst)].groupby("instance", sort=False):
+        out_idx += _resolve(inst, END_SPREAD_K * spread)
     return rows.loc[out_idx, ["instance", "member"]]
 
 
-def _resolve(inst: pd.DataFrame) -> list[Any]:
-    """Rows of one instance to remove so that every dependency holds (see caller)."""
+END_SPREAD_K = 8.0
+
+
+def _end_spread(t: pd.DataFrame) -> float:
+    """Robust spread (ns) of members' kernel ends around their instance's median end, over
+    instances of three or more members (whose median one wrong member cannot move)."""
+    g = t.groupby("instance", sort=False)
+    dev = t["end_sync"].astype("float64") - g["end_sync"].transform("median").astype("float64")
+    big = g["member"].transform("size") >= 3
+    base = dev[big].abs() if big.sum() >= 32 else dev.abs()
+    return 1.4826 * float(base.median()) if len(base) else 0.0
+
+
+def _neighbour_ends(t: pd.DataFrame, tol: float) -> list[Any]:
+    """Matches whose kernel ends with a neighbouring instance of the communicator rather than
+    with its own: a run of launches aligned one place off on a rank. A row is returned when its
+    end is further than ``tol`` from its own instance's other members (their median; the other
+    member of a two-member instance) and within ``tol`` of the median end of the previous or
+    next instance (by opCount) of the same communicator. In a two-member instance both rows
+    can be returned: the check cannot tell which one is off, and abstains on both."""
+    key = t["instance"].astype(str).str.split(":", n=1, expand=True)
+    comm, opc = key[0], pd.to_numeric(key[1], errors="coerce")
+    t = t.assign(_comm=comm.to_numpy(), _opc=opc.to_numpy())
+    g = t.groupby("instance", sort=False)["end_sync"]
+    n = g.transform("size").to_numpy()
+    s_sum = g.transform("sum").astype("float64").to_numpy()
+    med = g.transform("median").astype("float64").to_numpy()
+    e = t["end_sync"].astype("float64").to_numpy()
+    # the other members' end: the median for 3+ members, the other one's end for two
+    own = np.where(n == 2, s_sum - e, med)
+    inst = (t.groupby("instance", sort=False).agg(_comm=("_comm", "first"), _opc=("_opc", "first"),
+                                                  _med=("end_sync", "median"))
+            .sort_values(["_comm", "_opc"]))  # fmt: skip
+    same = inst["_comm"].to_numpy()
+    prev = np.where(np.r_[False, same[1:] == same[:-1]], np.r_[np.nan, inst["_med"].to_numpy(float)[:-1]], np.nan)
+    nxt = np.where(np.r_[same[:-1] == same[1:], False], np.r_[inst["_med"].to_numpy(float)[1:], np.nan], np.nan)
+    nb = pd.DataFrame({"prev": prev, "next": nxt}, index=inst.index)
+    p_end = nb["prev"].reindex(t["instance"]).to_numpy()
+    n_end = nb["next"].reindex(t["instance"]).to_numpy()
+    off_own = np.abs(e - own) > tol
+    near_nb = (np.abs(e - p_end) <= tol) | (np.abs(e - n_end) <= tol)
+    return list(t.index[off_own & near_nb])
+
+
+def _resolve(inst: pd.DataFrame, end_spread: float = 0.0) -> list[Any]:
+    """Rows of one instance to remove so that every dependency holds and every end lies near
+    the others' (see caller)."""
     op = str(inst["op"].iloc[0])
     idx = list(inst.index)
     start = inst["start_sync"].to_numpy(np.int64)
@@ -184,7 +247,14 @@ def _resolve(inst: pd.DataFrame) -> list[Any]:
         np.fill_diagonal(need, False)
     else:
         return []
-    bad = need & (end[:, None] < start[None, :] - np.maximum(tol[:, None], tol[None, :]))
+    pair_tol = np.maximum(tol[:, None], tol[None, :])
+    bad = need & (end[:, None] < start[None, :] - pair_tol)
+    # ends of one collective agree: a pair further apart than twice the learned spread is wrong
+    # on one side (symmetric, so the member apart from most others is removed first)
+    if op in _SYMMETRIC or op in ("Broadcast", "Reduce"):
+        far = np.abs(end[:, None] - end[None, :]) > 2 * np.maximum(pair_tol, end_spread)
+        np.fill_diagonal(far, False)
+        bad |= far
     alive = np.ones(n, bool)
     removed: list[Any] = []
     while True:

@@ -1196,7 +1196,7 @@ def emulate_run(config: EmulatorConfig | dict, out_dir: Path, *, progress: bool 
         },
     }  # fmt: skip
     if ctx.capture is not None:
-        run_yaml["derived"]["capture"] = {
+        run_yaml["derived"]["captured"] = {  # not "capture": that key is the run setting
             "profiled_ranks": ctx.capture.profiled_ranks(cfg.world_size),
             "exported_hosts": [ctx.hosts[n] for n in sorted(ctx.exported_nodes)],
         }

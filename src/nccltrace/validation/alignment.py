@@ -112,6 +112,8 @@ def _truth_pairs(truth: pd.DataFrame) -> pd.DataFrame:
     t = truth[truth["log_line"].notna()].copy()
     t["file"] = t["log_file"].astype(str).str.rsplit("/", n=1).str[-1]
     has = t["kernel_correlation_id"].notna() & ~t["kernel_dropped"].astype(bool)
+    if "in_capture" in t:  # a step-window or rank-subset capture: only its kernels are in the export
+        has &= t["in_capture"].astype("boolean").fillna(False).astype(bool)
     t["true_pid"] = t["kernel_global_pid"].where(has)
     t["true_corr"] = t["kernel_correlation_id"].where(has)
     orig = t.assign(line=t["log_line"].astype("Int64"))

@@ -1,0 +1,140 @@
+"""Correlation accuracy per capture family: the shapes real captures take, through the product path.
+
+Each family is an emulated 2-node TP2·PP2·DP2 Megatron run (8 ranks, grouped P2P, unsynchronised
+clocks, arrival skew) captured or damaged the way users' captures are, analysed exactly as
+``nccltrace analyze`` does (every stage to the ops table, NVTX evidence, cross-rank check), and
+scored against ground truth: a positive is a call line whose kernel is in the export (inside the
+capture window, on a profiled rank, not lost); a reported match to another kernel, or to any
+kernel when none is in the export, is a false positive.
+
+Families (``FAMILIES``): the whole run; a step window located by log time, by a declared step
+range, and by nothing (must abstain); a rank subset; a log cut short and a log with a block of
+lines lost; 20 % of lines and 20 % of kernels *with their launch records* lost, with NCCL's
+NVTX ranges stripped (an export of a run without NVTX tracing), with and without log
+timestamps. The target is precision >= 0.999 in every family; recall says what abstaining cost.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from ..emulator.run import emulate_run
+from ..tables import read_table
+from .alignment import SCENARIO_BASE, score_alignment
+
+__all__ = ["FAMILIES", "Family", "capture_families", "run_family"]
+
+UNTIMED, TIMED = "2.21.5", "2.28.3"  # NCCL versions: no per-line timestamps / microsecond timestamps
+
+_BASE = {**SCENARIO_BASE, "nodes": 2, "tp": 2, "pp": 2, "iterations": 4, "seed": 7,
+         "imperfections": {"fuse_grouped_p2p": True, "clock_offset_ns_max": 2_000_000, "arrival_skew_ns_max": 50_000}}  # fmt: skip
+
+
+def _cut_logs(raw: Path, share: float = 0.6, n: int = 2) -> None:
+    """Two ranks' logs copied while the job ran: cut at ``share`` of their bytes, mid-line."""
+    for log in sorted((raw / "nccl").glob("nccl_*.log"))[:n]:
+        data = log.read_bytes()
+        log.write_bytes(data[: int(len(data) * share)])
+
+
+def _blank_block(raw: Path, lo: float = 0.4, hi: float = 0.45, n: int = 2) -> None:
+    """Two ranks' logs lose a block of lines (blanked, so line numbers keep their ground truth)."""
+    for log in sorted((raw / "nccl").glob("nccl_*.log"))[:n]:
+        lines = log.read_bytes().split(b"\n")
+        a, b = int(len(lines) * lo), int(len(lines) * hi)
+        log.write_bytes(b"\n".join(lines[:a] + [b""] * (b - a) + lines[b:]))
+
+
+def _strip_launches_and_nvtx(raw: Path) -> None:
+    """Lost kernels take their launch records with them, and the export has no NCCL NVTX ranges
+    (a capture without NVTX tracing, or NCCL_NVTX_DISABLE=1): only the alignment decides."""
+    for db in (raw / "nsys").glob("*.sqlite"):
+        with sqlite3.connect(db) as c:
+            c.execute("""DELETE FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId NOT IN
+                         (SELECT correlationId FROM CUPTI_ACTIVITY_KIND_KERNEL) AND nameId IN
+                         (SELECT id FROM StringIds WHERE value LIKE 'cudaLaunchKernel%'
+                          OR value LIKE 'cuLaunchKernel%' OR value LIKE 'cudaLaunchKernelExC%')""")
+            c.execute("DELETE FROM NVTX_EVENTS WHERE domainId IS NOT NULL AND domainId <> 0")
+
+
+def _forget_capture(raw: Path) -> None:
+    """The user does not say which steps were captured (run.yaml without ``capture``)."""
+    p = raw / "run.yaml"
+    doc = yaml.safe_load(p.read_text()) or {}
+    for section in (doc, doc.get("config") or {}):
+        section.pop("capture", None)
+    p.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+@dataclass(frozen=True)
+class Family:
+    """One capture family: emulator settings, damage done to the files, what is expected."""
+
+    name: str
+    nccl: str
+    settings: dict[str, Any] = field(default_factory=dict)
+    damage: Callable[[Path], None] | None = None
+    min_recall: float = 0.0  # recall the family must keep (0: abstaining is the right answer)
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("full", UNTIMED, min_recall=0.99),
+    Family("full", TIMED, min_recall=0.99),
+    Family("step window, log time", TIMED, {"capture": {"steps": [2, 3]}}, min_recall=0.99),
+    Family("step window, declared steps", UNTIMED, {"capture": {"steps": [2, 3]}}, min_recall=0.9),
+    Family("step window, nothing declared", UNTIMED, {"capture": {"steps": [2, 3]}}, _forget_capture),
+    Family("rank subset", TIMED, {"capture": {"ranks": [0, 5]}}, min_recall=0.99),
+    Family("log cut short", UNTIMED, damage=_cut_logs),
+    Family("log cut short", TIMED, damage=_cut_logs, min_recall=0.99),
+    Family("block of log lines lost", UNTIMED, damage=_blank_block, min_recall=0.9),
+    Family("lines+kernels lost, no NVTX", UNTIMED, {"imperfections": {"drop_kernels": 0.2, "drop_log_lines": 0.2}},
+           _strip_launches_and_nvtx),
+    Family("lines+kernels lost, no NVTX", TIMED, {"imperfections": {"drop_kernels": 0.2, "drop_log_lines": 0.2}},
+           _strip_launches_and_nvtx, min_recall=0.99),
+)
+
+
+def _settings(family: Family, seed: int, iterations: int) -> dict[str, Any]:
+    cfg = {**_BASE, "seed": seed, "iterations": iterations, "nccl_version": family.nccl,
+           "nccl_timestamps": family.nccl >= "2.26"}  # fmt: skip
+    extra = dict(family.settings)
+    knobs = {**_BASE["imperfections"], **extra.pop("imperfections", {})}
+    return {**cfg, **extra, "imperfections": knobs}
+
+
+def run_family(family: Family, work: Path, *, seed: int = 7, iterations: int = 4) -> dict[str, Any]:
+    """Emulate, damage, analyse and score one family; one row of the family table."""
+    from ..pipeline import analyze_run
+
+    name = f"{family.name}-{family.nccl}".replace(" ", "_").replace(",", "").replace("+", "_")
+    raw, out = work / name / "raw", work / name / "out"
+    shutil.rmtree(work / name, ignore_errors=True)
+    emulate_run(_settings(family, seed, iterations), raw)
+    if family.damage is not None:
+        family.damage(raw)
+    res = analyze_run(raw, out, progress=False)
+    s = score_alignment(read_table(out / "ops" / "ops.parquet"), read_table(raw / "ground_truth" / "ops.parquet"))
+    return {"family": family.name, "nccl": family.nccl, "timestamps": family.nccl >= "2.26",
+            "positives": s["tp"] + s["fn"], "matched": s["tp"] + s["fp"], "wrong": s["fp"],
+            "precision": s["precision"], "recall": s["recall"], "min_recall": family.min_recall,
+            "partial": bool(res["partial"]), "problems": len(res["problems"])}  # fmt: skip
+
+
+def capture_families(work: Path, *, quick: bool = False, seed: int = 7,
+                     progress: Callable[[str], None] | None = None) -> pd.DataFrame:  # fmt: skip
+    """Precision and recall of every family (``quick``: three training steps instead of four)."""
+    rows = []
+    for fam in FAMILIES:
+        if progress is not None:
+            progress(f"family {fam.name} (NCCL {fam.nccl})")
+        rows.append(run_family(fam, work, seed=seed, iterations=4))
+    del quick  # every family needs its four steps (a two-step window inside them); kept for the CLI's flag
+    return pd.DataFrame(rows)
