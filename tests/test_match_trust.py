@@ -188,3 +188,19 @@ def test_every_capture_family_has_no_wrong_match(tmp_path):
         assert row["precision"] >= floor and row["recall"] >= fam.min_recall, row
         if fam.name in ("step window, nothing declared", "log cut short") and fam.nccl < "2.26":
             assert row["partial"] and row["problems"] > 0, row
+
+
+REAL_EXPORTS = Path(__file__).resolve().parents[2] / "shared" / "realdata" / "nsys_sqlite"
+
+
+@pytest.mark.skipif(not (REAL_EXPORTS / "nsysai_mfu_2gpu_before.sqlite").exists(),
+                    reason="real nsys exports (shared/realdata/nsys_sqlite) not beside this checkout")
+def test_real_exports_link_every_kernel_launched_in_the_window_to_its_four_calls():
+    from nccltrace.validation.families import real_export_links
+
+    t = real_export_links(sorted(REAL_EXPORTS.glob("*.sqlite"))).set_index("export")
+    before, after = t.loc["nsysai_mfu_2gpu_before.sqlite"], t.loc["nsysai_mfu_2gpu_after.sqlite"]
+    assert (before.nccl_kernels, before.kernels_linked, before.launch_in_its_range) == (66, 64, 64)
+    assert (after.nccl_kernels, after.kernels_linked, after.launch_in_its_range) == (62, 60, 60)
+    assert before.calls_per_linked_kernel == after.calls_per_linked_kernel == "4"  # 2 Send + 2 Recv each
+    assert before.payload == "missing" and t.loc["nsysai_h100_2gpu_1s.sqlite"].kernels_linked == 0

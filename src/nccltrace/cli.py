@@ -275,7 +275,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     only = tuple(s.strip() for s in args.only.split(",") if s.strip()) if args.only else VALIDATION_SECTIONS
     tables = validation_tables(only, quick=args.quick, workdir=args.workdir, campaign=args.campaign,
-                               progress=not args.quiet)
+                               progress=not args.quiet, real_exports=args.real_exports)
     for title, df in tables.items():
         _print_table(title, df)
     if args.csv:
@@ -427,11 +427,13 @@ def build_parser() -> argparse.ArgumentParser:
                                    "campaign with every imperfection on), parallelism labels and communicator "
                                    "fallback, clock sync errors of both methods, exact vs default alignment.")
     s.add_argument("--quick", action="store_true", help="fewer, smaller scenarios (CI)")
-    s.add_argument("--only", metavar="SECTIONS", help="comma list of alignment,communicators,clock,exact "
+    s.add_argument("--only", metavar="SECTIONS", help="comma list of alignment,capture,communicators,clock,exact "
                    "(default: all)")
     s.add_argument("--campaign", help="campaign config for the default-mode runs (default: config/config.yaml of "
                    "the checkout)")
     s.add_argument("--workdir", help="keep the emulated runs here (default: a temporary directory)")
+    s.add_argument("--real-exports", metavar="DIR", help="a directory of real nsys exports (*.sqlite): the capture "
+                   "section also links their NCCL API calls to kernels")
     s.add_argument("--csv", metavar="DIR", help="also write every table as CSV into DIR")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
     s.set_defaults(func=cmd_validate)

@@ -489,7 +489,7 @@ def _require_payloads(parsed: Path, stems: list[str]) -> None:
 
 # --------------------------------------------------------------------------- accuracy figures
 
-VALIDATION_SECTIONS = ("alignment", "communicators", "clock", "exact")
+VALIDATION_SECTIONS = ("alignment", "capture", "communicators", "clock", "exact")
 
 # --quick: CI-sized scenarios. One campaign run per model, one iteration each.
 _QUICK_CAMPAIGN_RUNS = ("dense_A100_tp1_pp1_ep1_cp1_vpp1_sp0_dp4", "dense_reduced_A100_tp4_pp1_ep1_cp1_vpp1_sp1_dp1",
@@ -518,6 +518,20 @@ def default_campaign_path() -> Path | None:
 def _log(progress: bool, msg: str) -> None:
     if progress:
         print(f"[validate] {msg}", file=sys.stderr, flush=True)
+
+
+def _capture_tables(work: Path, real_exports: Path | str | None, progress: bool) -> dict[str, pd.DataFrame]:
+    from .validation.families import capture_families, real_export_links
+
+    fam = capture_families(work / "capture", progress=lambda m: _log(progress, m))
+    out = {"Correlation per capture family (emulated 2-node TP2.PP2.DP2, through every stage to ops; target "
+           "precision >= 0.999)": fam}
+    if real_exports is not None:
+        exports = sorted(Path(real_exports).glob("*.sqlite"))
+        if exports:
+            out["Real exports: NCCL API calls linked to the kernels they launched (NVTX only)"] = \
+                real_export_links(exports)
+    return out
 
 
 def _alignment_tables(work: Path, quick: bool, campaign: Path | None, progress: bool) -> dict[str, pd.DataFrame]:
@@ -645,12 +659,14 @@ def _exact_tables(work: Path, quick: bool, progress: bool) -> dict[str, pd.DataF
 
 def validation_tables(only: tuple[str, ...] = VALIDATION_SECTIONS, *, quick: bool = False,
                       workdir: Path | str | None = None, campaign: Path | str | None = None,
-                      progress: bool = True) -> dict[str, pd.DataFrame]:  # fmt: skip
+                      progress: bool = True, real_exports: Path | str | None = None) -> dict[str, pd.DataFrame]:  # fmt: skip
     """The project's accuracy figures against emulator ground truth (and the thesis's own
     numbers), one DataFrame per table, titled. ``only``: sections among
     :data:`VALIDATION_SECTIONS`. ``quick``: CI-sized scenarios. ``campaign``: the campaign
     config whose runs the default-mode figures use (default: the checkout's example campaign).
-    Emulated runs go to ``workdir`` (a temporary directory, removed afterwards, by default)."""
+    Emulated runs go to ``workdir`` (a temporary directory, removed afterwards, by default).
+    ``real_exports``: a directory of real nsys exports (``*.sqlite``) whose NCCL API ranges are
+    linked to kernels in the ``capture`` section."""
     import tempfile
 
     unknown = [s for s in only if s not in VALIDATION_SECTIONS]
@@ -668,6 +684,8 @@ def validation_tables(only: tuple[str, ...] = VALIDATION_SECTIONS, *, quick: boo
             _log(progress, f"{section} ...")
             if section == "alignment":
                 out.update(_alignment_tables(work, quick, camp, progress))
+            elif section == "capture":
+                out.update(_capture_tables(work, real_exports, progress))
             elif section == "communicators":
                 out.update(_communicator_tables(work, quick, progress))
             elif section == "clock":
