@@ -50,7 +50,8 @@ ALIGNMENT_SCHEMA = pa.schema(
            "no kernel), 'no_kernel' (gap: kernel missing from the export or line order), 'ambiguous' (several "
            "equally good alignments disagree; left unmatched rather than guessed), 'kernel_record_missing' (the launch "
            "call is in the export, its kernel record is not; kernel columns name the launch), 'no_export' (the "
-           "process's node has no nsys export), 'not_in_export' (the export has no NCCL kernel or launch of the "
+           "process's node has no nsys export), 'graph_replay' (kernel rows: launched by a CUDA graph replay; "
+           "its call was logged once at capture), 'not_in_export' (the export has no NCCL kernel or launch of the "
            "process: a rank the capture did not profile), 'outside_capture' (the line was written outside the span of the "
            "export's capture, located by log time or declared steps), 'capture_not_located' (the export covers "
            "part of the log, or the log part of the export, and nothing locates one in the other: no log "
@@ -238,9 +239,12 @@ def _version_tuple(v: str | None) -> tuple[int, int, int] | None:
 def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kernel=None,
                    version=None, quality: dict | None = None,
                    capture_steps: tuple[int, int] | None = None, nvtx: pd.DataFrame | None = None) -> pd.DataFrame:  # fmt: skip
+    graph = graph_replayed(kernels)
+    replayed, kernels = kernels[graph], kernels[~graph]
     ks = build_kernel_sequence(kernels, utc_offset_ns=utc_offset_ns, launches_without_kernel=launches_without_kernel)
     span = capture_span(ks)
     units = build_log_units(calls, nccl_version=version, capture_ns=span)
+    family_note = _borrowed_families(units, ks)
     timed = span is not None and (units.time[~units.placeholder] != NO_TIME).mean() > 0.5 if units.n else False
     window = {"check": "capture_window", "applicable": True, "confirmed": 0, "contradicted": 0, "not_checkable": 0,
               "located_by": "log_time" if timed else None, "outside": 0, "message": None}
@@ -287,10 +291,66 @@ def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kerne
         window["confirmed"] = int((res.kernel >= 0).sum())
         if window["located_by"] == "log_time":
             window["span_utc_ns"] = list(span)
+        checks = [window, *res.checks, nvtx_check]
+        if len(replayed):
+            checks.append({"check": "cuda_graph", "applicable": True, "confirmed": 0, "contradicted": 0,
+                           "not_checkable": int(len(replayed)), "message": (
+                f"{_process_name(calls)}: {len(replayed)} NCCL kernels were launched by CUDA graph replays "
+                "(cudaGraphLaunch): their calls were logged once, at graph capture, so no line is matched to them "
+                "(kernel rows with reason 'graph_replay'); the graphed collectives have no times or bandwidths in "
+                "the ops table")})  # fmt: skip
         quality.update(mode="default", stream_map={f"0x{k:x}": v for k, v in res.stream_map.items()},
-                       checks=[window, *res.checks, nvtx_check])
-    return _assemble(units.calls, call_kernel, cu, reason, conf, method, ks.kernels, "default", lost=lost,
-                     placeholder=ks.placeholder)
+                       checks=checks, kernel_families=family_note)
+    table = _assemble(units.calls, call_kernel, cu, reason, conf, method, ks.kernels, "default", lost=lost,
+                      placeholder=ks.placeholder)
+    if len(replayed):
+        extra = _assemble(units.calls.iloc[0:0], np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, object),
+                          np.zeros(0), np.zeros(0, object), replayed.reset_index(drop=True), "default")
+        extra["reason"] = "graph_replay"
+        extra["host"] = table["host"].dropna().iloc[0] if table["host"].notna().any() else None
+        table = pd.concat([table, extra], ignore_index=True)
+    return table
+
+
+def graph_replayed(kernels: pd.DataFrame) -> np.ndarray:
+    """Kernels a CUDA graph replay launched (``cudaGraphLaunch``, or a graph node id): their
+    calls were logged once, when the graph was captured, so no log line stands for them."""
+    mask = np.zeros(len(kernels), bool)
+    if "launch_api" in kernels:
+        mask |= kernels["launch_api"].astype("string").str.contains("GraphLaunch", regex=False).fillna(False)\
+            .to_numpy(bool)
+    if "graph_node_id" in kernels:
+        mask |= (kernels["graph_node_id"].astype("Int64").fillna(0) > 0).to_numpy(bool)
+    return mask
+
+
+_BORROWABLE = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce")
+_MIN_BORROW_UNITS = 8
+
+
+def _borrowed_families(units, ks) -> list[dict]:
+    """Kernel family as evidence, not a wall, where a build breaks the naming rule: some builds
+    run AllReduce/AllGather/ReduceScatter through ``SendRecv`` kernels. When the log has at
+    least ``_MIN_BORROW_UNITS`` launches of a collective, the export has no kernel of its
+    family at all, and there are more SendRecv kernels than P2P launches to explain, those
+    launches may match SendRecv kernels (in place, on the units' family masks). The stream,
+    time and size evidence then decide; the finding is recorded in the quality record."""
+    from .sequences import FAMILY_CODE
+
+    sr = FAMILY_CODE["SendRecv"]
+    real = ~units.placeholder
+    n_sr_kernels = int((ks.family == sr).sum())
+    n_p2p = int((units.p2p & real).sum())
+    notes = []
+    for fam in _BORROWABLE:
+        bit = 1 << FAMILY_CODE[fam]
+        sel = real & (units.fam_mask == bit)
+        if sel.sum() < _MIN_BORROW_UNITS or (ks.family == FAMILY_CODE[fam]).any() or n_sr_kernels <= n_p2p:
+            continue
+        units.fam_mask[sel] |= 1 << sr
+        notes.append({"op": fam, "runs_on": "SendRecv", "launches": int(sel.sum()),
+                      "sendrecv_kernels": n_sr_kernels, "p2p_launches": n_p2p})
+    return notes
 
 
 def _apply_nvtx(units, ks, kernels, nvtx, launches, call_kernel, reason, conf, method) -> dict:

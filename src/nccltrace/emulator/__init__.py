@@ -5,16 +5,18 @@ cluster shape, imperfections), :func:`emulate_run` writes per-process NCCL debug
 nsys SQLite exports and ground-truth tables. See ``docs/emulator.md``.
 """
 
-from .config import ConfigError, DuplicateLines, EmulatorConfig, Imperfections
+from .config import ConfigError, CudaGraphs, DuplicateLines, EmulatorConfig, Imperfections, KernelNaming
 from .layout import Group, MegatronLayout, PairComm
 from .run import EmulationResult, emulate_run
 from .schedule import Op, RankProgram, Unit, count_kernels
 
 __all__ = [
     "ConfigError",
+    "CudaGraphs",
     "DuplicateLines",
     "EmulatorConfig",
     "Imperfections",
+    "KernelNaming",
     "Group",
     "MegatronLayout",
     "PairComm",

@@ -28,8 +28,10 @@ from ..nccl.versions import NcclVersion
 
 __all__ = [
     "ConfigError",
+    "CudaGraphs",
     "DuplicateLines",
     "Imperfections",
+    "KernelNaming",
     "EmulatorConfig",
     "NSYS_SCHEMAS",
     "HARDWARE_PRESETS",
@@ -157,6 +159,112 @@ class Imperfections:
         return out
 
 
+# Communicator kinds whose transformer-layer collectives CUDA graphs can capture.
+CUDA_GRAPH_PARALLELISM = ("tp", "cp")
+
+
+@dataclass
+class CudaGraphs:
+    """Megatron-LM CUDA graphs of the transformer layers (``--enable-cuda-graph`` /
+    ``--cuda-graph-impl local``, TransformerEngine graphed layers). OFF unless ``parallelism``
+    names at least one communicator kind (docs/emulator.md section 4.1).
+
+    * ``parallelism``: kinds (``tp``, ``cp``) whose NCCL calls inside a transformer layer's
+      forward or backward pass are captured; the layer's other calls (and MoE dispatch, embedding,
+      output layer, recompute, everything outside the layers) stay eager.
+    * ``warmup_iterations``: iterations run eagerly before the graphs are captured (Megatron's
+      ``cuda_graph_warmup_steps``; at least 1, the recording step). All graphs are captured just
+      before the first graphed call of iteration ``warmup_iterations`` (0-based) and replayed
+      from then on.
+    * ``capture_launch_records``: the kernel launch API calls NCCL makes while the stream is being
+      captured appear in the CUDA API trace (with their own correlation ids and no kernel), as
+      CUPTI traces every API call; false drops them.
+    """
+
+    parallelism: list[str] = field(default_factory=list)
+    warmup_iterations: int = 1
+    capture_launch_records: bool = True
+
+    @property
+    def active(self) -> bool:
+        return bool(self.parallelism)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | "CudaGraphs" | None) -> "CudaGraphs":
+        if isinstance(data, CudaGraphs):
+            return data
+        if data is None:
+            return cls()
+        if not isinstance(data, Mapping):
+            raise ConfigError("cuda_graphs", "must be a mapping, e.g. {parallelism: [tp], warmup_iterations: 1}")
+        _check_keys(data, cls, "cuda_graphs.")
+        par = data.get("parallelism", [])
+        if isinstance(par, str):
+            par = [par]
+        return cls(parallelism=[str(x) for x in par],
+                   warmup_iterations=_coerce("cuda_graphs.warmup_iterations", data.get("warmup_iterations", 1), "int"),
+                   capture_launch_records=_coerce("cuda_graphs.capture_launch_records",
+                                                  data.get("capture_launch_records", True), "bool"))  # fmt: skip
+
+
+# NCCL algorithms per collective and the first NCCL release whose device code runs them
+# (src/collectives/device/*.h in 2.18, algos_of_coll in src/device/generate.py from 2.19).
+NCCL_ALGORITHMS_OF_COLL: dict[str, dict[str, tuple[int, int, int]]] = {
+    "AllReduce": {a: (2, 18, 0) for a in ("TREE", "RING", "COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS", "NVLS_TREE")},
+    "AllGather": {"RING": (2, 18, 0), "NVLS": (2, 18, 0), "COLLNET_DIRECT": (2, 20, 0), "PAT": (2, 23, 0)},
+    "ReduceScatter": {"RING": (2, 18, 0), "NVLS": (2, 18, 0), "COLLNET_DIRECT": (2, 20, 0), "PAT": (2, 23, 0)},
+    "Broadcast": {"RING": (2, 18, 0)},
+    "Reduce": {"RING": (2, 18, 0)},
+}
+_SENDRECV_NAMED = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce")
+_SYMMETRIC_COLLS = ("AllReduce", "AllGather", "ReduceScatter")
+
+
+@dataclass
+class KernelNaming:
+    """Kernel names of real NCCL builds that break the one-collective-one-name rule. OFF (every
+    list/mapping empty) by default (docs/emulator.md section 4.2). Precedence: SendRecv, then
+    symmetric, then the algorithm.
+
+    * ``collectives_as_sendrecv``: these collectives run in the ``SendRecv`` kernel (builds that
+      implement collectives over point-to-point, e.g. Meta's).
+    * ``symmetric``: these collectives use symmetric-memory kernels (NCCL >= 2.27, buffers
+      registered with ``ncclCommWindowRegister``) whenever NCCL's kernel picker would:
+      ``ncclSymDevKernel_*`` (2.27) / ``ncclSymkDevKernel_*`` (2.28+); otherwise the usual kernel.
+    * ``algorithms``: collective -> NCCL algorithm (as with ``NCCL_ALGO``): RING, TREE,
+      COLLNET_DIRECT, COLLNET_CHAIN, NVLS, NVLS_TREE, PAT. Changes TUNING lines, ground truth and,
+      up to NCCL 2.18 (per-algorithm kernels), the kernel name.
+    """
+
+    collectives_as_sendrecv: list[str] = field(default_factory=list)
+    symmetric: list[str] = field(default_factory=list)
+    algorithms: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.collectives_as_sendrecv or self.symmetric or self.algorithms)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | "KernelNaming" | None) -> "KernelNaming":
+        if isinstance(data, KernelNaming):
+            return data
+        if data is None:
+            return cls()
+        if not isinstance(data, Mapping):
+            raise ConfigError("kernel_naming", "must be a mapping, e.g. {collectives_as_sendrecv: [AllReduce]}")
+        _check_keys(data, cls, "kernel_naming.")
+
+        def names(key: str) -> list[str]:
+            v = data.get(key) or []
+            return [str(x) for x in ([v] if isinstance(v, str) else v)]
+
+        algos = data.get("algorithms") or {}
+        if not isinstance(algos, Mapping):
+            raise ConfigError("kernel_naming.algorithms", "must map a collective to an algorithm, e.g. {AllReduce: NVLS}")
+        return cls(collectives_as_sendrecv=names("collectives_as_sendrecv"), symmetric=names("symmetric"),
+                   algorithms={str(k): str(v).upper() for k, v in algos.items()})  # fmt: skip
+
+
 def _check_keys(data: Mapping[str, Any], cls: type, prefix: str = "") -> None:
     names = {f.name for f in dataclasses.fields(cls)}
     aliases = {"model"} if cls is EmulatorConfig else set()
@@ -225,6 +333,9 @@ class EmulatorConfig:
     start_time_utc_ns: int = 1_760_000_000_000_000_000
     host_names: list[str] | None = None  # node host names (default node000, node001, ...)
     imperfections: Imperfections = field(default_factory=Imperfections)
+    # real-build behaviour (docs/emulator.md sections 4.1, 4.2); written to run.yaml only when set
+    cuda_graphs: CudaGraphs = field(default_factory=CudaGraphs)
+    kernel_naming: KernelNaming = field(default_factory=KernelNaming)
     # step window / rank subset captured by nsys (nccltrace.capture); None = the whole run
     capture: dict[str, Any] | None = None
 
@@ -245,11 +356,14 @@ class EmulatorConfig:
                 raise ConfigError("model", "give either 'model' or 'name', not both")
             data["name"] = data.pop("model")
         imp = data.pop("imperfections", None)
+        graphs = CudaGraphs.from_dict(data.pop("cuda_graphs", None))
+        naming = KernelNaming.from_dict(data.pop("kernel_naming", None))
         types = {f.name: f.type for f in dataclasses.fields(cls)}
         for key, value in list(data.items()):
             data[key] = _coerce(key, value, types[key])
         cfg = cls(**data)
         cfg.imperfections = imp if isinstance(imp, Imperfections) else Imperfections.from_dict(imp)
+        cfg.cuda_graphs, cfg.kernel_naming = graphs, naming
         cfg.validate()
         if cfg.capture is not None:  # explicit steps and ranks from here on (run.yaml)
             cfg.capture = cfg.capture_window.to_setting()  # type: ignore[union-attr]
@@ -271,11 +385,15 @@ class EmulatorConfig:
         return EmulatorConfig.from_dict(d)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-data form (round-trips through :meth:`from_dict`). ``capture`` appears only when
-        set, so a run without one writes the run.yaml it always did."""
+        """Plain-data form (round-trips through :meth:`from_dict`). ``capture``, ``cuda_graphs`` and
+        ``kernel_naming`` appear only when set, so a run without them writes the run.yaml it always did."""
         d = dataclasses.asdict(self)
         if d["capture"] is None:
             del d["capture"]
+        if not self.cuda_graphs.active:
+            del d["cuda_graphs"]
+        if not self.kernel_naming.active:
+            del d["kernel_naming"]
         return d
 
     # ------------------------------------------------------------------ derived values
@@ -536,6 +654,39 @@ class EmulatorConfig:
                 raise ConfigError(f"imperfections.{name}", "must be >= 0")
         if imp.clock_drift_ppm_max < 0 or imp.clock_drift_ppm_max > 1000:
             raise ConfigError("imperfections.clock_drift_ppm_max", "must be in [0, 1000] ppm")
+
+        # CUDA graphs
+        cg = self.cuda_graphs
+        bad = [p for p in cg.parallelism if p not in CUDA_GRAPH_PARALLELISM]
+        if bad:
+            raise ConfigError("cuda_graphs.parallelism", f"{bad[0]!r} cannot be graphed; choose from {list(CUDA_GRAPH_PARALLELISM)}")
+        if cg.active:
+            for p in cg.parallelism:
+                if getattr(self, p) <= 1:
+                    raise ConfigError("cuda_graphs.parallelism", f"{p!r} has no collectives with {p} = 1; drop it or set {p} > 1")
+            if isinstance(cg.warmup_iterations, bool) or not isinstance(cg.warmup_iterations, int) \
+                    or not (1 <= cg.warmup_iterations < self.iterations):
+                raise ConfigError("cuda_graphs.warmup_iterations",
+                                  f"must be in 1..iterations-1 = {self.iterations - 1} (Megatron records the graphs "
+                                  "in an eager step; at least one later iteration replays them)")
+
+        # kernel naming
+        kn = self.kernel_naming
+        for key, allowed in (("collectives_as_sendrecv", _SENDRECV_NAMED), ("symmetric", _SYMMETRIC_COLLS)):
+            bad = [c for c in getattr(kn, key) if c not in allowed]
+            if bad:
+                raise ConfigError(f"kernel_naming.{key}", f"{bad[0]!r} is not one of {list(allowed)}")
+        if kn.symmetric and v.tuple < (2, 27, 0):
+            raise ConfigError("kernel_naming.symmetric", f"symmetric-memory kernels exist from NCCL 2.27; NCCL {v} has none")
+        for coll, algo in kn.algorithms.items():
+            algos = NCCL_ALGORITHMS_OF_COLL.get(coll)
+            if algos is None:
+                raise ConfigError("kernel_naming.algorithms", f"{coll!r} is not one of {list(NCCL_ALGORITHMS_OF_COLL)}")
+            if algo not in algos or v.tuple < algos[algo]:
+                ok = [a for a, since in algos.items() if v.tuple >= since]
+                raise ConfigError("kernel_naming.algorithms", f"NCCL {v} runs {coll} with {ok}, not {algo!r}")
+            if algo.startswith("NVLS") and not self.hw.nvswitch:
+                raise ConfigError("kernel_naming.algorithms", f"{algo} needs NVLink SHARP (NVSwitch, sm90): use hardware 'h100'")
 
         # capture window (the one definition: nccltrace.capture)
         try:

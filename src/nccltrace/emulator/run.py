@@ -26,7 +26,9 @@ lazily and its rows are streamed to the writers.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
+import math
 import os
 import sys
 import time as _time
@@ -50,9 +52,9 @@ from ..tables import atomic_path
 from .config import EmulatorConfig
 from .layout import Group, MegatronLayout, PairComm
 from .schedule import _DT_SIZE, P2P_OPS, Op, RankProgram, Unit, hash_ints, kernel_op_of_unit
-from .timing import LinkModel, RankTimer, Skeleton, TimingParams, UnitTimes, u01
+from .timing import KernelSpec, LinkModel, RankTimer, Skeleton, TimingParams, UnitTimes, u01
 
-__all__ = ["emulate_run", "EmulationResult", "nccl_kernel_name", "GROUND_TRUTH_SCHEMAS"]
+__all__ = ["emulate_run", "EmulationResult", "nccl_kernel_name", "symmetric_kernel", "GROUND_TRUTH_SCHEMAS"]
 
 # --------------------------------------------------------------------------- ground-truth schemas
 
@@ -102,12 +104,37 @@ GROUND_TRUTH_SCHEMAS: dict[str, pa.Schema] = {
 _CAPTURE_COLUMN = ("in_capture", pa.bool_())
 
 
-def ground_truth_schemas(capture: bool) -> dict[str, pa.Schema]:
-    """Ground-truth schemas of a run; with a capture window ops and kernels gain ``in_capture``."""
-    if not capture:
+# With cuda_graphs (docs/emulator.md section 4.1): which calls were captured into which graph,
+# and for every graph-replayed kernel which captured call it replays and which replay it is.
+_GRAPH_OPS_COLUMNS = [("graph_captured", pa.bool_()), ("graph_id", pa.int64()), ("graph_node_id", pa.int64()),
+                      ("capture_launch_correlation_id", pa.int64())]  # fmt: skip
+_GRAPH_KERNEL_COLUMNS = [("graph_id", pa.int64()), ("graph_node_id", pa.int64()), ("graph_replay", pa.int64()),
+                         ("replay_of_seq", pa.int64()), ("replay_of_log_line", pa.int64())]  # fmt: skip
+# With kernel_naming (section 4.2): which naming rule gave the kernel its name.
+_NAMING_KERNEL_COLUMNS = [("name_rule", pa.string())]
+
+
+def ground_truth_schemas(capture: bool, graphs: bool = False, naming: bool = False) -> dict[str, pa.Schema]:
+    """Ground-truth schemas of a run; with a capture window ops and kernels gain ``in_capture``,
+    with CUDA graphs the graph columns, with kernel naming rules ``kernels.name_rule``. Without
+    any of them the schemas are exactly :data:`GROUND_TRUTH_SCHEMAS`."""
+    if not (capture or graphs or naming):
         return GROUND_TRUTH_SCHEMAS
-    return {name: schema.append(pa.field(*_CAPTURE_COLUMN)) if name in ("ops", "kernels") else schema
-            for name, schema in GROUND_TRUTH_SCHEMAS.items()}  # fmt: skip
+    extra: dict[str, list] = {"ops": [], "kernels": []}
+    if capture:
+        extra["ops"].append(_CAPTURE_COLUMN)
+        extra["kernels"].append(_CAPTURE_COLUMN)
+    if graphs:
+        extra["ops"] += _GRAPH_OPS_COLUMNS
+        extra["kernels"] += _GRAPH_KERNEL_COLUMNS
+    if naming:
+        extra["kernels"] += _NAMING_KERNEL_COLUMNS
+    out = {}
+    for name, schema in GROUND_TRUTH_SCHEMAS.items():
+        for col in extra.get(name, []):
+            schema = schema.append(pa.field(*col))
+        out[name] = schema
+    return out
 
 
 class _Sink:
@@ -164,13 +191,16 @@ def nccl_kernel_name(version: NcclVersion, family: str, dtype: int, redop: int, 
     if family == "AlltoAll":
         family = "SendRecv"
     if v < (2, 19, 0):
+        # One kernel per (function, algorithm, type), named with proto LL and op Sum whatever
+        # protocol and op run in it (2.18 src/enqueue.cc ncclKerns: NCCL_FUNC5 maps LL/LL128/SIMPLE
+        # of every algorithm to the algorithm's LL kernel).
         params = "(ncclDevComm*, unsigned long, ncclWork*)"
         if family == "SendRecv":
             short = "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t"
         elif family in ("AllGather", "Broadcast"):
-            short = f"ncclKernel_{family}_RING_LL_Sum_int8_t"
+            short = f"ncclKernel_{family}_{algo}_LL_Sum_int8_t"
         else:
-            a = algo if family == "AllReduce" else "RING"
+            a = algo if family in ("AllReduce", "ReduceScatter") else "RING"
             short = f"ncclKernel_{family}_{a}_LL_Sum_{_TY18[dtype]}"
         return short + params, short
     params = "(ncclDevComm*, unsigned long, ncclWork*)" if v < (2, 22, 0) else "(ncclDevKernelArgsStorage<4096ul>)"
@@ -180,10 +210,169 @@ def nccl_kernel_name(version: NcclVersion, family: str, dtype: int, redop: int, 
         short = f"ncclDevKernel_{family}_RING_LL"
     else:
         # The specialised kernel depends on function and type only; any reduction op runs in it
-        # (src/device/generate.py), so max/min/avg AllReduces still launch the _Sum_ kernel.
-        a = algo if family == "AllReduce" else "RING"
+        # (src/device/generate.py), so max/min/avg AllReduces still launch the _Sum_ kernel; of the
+        # algorithms only TREE has its own kernel (best_kernel: NVLS, CollNet, PAT run in RING_LL).
+        a = "TREE" if (algo == "TREE" and family == "AllReduce") else "RING"
         short = f"ncclDevKernel_{family}_Sum_{_TY19[dtype]}_{a}_LL"
     return short + params, short
+
+
+# Symmetric-memory kernels (NCCL 2.27: src/symmetric.cc, 2.28+: src/sym_kernels.cc; names from
+# src/device/symmetric/generate.py kernel_cname), in ncclSymkKernelId order, which breaks ties.
+_SYM_KERNELS = ("AllReduce_AGxLL_R", "AllReduce_AGxLLMC_R", "AllReduce_RSxLD_AGxST", "AllReduce_RSxLDMC_AGxSTMC",
+                "AllGather_LL", "AllGather_LLMC", "AllGather_ST", "AllGather_STMC",
+                "ReduceScatter_LL", "ReduceScatter_LD", "ReduceScatter_LDMC")  # fmt: skip
+_SYM_STMC = {"AllGather_LLMC", "AllGather_STMC", "AllReduce_AGxLLMC_R", "AllReduce_RSxLDMC_AGxSTMC", "ReduceScatter_LDMC"}
+_SYM_LDMC = {"AllReduce_RSxLDMC_AGxSTMC", "ReduceScatter_LDMC"}
+_SYM_LL = {"AllReduce_AGxLL_R", "AllReduce_AGxLLMC_R", "AllGather_LL", "AllGather_LLMC", "ReduceScatter_LL"}
+_SYM_TY = {7: "f32", 6: "f16", 9: "bf16"}  # float types the reducing symmetric kernels exist for (no f64)
+_GPU_ARCH = {"a100": 800, "a40": 860, "h100": 900}  # __CUDA_ARCH__ of the hardware presets
+_SYM_MAX_BLOCKS = 64  # ncclSymkMaxBlocks; also the default config.maxCTAs (MAXCHANNELS = 64)
+
+
+def _sym_time_us(kid: str, nbytes: int, nranks: int, arch: int) -> tuple[float, int]:
+    """NCCL's queryModel(): estimated time (us) and block count of one symmetric kernel."""
+    ll_bus = 9.0
+    n_max = _SYM_MAX_BLOCKS
+    n_max_nvls = -(-(16 if arch < 1000 else 32) // nranks)
+    mult = 1.0
+    if kid in ("AllReduce_AGxLL_R", "AllGather_LL", "ReduceScatter_LL"):
+        bus = nranks * nbytes * ll_bus
+    elif kid in ("AllReduce_AGxLLMC_R", "AllGather_LLMC"):
+        bus, mult = nranks * nbytes * ll_bus, 1.1
+    elif kid == "AllReduce_RSxLD_AGxST":
+        bus = 2 * nbytes * (nranks - 1) // nranks
+    elif kid == "AllReduce_RSxLDMC_AGxSTMC":
+        bus, mult, n_max = nbytes // nranks + nbytes, float(nranks), n_max_nvls
+    elif kid in ("AllGather_ST", "ReduceScatter_LD"):
+        bus = (nranks - 1) * nbytes
+    else:  # AllGather_STMC, ReduceScatter_LDMC
+        bus, mult, n_max = (nranks - 1) * nbytes, 0.55 * nranks, n_max_nvls
+    is_ll, is_ag, is_ar = kid in _SYM_LL, kid.startswith("AllGather"), kid.startswith("AllReduce")
+    gbps = (1 << 30) / 1.0e6
+    if arch < 1000:
+        base, sm_bw = (4.5 if is_ll else 7.8), (65 if is_ar else 44) * gbps
+        peak = (480 if kid == "AllReduce_RSxLDMC_AGxSTMC" else 320) * gbps
+    else:
+        base, sm_bw = (8.5 if is_ag else 11.0) if is_ll else (19.5 if is_ar else 13.0), 55 * gbps
+        peak = (1000 if kid == "AllReduce_RSxLDMC_AGxSTMC" else 600) * gbps
+
+    def model(blocks: int) -> float:
+        x = blocks * sm_bw * mult
+        bw = peak - sm_bw * math.log1p((math.exp(peak / sm_bw) - 1) * math.exp(-x / sm_bw))  # softmin
+        z = bus / bw - 1
+        return base + (z if z >= 100 else math.log1p(math.exp(z)))  # softplus
+
+    best_t, best_b = model(n_max), n_max
+    for b in range(1, n_max):
+        t = model(b)
+        if t <= 1.025 * best_t:
+            return t, b
+    return best_t, best_b
+
+
+def symmetric_kernel(coll: str, dtype: int, redop: int, nelts_max: int, nbytes_total: int, nranks: int,
+                     nnodes: int, nworks: int, arch: int, nvls: bool) -> tuple[str, int] | None:  # fmt: skip
+    """The symmetric kernel (``AllReduce_AGxLL_R`` ...) and block count NCCL's
+    ``ncclSymkPickKernel`` chooses for a collective on registered symmetric buffers, or None when
+    no symmetric kernel applies (other collective, op or type, several nodes): NCCL then runs its
+    usual kernel. Transcribed from NCCL 2.28.9 src/sym_kernels.cc (2.27 src/symmetric.cc: same
+    rules); the multi-node kernels of 2.29+ are not modelled."""
+    if coll not in ("AllReduce", "AllGather", "ReduceScatter") or nnodes > 1 or nranks < 2:
+        return None
+    if coll != "AllGather" and not (redop == 0 and dtype in _SYM_TY):
+        return None
+    size = _DT_SIZE[dtype]
+    ldmc = nvls and redop == 0 and dtype in (2, 3, 4, 5, 6, 9, 7, 8)
+    bus = (1 if coll == "AllReduce" else nranks) * nelts_max * size
+    if bus >= 32 * (2 << 30):
+        return None
+    best: tuple[float, str, int] | None = None
+    for kid in _SYM_KERNELS:
+        if not kid.startswith(coll + "_") or (kid in _SYM_STMC and not nvls) or (kid in _SYM_LDMC and not ldmc):
+            continue
+        if kid in _SYM_LL and (bus >= (2 << 30) or nworks > 1):
+            continue
+        t, b = _sym_time_us(kid, nbytes_total, nranks, arch)
+        if best is None or t * (1 + 0.025 * b) < best[0] * (1 + 0.025 * best[2]):
+            best = (t, kid, b)
+    return None if best is None else (best[1], best[2])
+
+
+def symmetric_kernel_name(version: NcclVersion, kid: str, dtype: int) -> tuple[str, str]:
+    """(demangled name, short name) of a symmetric kernel: ``ncclSymDevKernel_<kid>[_sum_<ty>](ncclSymDevArgs)``
+    in 2.27, ``ncclSymkDevKernel_<kid>[_sum_<ty>](ncclSymkDevWorkArgs4K)`` from 2.28
+    (src/device/symmetric/generate.py)."""
+    old = version.tuple < (2, 28, 0)
+    short = ("ncclSymDevKernel_" if old else "ncclSymkDevKernel_") + kid
+    if not kid.startswith("AllGather"):
+        short += f"_sum_{_SYM_TY[dtype]}"
+    return short + ("(ncclSymDevArgs)" if old else "(ncclSymkDevWorkArgs4K)"), short
+
+
+@dataclass(frozen=True)
+class _SymTuning:
+    """A ``<Coll> [Symmetric]: ... -> Kernel <kid> ...`` TUNING line waiting for its plan's launch."""
+
+    kid: str
+    nblocks: int
+
+
+class _KernelNamer:
+    """Kernel names of real builds (config ``kernel_naming``, docs/emulator.md section 4.2)."""
+
+    def __init__(self, cfg: EmulatorConfig, link: LinkModel) -> None:
+        kn = cfg.kernel_naming
+        self.version = cfg.nccl
+        self.link = link
+        self.sendrecv = set(kn.collectives_as_sendrecv)
+        self.symmetric = set(kn.symmetric)
+        self.algorithms = dict(kn.algorithms)
+        self.arch = _GPU_ARCH.get(cfg.hardware, 800)
+        self.nvls = cfg.hw.nvswitch and self.arch >= 900  # NVLink SHARP multicast (comm->nvlsSupport)
+
+    def _algo(self, coll: str, spec: KernelSpec) -> KernelSpec:
+        a = self.algorithms.get(coll)
+        if a is None or a == spec.algo:
+            return spec
+        # NVLS, NVLS_TREE, CollNet and PAT run the SIMPLE protocol only
+        return dataclasses.replace(spec, algo=a, proto=spec.proto if a in ("RING", "TREE") else "SIMPLE")
+
+    def _sym(self, ops: list[Op]) -> tuple[str, int] | None:
+        o0 = ops[0]
+        if o0.op not in self.symmetric:
+            return None
+        return symmetric_kernel(o0.op, o0.dtype, o0.redop, max(o.count for o in ops), sum(o.nbytes for o in ops),
+                                o0.comm.size, self.link.nnodes(o0.comm), len(ops), self.arch, self.nvls)  # fmt: skip
+
+    def tuning(self, o: Op, spec: KernelSpec) -> KernelSpec | _SymTuning:
+        """What rank 0's TUNING line for the call says (SendRecv-named builds: unchanged)."""
+        if o.op in self.sendrecv:
+            return spec
+        sym = self._sym([o])
+        if sym is not None:
+            return _SymTuning(*sym)
+        return self._algo(o.op, spec)
+
+    def kernel(self, ops: list[Op], family: str, spec: KernelSpec) -> tuple[str, str, KernelSpec, str]:
+        """(name, short name, kernel spec, rule) of the kernel of a plan. Rules: ``sendrecv``,
+        ``symmetric`` (spec algo = the symmetric kernel, blocks and 512 threads from NCCL's model),
+        ``algorithm`` (an algorithm override changed algo/proto), ``default``."""
+        o0 = ops[0]
+        if family in self.sendrecv:
+            name, short = nccl_kernel_name(self.version, "SendRecv", o0.dtype, o0.redop, "RING")
+            return name, short, spec, "sendrecv"
+        if family in self.symmetric:
+            sym = self._sym(ops)
+            if sym is not None:
+                kid, blocks = sym
+                name, short = symmetric_kernel_name(self.version, kid, o0.dtype)
+                proto = "LL" if kid in _SYM_LL else "SIMPLE"
+                return name, short, dataclasses.replace(spec, algo=kid, proto=proto, nchannels=blocks,
+                                                        nthreads=512), "symmetric"  # fmt: skip
+        spec2 = self._algo(family, spec)
+        name, short = nccl_kernel_name(self.version, family, o0.dtype, o0.redop, spec2.algo)
+        return name, short, spec2, "default" if spec2 is spec else "algorithm"
 
 
 _COMPUTE_KERNELS = [
@@ -325,6 +514,32 @@ class _CommState:
     op_count: int = 0
 
 
+# Layer-pass phases whose calls CUDA graphs capture (MoE dispatch/combine, embedding, output
+# layer and recompute stay eager).
+_GRAPH_PHASES = ("attention", "mlp", "cp-ring")
+
+
+@dataclass
+class _Graph:
+    """One captured CUDA graph of a process (a Megatron runner's forward or backward pass)."""
+
+    gid: int
+    key: tuple
+    units: list[Unit]  # the units of its captured pass
+    nodes: list[list[int]] = field(default_factory=list)  # per unit: node id of each NCCL kernel
+    compute_nodes: list[int] = field(default_factory=list)  # per unit: node id of the compute kernel before it
+    seqs: list[list[int]] = field(default_factory=list)  # per unit: seq of each kernel's first captured call
+    lines: dict[int, int | None] = field(default_factory=dict)  # captured call seq -> its log line
+    replays: int = 0
+    pass_id: int | None = None
+    pos: int = 0
+    corr: int = 0  # correlation id of the current replay's cudaGraphLaunch
+
+
+def _unit_signature(u: Unit) -> tuple:
+    return (u.grouped, tuple((o.op, o.comm.uid, o.count, o.dtype, o.redop, o.root, o.peer) for o in u.ops))
+
+
 class _Context:
     """Run-wide state shared by all processes."""
 
@@ -359,6 +574,9 @@ class _Context:
         else:
             self.launch_api = ("cuLaunchKernel", 1) if driver else ("cudaLaunchKernel_v7000", 0)
         self.opcount_needs_proxy = self.nccl.tuple >= (2, 27, 3)
+        # real-build options (None when off: the code paths of a plain run are unchanged)
+        self.namer = _KernelNamer(cfg, self.link) if cfg.kernel_naming.active else None
+        self.graphs = cfg.cuda_graphs if cfg.cuda_graphs.active else None
         self.payloads = cfg.nvtx_payloads != "none" and self.nccl.tuple >= (2, 16, 2)
         self.new_payloads = self.nccl.tuple >= (2, 25, 0)
         hw = cfg.hw
@@ -439,6 +657,11 @@ class _Process:
         self.meta_lost = False
         self._strings_seen: set[str] = set()
         self._strings_lost: set[str] = set()
+        # CUDA graphs (cuda_graphs): graph (layer, runner, direction) -> captured graph; ids are per process
+        self.graphs: dict[tuple, _Graph] = {}
+        self.graphs_captured = False
+        self.next_graph_id = 1
+        self.next_node_id = 1
 
     # ---------------------------------------------------------------- helpers
     def wall(self, t: int) -> int:
@@ -619,6 +842,9 @@ class _Process:
                 self.flush()
         if last_units != ctx.skel.n_units[ctx.layout.pp_rank(self.rank)]:
             raise RuntimeError(f"rank {self.rank}: {last_units} units, its stage has {ctx.skel.n_units}")
+        for key, g in self.graphs.items():
+            if g.pos != len(g.units):
+                raise RuntimeError(f"rank {self.rank}: CUDA graph {key} ended after {g.pos}/{len(g.units)} units")
         for it in range(cfg.iterations):
             if cap is not None:
                 self.capturing = self.profiled and cap.contains_iteration(it)
@@ -653,25 +879,206 @@ class _Process:
                                   "return_value": 0})  # fmt: skip
         return self.corr
 
-    def _compute_kernel(self, start: int, end: int, cpu_free: int, cpu_busy: int) -> None:
+    def _compute_kernel(self, start: int, end: int, cpu_free: int, cpu_busy: int,
+                        graph: tuple[int, int, int] | None = None) -> None:  # fmt: skip
         """A compute kernel on the default stream, launched (cudaLaunchKernel) by the main thread
-        while it is idle between ``cpu_free`` and ``cpu_busy``."""
+        while it is idle between ``cpu_free`` and ``cpu_busy``. With ``graph`` = (correlation id of
+        the graph launch, graph id, node id) it is a node of a replayed CUDA graph: no launch call."""
         if not self.cfg.compute_kernels or end - start < 5_000:
             return
-        t_launch = max(cpu_free + 200, min(start - 6_000, cpu_busy - 3_500))
-        if t_launch + 3_000 > cpu_busy or t_launch + 3_000 > start:
-            return
+        if graph is None:
+            t_launch = max(cpu_free + 200, min(start - 6_000, cpu_busy - 3_500))
+            if t_launch + 3_000 > cpu_busy or t_launch + 3_000 > start:
+                return
         name, short = _COMPUTE_KERNELS[self.compute_i % len(_COMPUTE_KERNELS)]
         self.compute_i += 1
-        corr = self._launch(t_launch, t_launch + 3_000, "cudaLaunchKernel_v7000", 0)
+        if graph is None:
+            corr = self._launch(t_launch, t_launch + 3_000, "cudaLaunchKernel_v7000", 0)
+        else:
+            corr = graph[0]
         if not self.capturing:
             return
-        self.kernel_rows.append({
+        row = {
             "start": self.ts(start), "end": self.ts(end), "device_id": self.local, "context_id": 1, "stream_id": 7,
             "correlation_id": corr, "pid": self.pid, "name": name, "short_name": short, "grid_x": 216, "grid_y": 1,
             "grid_z": 1, "block_x": 256, "block_y": 1, "block_z": 1, "registers_per_thread": 128,
             "static_shared_memory": 0, "dynamic_shared_memory": 49152,
-        })  # fmt: skip
+        }  # fmt: skip
+        if graph is not None:
+            row["graph_id"], row["graph_node_id"] = graph[1], graph[2]
+        self.kernel_rows.append(row)
+
+    # ---------------------------------------------------------------- CUDA graphs
+    def _kernel_groups(self, u: Unit) -> list[list[Op]]:
+        """The ops of each kernel the unit launches: one per unit (fused) or per multi-rank op."""
+        multi = [o for o in u.ops if o.comm.size > 1]
+        if not multi:
+            return []
+        if self.ctx.imp.fuse_grouped_p2p or len(multi) == 1:
+            return [multi]
+        return [[o] for o in multi]
+
+    def _graph_key(self, u: Unit) -> tuple | None:
+        """(layer, runner, direction) of the CUDA graph that runs this unit, or None when it runs
+        eagerly: before the graphs exist, outside a layer's forward/backward pass, MoE
+        dispatch/combine, or on a communicator kind not in ``cuda_graphs.parallelism``."""
+        cg = self.ctx.graphs
+        if cg is None or u.graph_scope is None or u.iteration < cg.warmup_iterations:
+            return None
+        if u.phase.rsplit("/", 1)[-1] not in _GRAPH_PHASES:
+            return None
+        kinds = cg.parallelism
+        for o in u.ops:
+            kind = o.comm.kind[4:] if o.comm.kind.startswith("p2p:") else o.comm.kind
+            if o.comm.size < 2 or kind not in kinds:
+                return None
+        return u.graph_scope[:3]
+
+    def _plan_graphs(self) -> dict[tuple, list[Unit]]:
+        """The units each graph captures: a graph's first pass in the capture iteration (from a
+        second, identical generation of this rank's program up to that iteration). Ordered by
+        first pass, i.e. the order Megatron records and creates them in."""
+        cg = self.ctx.graphs
+        assert cg is not None
+        plan: dict[tuple, list[Unit]] = {}
+        first: dict[tuple, int] = {}
+        for pu in RankProgram(self.cfg, self.ctx.layout, self.rank).units():
+            if pu.iteration < cg.warmup_iterations:
+                continue
+            if pu.iteration > cg.warmup_iterations:
+                break
+            key = self._graph_key(pu)
+            if key is not None and first.setdefault(key, pu.graph_scope[3]) == pu.graph_scope[3]:  # type: ignore[index]
+                plan.setdefault(key, []).append(pu)
+        return plan
+
+    def _capture_graphs(self, lo: int, hi: int) -> int:
+        """Capture every graph (stream capture of its calls) in one burst ending at ``hi`` (the
+        first replay's cudaGraphLaunch), starting no earlier than ``lo`` (compressed to fit).
+
+        Per graph: cudaStreamBeginCapture, the NCCL calls (log lines, NVTX ranges, TUNING lines;
+        the launch API call NCCL makes on the capturing stream is traced with no kernel unless
+        ``capture_launch_records`` is false), cudaStreamEndCapture, cudaGraphInstantiateWithFlags.
+        No kernel runs and no opCount advances (the plans are persistent). Returns the burst start."""
+        ctx, tpar = self.ctx, self.ctx.tparams
+        cg = ctx.graphs
+        assert cg is not None
+        plan = self._plan_graphs()
+        # nominal durations of the burst's steps, then scaled into [lo, hi]
+        steps: list[tuple] = []
+        for key, units in plan.items():
+            steps.append(("rt", "cudaStreamBeginCapture_v10000", 2_000))
+            for j, u in enumerate(units):
+                if u.grouped:
+                    steps.append(("gs", j, tpar.group_call_ns))
+                for i, o in enumerate(u.ops):
+                    steps.append(("call", (j, i), tpar.api_call_ns))
+                for g in range(len(self._kernel_groups(u))):
+                    steps.append(("launch", (j, g), tpar.launch_ns))
+                steps.append(("unit_end", (key, j), 0))
+            steps.append(("rt", "cudaStreamEndCapture_v10000", 3_000))
+            steps.append(("rt", "cudaGraphInstantiateWithFlags_v11040", 40_000))
+        total = sum(d for *_, d in steps)
+        scale = min(1.0, max(hi - lo, 0) / total) if total else 1.0
+        start = hi - int(total * scale)
+        t = float(start)
+        times = []
+        for *_, d in steps:
+            a = int(t)
+            t += d * scale
+            times.append((a, int(t)))
+        # emit
+        dom = self._ensure_domain(start)
+        it = iter(zip(steps, times))
+        for key, units in plan.items():
+            gid = self.next_graph_id
+            self.next_graph_id += 1
+            graph = _Graph(gid, key, units)
+            self.graphs[key] = graph
+            (_, name, _), (a, b) = next(it)
+            self._launch(a, b, name, 0)  # cudaStreamBeginCapture
+            for j, u in enumerate(units):
+                groups = self._kernel_groups(u)
+                multi = [o for o in u.ops if o.comm.size > 1]
+                if j > 0:
+                    graph.compute_nodes.append(self._new_node())
+                else:
+                    graph.compute_nodes.append(0)
+                nodes = [self._new_node() for _ in groups]
+                graph.nodes.append(nodes)
+                graph.seqs.append([ops[0].seq for ops in groups])
+                node_of = {o.seq: nodes[g] for g, ops in enumerate(groups) for o in ops}
+                group_of = {o.seq: g for g, ops in enumerate(groups) for o in ops}
+                rows: list[dict] = []
+                call_t: list[tuple[int, int]] = []
+                launch_corr: list[int | None] = []
+                gs_t = None
+                while True:
+                    (kind, ref, _), (a, b) = next(it)
+                    if kind == "gs":
+                        gs_t = (a, b)
+                    elif kind == "call":
+                        o = u.ops[ref[1]]
+                        st = self.comms[o.comm.uid]
+                        rows.append(self._call(o, st, a, u))
+                        call_t.append((a, b))
+                    elif kind == "launch":
+                        corr = self._launch(a, b, *ctx.launch_api) if cg.capture_launch_records else None
+                        launch_corr.append(corr)
+                        call_t.append((a, b))
+                    elif kind == "unit_end":
+                        break
+                unit_end = call_t[-1][1] if call_t else a
+                for i, o in enumerate(u.ops):
+                    st = self.comms[o.comm.uid]
+                    c0, c1 = call_t[i]
+                    end = unit_end if not u.grouped else c1
+                    self._nvtx(c0, end, f"nccl{o.op}", domain=dom, payload=self._payload(o, st))
+                if u.grouped and gs_t is not None:
+                    self._nvtx(gs_t[0], gs_t[1], "ncclGroupStart", domain=dom)
+                    self._nvtx(call_t[len(u.ops) - 1][1], unit_end, "ncclGroupEnd", domain=dom)
+                self._flush_tuning(self._at(unit_end))
+                for o, row in zip(u.ops, rows):
+                    g = group_of.get(o.seq)
+                    graph.lines[o.seq] = row["log_line"]
+                    row.update({"kernel_correlation_id": None, "kernel_global_pid": None, "kernel_dropped": False,
+                                "single_rank_no_kernel": o.comm.size == 1,
+                                "kernel_fused": g is not None and len(groups) == 1 and len(multi) > 1,
+                                "graph_captured": True, "graph_id": gid, "graph_node_id": node_of.get(o.seq),
+                                "capture_launch_correlation_id": launch_corr[g] if g is not None else None})  # fmt: skip
+                    if self.cap is not None:
+                        row["in_capture"] = self.capturing
+                    self.sinks["ops"].add(row)
+            for _ in range(2):  # cudaStreamEndCapture, cudaGraphInstantiateWithFlags
+                (_, name, _), (a, b) = next(it)
+                self._launch(a, b, name, 0)
+        self.graphs_captured = True
+        return start
+
+    def _new_node(self) -> int:
+        n = self.next_node_id
+        self.next_node_id += 1
+        return n
+
+    def _graph_step(self, u: Unit, key: tuple, t_launch: int) -> tuple["_Graph", int]:
+        """Advance the graph that runs ``u``: a new pass of its runner starts a replay (one
+        cudaGraphLaunch at ``t_launch``). Returns the graph and the unit's position in it."""
+        g = self.graphs.get(key)
+        if g is None:
+            raise RuntimeError(f"rank {self.rank}: CUDA graph {key} replayed but never captured")
+        p = u.graph_scope[3]  # type: ignore[index]
+        if g.pass_id != p:
+            if g.pass_id is not None and g.pos != len(g.units):
+                raise RuntimeError(f"rank {self.rank}: CUDA graph {key} pass ended after {g.pos}/{len(g.units)} units")
+            g.pass_id, g.pos = p, 0
+            g.replays += 1
+            g.corr = self._launch(t_launch, t_launch + self.ctx.tparams.launch_ns, "cudaGraphLaunch_v10000", 0)
+        pos = g.pos
+        if pos >= len(g.units) or _unit_signature(g.units[pos]) != _unit_signature(u):
+            raise RuntimeError(f"rank {self.rank}: unit {u.index} (iteration {u.iteration}, {u.phase}) differs from "
+                               f"what CUDA graph {key} captured; its calls are not static")
+        g.pos += 1
+        return g, pos
 
     def _unit(self, u: Unit, tm: UnitTimes) -> None:
         ctx, cfg, imp = self.ctx, self.cfg, self.ctx.imp
@@ -701,17 +1108,27 @@ class _Process:
                     self.world_ptr = st.ptr
                 self._init_lines(st, t, t + dur, split=False)
                 t += dur
+        # --- CUDA graphs: all captured at the start of the first replaying iteration (in the host
+        # time the program reserves there, schedule.T_GRAPH_CAPTURE); a graphed unit is replayed
+        graph: _Graph | None = None
+        gpos = 0
+        cpu_busy = tm.init_start if u.new_comms else tm.group_start
+        burst = False
+        if ctx.graphs is not None:
+            if not self.graphs_captured and u.iteration >= ctx.graphs.warmup_iterations:
+                cpu_busy = self._capture_graphs(self._prev_cpu + 1_000, cpu_busy - 1_000)
+                burst = True
+            gkey = self._graph_key(u)
+            if gkey is not None:
+                graph, gpos = self._graph_step(u, gkey, tm.group_start)
+            if gpos == 0:
+                cpu_busy = min(cpu_busy, tm.group_start)
         dom = self._ensure_domain(tm.group_start)
         multi = [o for o in u.ops if o.comm.size > 1]
         # --- one kernel per unit (fused) or per multi-rank op
-        if not multi:
-            kern_groups: list[list[Op]] = []
-        elif imp.fuse_grouped_p2p or len(multi) == 1:
-            kern_groups = [multi]
-        else:
-            kern_groups = [[o] for o in multi]
+        kern_groups = self._kernel_groups(u)
         # --- an extra NCCL kernel without a log line, in idle time before this unit
-        if (multi and imp.kernels_without_log
+        if (multi and imp.kernels_without_log and not burst
                 and u01(cfg.seed, self.rank, u.index, 0xE4) < imp.kernels_without_log):  # fmt: skip
             st0 = self.comms[multi[0].comm.uid]
             prev_end = self.stream_last_end.get(st0.stream_id, 0)
@@ -724,48 +1141,68 @@ class _Process:
                 name, short = nccl_kernel_name(ctx.nccl, "SendRecv", DT_F32, 0, "RING")
                 self._emit_kernel([], (a, b), name, short, corr, st0, "SendRecv", "RING", "SIMPLE", 1, 512, u,
                                   without_log=True)  # fmt: skip
-        # --- calls: log lines and NVTX ranges
-        if u.grouped:
-            self._nvtx(tm.group_start, tm.group_start + tpar.group_call_ns, "ncclGroupStart", domain=dom)
+        # --- calls: log lines and NVTX ranges (a replayed graph makes no calls)
         op_rows = []
-        for i, o in enumerate(u.ops):
-            st = self.comms[o.comm.uid]
-            t_call = tm.call_start[i]
-            op_rows.append(self._call(o, st, t_call, u))
-            end = t_call + tpar.api_call_ns
-            if not u.grouped and tm.launches:
-                end = tm.call_end
-            self._nvtx(t_call, end, f"nccl{o.op}", domain=dom, payload=self._payload(o, st))
-        self._flush_tuning(self._at(tm.call_end))
-        if u.grouped:
-            self._nvtx(tm.group_end_start, tm.call_end, "ncclGroupEnd", domain=dom)
+        if graph is None:
+            if u.grouped:
+                self._nvtx(tm.group_start, tm.group_start + tpar.group_call_ns, "ncclGroupStart", domain=dom)
+            for i, o in enumerate(u.ops):
+                st = self.comms[o.comm.uid]
+                t_call = tm.call_start[i]
+                op_rows.append(self._call(o, st, t_call, u))
+                end = t_call + tpar.api_call_ns
+                if not u.grouped and tm.launches:
+                    end = tm.call_end
+                self._nvtx(t_call, end, f"nccl{o.op}", domain=dom, payload=self._payload(o, st))
+            self._flush_tuning(self._at(tm.call_end))
+            if u.grouped:
+                self._nvtx(tm.group_end_start, tm.call_end, "ncclGroupEnd", domain=dom)
         # --- kernels
         kern_of_op: dict[int, tuple[int, bool]] = {}
         for j, ops in enumerate(kern_groups):
             st = self.comms[ops[0].comm.uid]
-            lt0, lt1 = tm.launches[j]
-            corr = self._launch(lt0, lt1, *ctx.launch_api)
+            if graph is None:
+                lt0, lt1 = tm.launches[j]
+                corr = self._launch(lt0, lt1, *ctx.launch_api)
+                dropped = bool(imp.drop_kernels) and u01(cfg.seed, self.rank, corr, 0xD0) < imp.drop_kernels
+                gextra = None
+            else:
+                corr = graph.corr
+                node = graph.nodes[gpos][j]
+                dropped = bool(imp.drop_kernels) and u01(cfg.seed, self.rank, corr, node, 0xD0) < imp.drop_kernels
+                seq = graph.seqs[gpos][j]
+                gextra = {"graph_id": graph.gid, "graph_node_id": node, "graph_replay": graph.replays - 1,
+                          "replay_of_seq": seq, "replay_of_log_line": graph.lines.get(seq)}  # fmt: skip
             family = kernel_op_of_unit(ops)
             spec = ctx.link.unit(ops) if len(ops) > 1 else ctx.link.op_kernel(ops[0])
             o0 = ops[0]
-            name, short = nccl_kernel_name(ctx.nccl, family, o0.dtype, o0.redop, spec.algo)
-            dropped = bool(imp.drop_kernels) and u01(cfg.seed, self.rank, corr, 0xD0) < imp.drop_kernels
+            rule = None
+            if ctx.namer is None:
+                name, short = nccl_kernel_name(ctx.nccl, family, o0.dtype, o0.redop, spec.algo)
+            else:
+                name, short, spec, rule = ctx.namer.kernel(ops, family, spec)
             self._emit_kernel(ops, tm.kernels[j], name, short, corr, st, family, spec.algo, spec.proto,
-                              spec.nchannels, spec.nthreads, u, dropped=dropped)  # fmt: skip
+                              spec.nchannels, spec.nthreads, u, dropped=dropped, graph=gextra, rule=rule)  # fmt: skip
             for o in ops:
                 kern_of_op[o.seq] = (corr, dropped)
-        # --- a compute kernel filling the compute gap before this unit
-        if multi and u.gap_ns > 10_000:
+        # --- a compute kernel filling the compute gap before this unit (a graph node inside a replay)
+        if multi and u.gap_ns > 10_000 and not burst:  # (during the capture burst the GPU idles)
             ks = tm.kernels[0][0]
             gs = max(self._prev_gpu_end, ks - int(u.gap_ns))
-            self._compute_kernel(gs + 500, ks - 500, self._prev_cpu, tm.init_start if u.new_comms else tm.group_start)
+            gnode = (graph.corr, graph.gid, graph.compute_nodes[gpos]) if graph is not None and gpos > 0 else None
+            self._compute_kernel(gs + 500, ks - 500, self._prev_cpu, cpu_busy, gnode)
         self._prev_gpu_end = tm.gpu_free
-        self._prev_cpu = tm.call_end
-        # --- opCount: plans launched per communicator (>= 2.27.3: only plans with network work)
+        if graph is None:
+            self._prev_cpu = tm.call_end
+        elif gpos == 0:
+            self._prev_cpu = tm.group_start + tpar.launch_ns
+        # --- opCount: plans launched per communicator (>= 2.27.3: only plans with network work).
+        # A replayed (persistent) plan posts its proxy work from a host node at each replay, which
+        # advances opCount only for plans with network work (src/enqueue.cc hostStreamPlanTask).
         gpn = self.cfg.gpus_per_node
         for uid in {o.comm.uid for o in multi}:
             st = self.comms[uid]
-            if ctx.opcount_needs_proxy:
+            if ctx.opcount_needs_proxy or graph is not None:
                 # 2.27.3+: only plans with proxy (network) work for this rank count: P2P with a peer
                 # on another node; collectives on a communicator spanning nodes.
                 ops = [o for o in multi if o.comm.uid == uid]
@@ -784,20 +1221,26 @@ class _Process:
             row["kernel_fused"] = bool(k) and len(kern_groups) == 1 and len(multi) > 1
             if self.cap is not None:
                 row["in_capture"] = self.capturing
+            if ctx.graphs is not None:
+                row["graph_captured"] = False
             self.sinks["ops"].add(row)
 
     def _emit_kernel(self, ops: list[Op], times: tuple[int, int], name: str, short: str, corr: int, st: _CommState,
                      family: str, algo: str, proto: str, nch: int, nthreads: int, u: Unit, *,
-                     dropped: bool = False, without_log: bool = False) -> None:  # fmt: skip
+                     dropped: bool = False, without_log: bool = False, graph: dict | None = None,
+                     rule: str | None = None) -> None:  # fmt: skip
         ks, ke = times
         self.stream_last_end[st.stream_id] = ke
         if not dropped and self.capturing:
-            self.kernel_rows.append({
+            krow = {
                 "start": self.ts(ks), "end": self.ts(ke), "device_id": self.local, "context_id": 1,
                 "stream_id": st.stream_id, "correlation_id": corr, "pid": self.pid, "name": name, "short_name": short,
                 "grid_x": nch, "grid_y": 1, "grid_z": 1, "block_x": nthreads, "block_y": 1, "block_z": 1,
                 "registers_per_thread": 96, "static_shared_memory": 0, "dynamic_shared_memory": 8704,
-            })  # fmt: skip
+            }  # fmt: skip
+            if graph is not None:
+                krow["graph_id"], krow["graph_node_id"] = graph["graph_id"], graph["graph_node_id"]
+            self.kernel_rows.append(krow)
             self.n_kernels += 1
             self.kernel_counts[family] = self.kernel_counts.get(family, 0) + 1
         first = ops[0] if ops else None
@@ -812,6 +1255,11 @@ class _Process:
         }  # fmt: skip
         if self.cap is not None:
             row["in_capture"] = self.capturing
+        if graph is not None:
+            row.update(graph)
+            row["first_seq"] = graph["replay_of_seq"]  # the call this kernel replays (no call of its own)
+        if self.ctx.namer is not None:
+            row["name_rule"] = rule or "default"
         self.sinks["kernels"].add(row)
 
     def _flush_tuning(self, wall_ns: int | None) -> None:
@@ -825,6 +1273,16 @@ class _Process:
         if not buf:
             return
         v = self.ctx.nccl.tuple
+        if any(isinstance(e[1], _SymTuning) for e in buf):
+            # symmetric kernels: one line per task (2.27 src/enqueue.cc; 2.28+ symmetric_sched.cc adds nWorks)
+            for o, sym in buf:
+                if isinstance(sym, _SymTuning):
+                    tail = "" if v < (2, 28, 0) else " nWorks 1"
+                    self.w.info(self.tid, f"{o.op} [Symmetric]: {o.nbytes} Bytes -> Kernel {sym.kid} nchannels "
+                                          f"{sym.nblocks} nthreads 512{tail}", wall_ns=wall_ns)  # fmt: skip
+            buf = [e for e in buf if not isinstance(e[1], _SymTuning)]
+            if not buf:
+                return
         key = lambda e: (e[0].op, e[0].redop, e[0].dtype, e[0].comm.uid)  # noqa: E731
         lines: list[tuple] = []  # (op entry, total per-rank bytes, spec)
         if v < (2, 22, 0):
@@ -905,7 +1363,7 @@ class _Process:
             if st.rank_in_comm == 0 and o.comm.size > 1 and o.op not in P2P_OPS and o.op != "AlltoAll":
                 # Printed when the plan is launched (ncclGroupEnd), after all calls of the group.
                 spec = ctx.link.collective(o.op, o.nbytes, o.comm.size, ctx.link.nnodes(o.comm))
-                self._tuning_buf.append((o, spec))
+                self._tuning_buf.append((o, spec if ctx.namer is None else ctx.namer.tuning(o, spec)))
         self.n_ops += 1
         self.op_counts[o.op] = self.op_counts.get(o.op, 0) + 1
         return {
@@ -1046,7 +1504,7 @@ def _emulate_node(node: int, ctx: _Context | None = None) -> _NodeOutput:
     host = ctx.hosts[node]
     clk = ctx.clocks[node]
     parts_dir = out_dir / "ground_truth" / ".parts"
-    schemas = ground_truth_schemas(ctx.capture is not None)
+    schemas = ground_truth_schemas(ctx.capture is not None, ctx.graphs is not None, ctx.namer is not None)
     sinks = {name: _Sink(parts_dir / f"{name}.{node:06d}.parquet", schemas[name]) for name in _PART_NAMES}
     nsys_path = out_dir / "nsys" / f"{host}.sqlite"
     exported = node in ctx.exported_nodes
@@ -1116,7 +1574,7 @@ def emulate_run(config: EmulatorConfig | dict, out_dir: Path, *, progress: bool 
     ctx = _Context(cfg, out_dir)
     gt = out_dir / "ground_truth"
     res = EmulationResult(out_dir=out_dir, run_id=cfg.run_id, config=cfg, n_ranks=cfg.world_size)
-    schemas = ground_truth_schemas(ctx.capture is not None)
+    schemas = ground_truth_schemas(ctx.capture is not None, ctx.graphs is not None, ctx.namer is not None)
     record_times = cfg.imperfections.torn_lines > 0
     workers = max(1, min(int(workers), cfg.nodes))
     outputs: list[_NodeOutput] = []

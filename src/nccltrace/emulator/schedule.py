@@ -122,6 +122,9 @@ class Unit:
     blocking: bool = True  # the compute stream waits for it before going on
     gap_ns: float = 0.0  # GPU compute on this rank since the previous unit
     new_comms: list = field(default_factory=list)  # communicators first used here (lazy init)
+    # (layer, runner, "fwd"|"bwd", pass) of the transformer-layer pass the unit belongs to, for
+    # CUDA graphs (one graph per Megatron runner and direction); None outside a layer's pass.
+    graph_scope: tuple | None = None
 
     @property
     def multi_rank(self) -> bool:
@@ -161,6 +164,10 @@ _T_LOSS = 40_000
 _T_OPT_PER_PARAM = 0.03
 _T_LOG = 1_500_000
 _T_INIT_STEP = 150_000_000
+# Host time of capturing all CUDA graphs (cuda_graphs) before the first replaying iteration; the
+# GPU idles meanwhile. Real captures take longer (memory pools, TE warm-ups): this only has to
+# hold the capture calls (docs/emulator.md section 4.1).
+T_GRAPH_CAPTURE = 20_000_000
 
 
 class RankProgram:
@@ -196,6 +203,11 @@ class RankProgram:
         self._used: set[int] = set()
         self.iteration = -1
         self.phase = "init"
+        # CUDA graph scopes (Megatron's _CudaGraphRunner reuse): per layer the runners' busy flags.
+        self._graph_scope: tuple | None = None
+        self._graph_passes = 0
+        self._runners: dict[int, list[bool]] = {}
+        self._runner_of: dict[tuple[int, int], int] = {}
 
     # ------------------------------------------------------------------ unit construction
     def compute(self, ns: float) -> None:
@@ -238,7 +250,7 @@ class RankProgram:
         if not ops:
             return None
         self._unit += 1
-        unit = Unit(u, self.iteration, self.phase, ops, grouped, blocking, self._gap, new)
+        unit = Unit(u, self.iteration, self.phase, ops, grouped, blocking, self._gap, new, self._graph_scope)
         self._gap = 0.0
         return unit
 
@@ -259,8 +271,11 @@ class RankProgram:
     def units(self) -> Iterator[Unit]:
         """Every unit of this rank, in program order."""
         yield from self._init()
+        cg = self.cfg.cuda_graphs
         for it in range(self.cfg.iterations):
             self.iteration = it
+            if cg.active and it == cg.warmup_iterations:
+                self.compute(T_GRAPH_CAPTURE)  # the host captures the graphs; the GPU waits
             yield from self._iteration(it)
         self.iteration = self.cfg.iterations
         self.phase = "shutdown"
@@ -561,7 +576,31 @@ class RankProgram:
             else:
                 yield from self._ar("tp", self.full_act, self.act_dt)
 
+    def _graph_runner(self, layer: int, mb: int, direction: str) -> tuple:
+        """Scope of a layer pass for CUDA graphs. Megatron's CudaGraphManager gives a layer's
+        forward pass the first runner that is ready for a forward (its previous backward done),
+        making a new one if none is; the backward uses the runner of its microbatch's forward
+        (megatron/core/transformer/cuda_graphs.py, _GraphStatus FWD_READY/BWD_READY)."""
+        if direction == "fwd":
+            pool = self._runners.setdefault(layer, [])
+            i = next((j for j, busy in enumerate(pool) if not busy), len(pool))
+            if i == len(pool):
+                pool.append(False)
+            pool[i] = True
+            self._runner_of[(layer, mb)] = i
+        else:
+            i = self._runner_of.pop((layer, mb), 0)
+            if layer in self._runners and i < len(self._runners[layer]):
+                self._runners[layer][i] = False
+        self._graph_passes += 1
+        return (layer, i, direction, self._graph_passes)
+
     def _layer_forward(self, layer: int, mb: int, phase: str) -> Iterator[Unit]:
+        self._graph_scope = self._graph_runner(layer, mb, "fwd") if phase == "fwd" else None
+        yield from self._layer_forward_body(layer, mb, phase)
+        self._graph_scope = None
+
+    def _layer_forward_body(self, layer: int, mb: int, phase: str) -> Iterator[Unit]:
         cfg = self.cfg
         yield from self._attention_forward(phase)
         if is_moe_layer(cfg, layer):
@@ -596,6 +635,7 @@ class RankProgram:
         for layer in reversed(chunk_layers(cfg, self.stage, chunk)):
             if cfg.recompute == "full":
                 yield from self._layer_forward(layer, mb, "recompute")
+            self._graph_scope = self._graph_runner(layer, mb, "bwd")
             if is_moe_layer(cfg, layer):
                 yield from self._moe(layer, mb, backward=True, phase="bwd")
             else:
@@ -611,6 +651,7 @@ class RankProgram:
             if cfg.cp > 1:
                 yield from self._cp_ring(backward=True)
             yield from self._column_parallel_input_grad(self.flops.attention, act)
+            self._graph_scope = None
         if vfirst:
             self.phase = "bwd/embedding"
             if tp and sp:

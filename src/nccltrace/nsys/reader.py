@@ -121,6 +121,7 @@ KERNEL_COLUMNS: list[tuple[str, str]] = [
     ("green_context_id", "Int64"),
     ("launch_start", "Int64"), ("launch_end", "Int64"), ("launch_global_tid", "Int64"), ("launch_tid", "Int64"),
     ("launch_api", "object"), ("launch_event_class", "Int64"),
+    ("graph_id", "Int64"), ("graph_node_id", "Int64"),
 ]  # fmt: skip
 NVTX_COLUMNS: list[tuple[str, str]] = [
     ("start", "int64"), ("end", "Int64"), ("event_type", "int64"), ("text", "object"),
@@ -566,7 +567,8 @@ class NsysExport:
     _KERNEL_RAW = ["_rowid", "start", "end", "device_id", "context_id", "stream_id", "correlation_id", "global_pid",
                    "_name_id", "_short_id", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z",
                    "registers_per_thread", "static_shared_memory", "dynamic_shared_memory", "green_context_id",
-                   "launch_start", "launch_end", "launch_global_tid", "_api_id", "launch_event_class"]  # fmt: skip
+                   "launch_start", "launch_end", "launch_global_tid", "_api_id", "launch_event_class",
+                   "graph_id", "graph_node_id"]  # fmt: skip
     # Stand-in for NULL in the text rows (INT64_MIN: HW byte 0x80 with VM/PID/TID 0, never a real id).
     _NULL = -(1 << 63)
     # Columns every kernel row has (NOT NULL in the nsys schemas; int64 in KERNEL_COLUMNS) plus its name.
@@ -613,7 +615,8 @@ class NsysExport:
         exprs = ["k.rowid", "k.start", "k.end", "k.deviceId", "k.contextId", "k.streamId", corr, "k.globalPid",
                  "k.demangledName", "k.shortName", "k.gridX", "k.gridY", "k.gridZ", "k.blockX", "k.blockY", "k.blockZ",
                  "k.registersPerThread", "k.staticSharedMemory", "k.dynamicSharedMemory",
-                 self._col(k, "k", "greenContextId"), *launch_cols]  # fmt: skip
+                 self._col(k, "k", "greenContextId"), *launch_cols,
+                 self._col(k, "k", "graphId"), self._col(k, "k", "graphNodeId")]  # fmt: skip
         fmt = ",".join(["%lld"] * len(exprs))
         # Only INTEGER values are values here: CAST would turn text or a blob into 0 and a real into
         # a clamped integer, i.e. a plausible wrong value; anything else reads as NULL.
@@ -687,6 +690,8 @@ class NsysExport:
             if name in col:
                 v = m[:, col[name]]
                 null = v == self._NULL
+                if name in ("graph_id", "graph_node_id"):
+                    null = null | (v == 0)  # CUPTI: 0 = not launched through a graph launch API
                 if null.any() or kind != "int64":
                     data[name] = pd.arrays.IntegerArray(np.where(null, 0, v), null)
                 else:

@@ -702,7 +702,11 @@ class NsysExportWriter:
         (demangled, with parameter list), short_name, grid_x/y/z, block_x/y/z,
         registers_per_thread, static_shared_memory, dynamic_shared_memory. Optional:
         green_context_id (3.16.1+), mangled_name, launch_type, cache_config, grid_id,
-        local_memory_per_thread, local_memory_total.
+        local_memory_per_thread, local_memory_total, graph_node_id and graph_id (CUDA-graph
+        kernels; NULL = not launched by a graph). ``graph_id`` is stored only where the schema has
+        ``graphId`` (3.28.1 here; the 3.0.0/3.16.1 DDL has ``graphNodeId`` only) and dropped otherwise,
+        as such an export has no place for it. A graph kernel's ``correlation_id`` is the one of the
+        ``cudaGraphLaunch`` runtime row that launched the graph.
         """
         required = [
             "start", "end", "device_id", "context_id", "stream_id", "correlation_id", "pid", "name",
@@ -753,6 +757,10 @@ class NsysExportWriter:
             raise ValueError(f"green_context_id needs schema >= 3.16.1, not {self.schema_version}")
         if "tensorSizeMinusOneElements" in table_cols:
             cols["tensorSizeMinusOneElements"] = _Const("")  # NOT NULL; NCCL kernels use no tensor maps
+        if "graph_node_id" in df.columns:
+            cols["graphNodeId"] = _int_col(df, "graph_node_id", nullable=True)
+        if "graph_id" in df.columns and "graphId" in table_cols:
+            cols["graphId"] = _int_col(df, "graph_id", nullable=True)
         self._track_frame_time(df)
         self._insert_columns(table, cols, n)
 

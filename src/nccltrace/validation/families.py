@@ -11,7 +11,9 @@ Families (``FAMILIES``): the whole run; a step window located by log time, by a 
 range, and by nothing (must abstain); a rank subset; a log cut short and a log with a block of
 lines lost; 20 % of lines and 20 % of kernels *with their launch records* lost, with NCCL's
 NVTX ranges stripped (an export of a run without NVTX tracing), with and without log
-timestamps. The target is precision >= 0.999 in every family; recall says what abstaining cost.
+timestamps; a build that runs collectives through SendRecv kernels (NVTX stripped, so only the
+alignment decides); symmetric-memory kernel names; TP collectives in CUDA graphs (replayed
+kernels must not be matched to lines; positives are the eager calls). The target is precision >= 0.999 in every family; recall says what abstaining cost.
 """
 
 from __future__ import annotations
@@ -65,6 +67,13 @@ def _strip_launches_and_nvtx(raw: Path) -> None:
             c.execute("DELETE FROM NVTX_EVENTS WHERE domainId IS NOT NULL AND domainId <> 0")
 
 
+def _strip_nvtx(raw: Path) -> None:
+    """An export without NCCL's NVTX ranges (NVTX not traced, or NCCL_NVTX_DISABLE=1)."""
+    for db in (raw / "nsys").glob("*.sqlite"):
+        with sqlite3.connect(db) as c:
+            c.execute("DELETE FROM NVTX_EVENTS WHERE domainId IS NOT NULL AND domainId <> 0")
+
+
 def _forget_capture(raw: Path) -> None:
     """The user does not say which steps were captured (run.yaml without ``capture``)."""
     p = raw / "run.yaml"
@@ -85,6 +94,11 @@ class Family:
     min_recall: float = 0.0  # recall the family must keep (0: abstaining is the right answer)
 
 
+# a build that runs these collectives through SendRecv kernels (e.g. Meta's)
+_SENDRECV_BUILD = {"kernel_naming": {"collectives_as_sendrecv": ["AllReduce", "AllGather", "ReduceScatter"]}}
+# TP collectives captured into CUDA graphs after one eager warm-up step, replayed every step
+_GRAPHS = {"cuda_graphs": {"parallelism": ["tp"], "warmup_iterations": 1}}
+
 FAMILIES: tuple[Family, ...] = (
     Family("full", UNTIMED, min_recall=0.99),
     Family("full", TIMED, min_recall=0.99),
@@ -97,6 +111,12 @@ FAMILIES: tuple[Family, ...] = (
     Family("block of log lines lost", UNTIMED, damage=_blank_block, min_recall=0.9),
     Family("lines+kernels lost, no NVTX", UNTIMED, {"imperfections": {"drop_kernels": 0.2, "drop_log_lines": 0.2}},
            _strip_launches_and_nvtx),
+    Family("collectives on SendRecv kernels, no NVTX", UNTIMED, _SENDRECV_BUILD, _strip_nvtx, min_recall=0.9),
+    Family("collectives on SendRecv kernels, no NVTX", TIMED, _SENDRECV_BUILD, _strip_nvtx, min_recall=0.99),
+    Family("symmetric-memory kernels", TIMED, {"kernel_naming": {"symmetric": ["AllReduce", "AllGather",
+                                                                               "ReduceScatter"]}}, min_recall=0.99),
+    Family("CUDA graphs (TP collectives)", UNTIMED, _GRAPHS, min_recall=0.99),
+    Family("CUDA graphs (TP collectives)", TIMED, _GRAPHS, min_recall=0.99),
     Family("lines+kernels lost, no NVTX", TIMED, {"imperfections": {"drop_kernels": 0.2, "drop_log_lines": 0.2}},
            _strip_launches_and_nvtx, min_recall=0.99),
 )
