@@ -226,7 +226,7 @@ def align_process(
                               _version_tuple(nccl_version), quality, capture_steps, nvtx)
     if mode == "thesis":
         return _align_thesis(calls, kernels)
-    return _align_exact(calls, kernels, nvtx)
+    return _align_exact(calls, kernels, nvtx, utc_offset_ns, _version_tuple(nccl_version), capture_steps, quality)
 
 
 def _version_tuple(v: str | None) -> tuple[int, int, int] | None:
@@ -242,29 +242,8 @@ def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kerne
     graph = graph_replayed(kernels)
     replayed, kernels = kernels[graph], kernels[~graph]
     ks = build_kernel_sequence(kernels, utc_offset_ns=utc_offset_ns, launches_without_kernel=launches_without_kernel)
-    span = capture_span(ks)
-    units = build_log_units(calls, nccl_version=version, capture_ns=span)
+    units, window, span = locate_capture(calls, ks, version, capture_steps)
     family_note = _borrowed_families(units, ks)
-    timed = span is not None and (units.time[~units.placeholder] != NO_TIME).mean() > 0.5 if units.n else False
-    window = {"check": "capture_window", "applicable": True, "confirmed": 0, "contradicted": 0, "not_checkable": 0,
-              "located_by": "log_time" if timed else None, "outside": 0, "message": None}
-    if ks.m == 0:
-        # no NCCL kernel or launch of this process in its export: not profiled (a rank subset)
-        # or nothing captured; its calls are analysed from the log alone
-        window.update(applicable=False, located_by=None, message=(
-            f"{_process_name(calls)}: its node's export holds no NCCL kernel or launch of this process (a rank "
-            "the capture did not profile, or nothing was captured): analysed from its log alone (counts, volumes, "
-            "communicators), no times or bandwidths"))
-        units = _abstain(units, NOT_IN_EXPORT_REASON)
-    elif not timed:
-        real = int((~units.placeholder).sum())
-        if capture_steps is not None:
-            units, window = _locate_steps(units, calls, version, capture_steps, window)
-        elif window_unlocated(real, ks.m) or log_unlocated(real, ks.m):
-            window.update(located_by=None, message=unlocated_message(_process_name(calls), real, ks.m))
-            units = _abstain(units, "capture_not_located")
-        else:
-            window.update(applicable=False)
     res = align_units(units, ks, params)
     cu = units.call_unit
     has_unit = cu >= 0
@@ -287,10 +266,7 @@ def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kerne
     lost[call_kernel >= 0] = ks.placeholder[call_kernel[call_kernel >= 0]]
     reason[lost] = "kernel_record_missing"
     if quality is not None:
-        window["outside"] = int((units.call_reason == "outside_capture").sum())
         window["confirmed"] = int((res.kernel >= 0).sum())
-        if window["located_by"] == "log_time":
-            window["span_utc_ns"] = list(span)
         checks = [window, *res.checks, nvtx_check]
         if len(replayed):
             checks.append({"check": "cuda_graph", "applicable": True, "confirmed": 0, "contradicted": 0,
@@ -353,6 +329,40 @@ def _borrowed_families(units, ks) -> list[dict]:
     return notes
 
 
+def locate_capture(calls: pd.DataFrame, ks, version, capture_steps: tuple[int, int] | None):
+    """Where the export's capture sits in this process's log, before any alignment: the launch
+    units of the lines that can have their kernel in the export, the ``capture_window`` quality
+    record and the capture's wall-clock span (None without log time). Lines outside get
+    ``outside_capture``; when nothing locates a partial capture (or a partial log), every line
+    gets ``capture_not_located``; a process with nothing in its export, ``not_in_export``."""
+    span = capture_span(ks)
+    units = build_log_units(calls, nccl_version=version, capture_ns=span)
+    timed = span is not None and (units.time[~units.placeholder] != NO_TIME).mean() > 0.5 if units.n else False
+    window = {"check": "capture_window", "applicable": True, "confirmed": 0, "contradicted": 0, "not_checkable": 0,
+              "located_by": "log_time" if timed else None, "outside": 0, "message": None}
+    if ks.m == 0:
+        # no NCCL kernel or launch of this process in its export: not profiled (a rank subset)
+        # or nothing captured; its calls are analysed from the log alone
+        window.update(applicable=False, located_by=None, message=(
+            f"{_process_name(calls)}: its node's export holds no NCCL kernel or launch of this process (a rank "
+            "the capture did not profile, or nothing was captured): analysed from its log alone (counts, volumes, "
+            "communicators), no times or bandwidths"))
+        units = _abstain(units, NOT_IN_EXPORT_REASON)
+    elif not timed:
+        real = int((~units.placeholder).sum())
+        if capture_steps is not None:
+            units, window = _locate_steps(units, calls, version, capture_steps, window)
+        elif window_unlocated(real, ks.m) or log_unlocated(real, ks.m):
+            window.update(located_by=None, message=unlocated_message(_process_name(calls), real, ks.m))
+            units = _abstain(units, "capture_not_located")
+        else:
+            window.update(applicable=False)
+    window["outside"] = int((units.call_reason == "outside_capture").sum())
+    if window["located_by"] == "log_time":
+        window["span_utc_ns"] = list(span)
+    return units, window, span
+
+
 def _apply_nvtx(units, ks, kernels, nvtx, launches, call_kernel, reason, conf, method) -> dict:
     """NCCL's own NVTX call ranges as evidence (in place on the per-call arrays): a kernel's
     launch lies inside the range of the call that issued it, so where the export has those
@@ -412,6 +422,9 @@ def _apply_nvtx(units, ks, kernels, nvtx, launches, call_kernel, reason, conf, m
 # export's UTC after conversion.
 CAPTURE_LEAD_NS = 2_000_000
 CAPTURE_CLOCK_SLACK_NS = 1_000_000
+# Exact mode: a line is written inside its call's NVTX range; this much clock disagreement
+# between the log's clock and the export's UTC (two microsecond ticks) is allowed at the window's edges.
+EXACT_WINDOW_SLACK_NS = 2_000
 
 
 def capture_span(ks) -> tuple[int, int] | None:
@@ -484,20 +497,43 @@ def _align_thesis(calls, kernels) -> pd.DataFrame:
     return _assemble(calls, call_kernel, np.full(len(calls), -1, np.int64), reason, conf, method, k, "thesis")
 
 
-def _align_exact(calls, kernels, nvtx) -> pd.DataFrame:
+def _align_exact(calls, kernels, nvtx, utc_offset_ns=None, version=None, capture_steps=None,
+                 quality: dict | None = None) -> pd.DataFrame:  # fmt: skip
+    """Exact mode: NVTX payload ranges, on the lines the capture can hold (``locate_capture``:
+    a windowed export explains only its window's lines)."""
     from .exact import exact_correlation
 
     if nvtx is None:
         raise ValueError("exact mode needs the export's NVTX ranges with NCCL payloads (nvtx table)")
-    calls = calls.sort_values(["file", "line"], kind="stable").reset_index(drop=True)
     k = kernels.reset_index(drop=True)
-    ex = exact_correlation(calls, k, nvtx)
+    units, window, _ = locate_capture(calls, build_kernel_sequence(k, utc_offset_ns=utc_offset_ns), version,
+                                      capture_steps)  # fmt: skip
+    calls = units.calls  # sorted by file, line
+    located = units.call_reason.copy()
+    if window["located_by"] == "log_time":
+        # The matcher explains lines by ranges one for one, so the window must be exact: NCCL
+        # writes a call's line during the call, inside its NVTX range.
+        from ..nsys.nccl_api import nccl_range_mask
+
+        rng = nvtx[nccl_range_mask(nvtx)]
+        wall = calls["wall_time_ns"].astype("Int64") if "wall_time_ns" in calls else None
+        if len(rng) and wall is not None and utc_offset_ns is not None:
+            lo = int(rng["start"].min()) + int(utc_offset_ns) - EXACT_WINDOW_SLACK_NS
+            hi = int(rng["end"].dropna().max()) + int(utc_offset_ns) + EXACT_WINDOW_SLACK_NS
+            out = (wall.notna() & ((wall < lo) | (wall > hi))).to_numpy(bool) & pd.isna(located)
+            located[out] = "outside_capture"
+            window["outside"] = int((located == "outside_capture").sum())
+    eligible = ~pd.Series(located).isin(["outside_capture", "capture_not_located", NOT_IN_EXPORT_REASON]).to_numpy()
+    ex = exact_correlation(calls[eligible], k, nvtx)
     m = ex.call_matches
     key = dict(zip(zip(k["global_pid"].astype("Int64"), k["correlation_id"].astype("Int64")), range(len(k))))
     lookup = m.set_index(["file", "line"])
     call_kernel = np.full(len(calls), -1, np.int64)
     reason = np.full(len(calls), None, object)
     for r, (f, ln) in enumerate(zip(calls["file"], calls["line"])):
+        if not eligible[r]:
+            reason[r] = located[r]
+            continue
         if (f, ln) not in lookup.index:
             reason[r] = "no_nvtx_range"
             continue
@@ -507,6 +543,9 @@ def _align_exact(calls, kernels, nvtx) -> pd.DataFrame:
         if pd.notna(row["kernel_correlation_id"]):
             call_kernel[r] = key.get((row["kernel_global_pid"], row["kernel_correlation_id"]), -1)
         reason[r] = None if call_kernel[r] >= 0 else row["reason"]
+    if quality is not None:
+        window["confirmed"] = int((call_kernel >= 0).sum())
+        quality.update(mode="exact", checks=[window])
     conf = np.ones(len(calls))
     method = np.full(len(calls), "nvtx", object)
     return _assemble(calls, call_kernel, np.full(len(calls), -1, np.int64), reason, conf, method, k, "exact")
