@@ -108,23 +108,26 @@ def _pair(i, j, u_fam, u_dt, u_stream, k_fam, k_dt, k_stream, u_grid, k_grid, sm
 
 
 @nb.njit(cache=True, inline="always")
-def _score(i, j, ucls, kcls, T, u_time, k_time, t_lo, t_hi, t_soft):
+def _score(i, j, ucls, kcls, T, ut, lo, hi, k_time, t_soft):
     """``_pair`` from the precomputed class table plus the per-pair time term.
 
-    The time term is a window on the delay from the unit's log line to the kernel's launch:
-    ``[t_lo[i], t_hi[i]]`` (+TIME_OK), widened by ``t_soft`` on each side at -TIME_OK (first
-    pass only), forbidden beyond. ``t_hi[i] < t_lo[i]`` means no window for the unit."""
+    The time term is a window on the delay from the unit's log line (``ut``) to the kernel's
+    launch: ``[lo, hi]`` (+TIME_OK), widened by ``t_soft`` on each side at -TIME_OK (first pass
+    only), forbidden beyond. ``hi < lo`` means no window for the unit. The unit's values are
+    passed as scalars so that loops over kernels keep them in registers."""
     s = T[ucls[i], kcls[j]]
     if s <= NEG:
         return NEG
-    if t_hi[i] >= t_lo[i] and u_time[i] != NO_TIME and k_time[j] != NO_TIME:
-        d = k_time[j] - u_time[i]
-        if t_lo[i] <= d <= t_hi[i]:
-            s += TIME_OK
-        elif t_lo[i] - t_soft <= d <= t_hi[i] + t_soft:
-            s -= TIME_OK
-        else:  # the line was written too far from this launch (or after it) to be its call
-            return NEG
+    if hi >= lo and ut != NO_TIME:
+        kt = k_time[j]
+        if kt != NO_TIME:
+            d = kt - ut
+            if lo <= d <= hi:
+                s += TIME_OK
+            elif lo - t_soft <= d <= hi + t_soft:
+                s -= TIME_OK
+            else:  # the line was written too far from this launch (or after it) to be its call
+                return NEG
     return s
 
 
@@ -139,12 +142,13 @@ def _fill(H, i0, j0, nw, mw, ucls, u_time, u_run, u_gap, kcls, k_time, T, t_lo, 
         i = i0 + a - 1
         run = u_run[i]
         run = min(run, a)
+        ut, lo, hi = u_time[i], t_lo[i], t_hi[i]
         for b in range(1, mw + 1):
             j = j0 + b - 1
             best = H[a - 1, b] + u_gap[i]
             v = H[a, b - 1] + GAP_KERNEL
             best = max(best, v)
-            p = _score(i, j, ucls, kcls, T, u_time, k_time, t_lo, t_hi, t_soft)
+            p = _score(i, j, ucls, kcls, T, ut, lo, hi, k_time, t_soft)
             if p > NEG:
                 v = H[a - 1, b - 1] + p
                 best = max(best, v)
@@ -175,7 +179,7 @@ def _traceback(H, ea, eb, i0, j0, late, ucls, u_time, u_run, u_gap, kcls, k_time
         if a > 0 and b > 0:
             i = i0 + a - 1
             j = j0 + b - 1
-            p = _score(i, j, ucls, kcls, T, u_time, k_time, t_lo, t_hi, t_soft)
+            p = _score(i, j, ucls, kcls, T, u_time[i], t_lo[i], t_hi[i], k_time, t_soft)
             diag_ok = p > NEG and H[a - 1, b - 1] + p == h
         else:
             diag_ok = False
@@ -335,6 +339,7 @@ def _forward(ucls, u_time, u_run, u_gap, kcls, k_time, T, t_lo, t_hi, t_soft, lo
         lp, hp = lo[a - 1], hi[a - 1]
         i = a - 1
         run = min(u_run[i], a)
+        ut, lo_i, hi_i = u_time[i], t_lo[i], t_hi[i]
         for b in range(la, ha + 1):
             best = NEG_INF
             if lp <= b <= hp and F[off[a - 1] + b - lp] > NEG_INF:
@@ -343,7 +348,7 @@ def _forward(ucls, u_time, u_run, u_gap, kcls, k_time, T, t_lo, t_hi, t_soft, lo
                 v = F[off[a] + b - 1 - la] + GAP_KERNEL
                 best = max(best, v)
             if b >= 1:
-                p = _score(i, b - 1, ucls, kcls, T, u_time, k_time, t_lo, t_hi, t_soft)
+                p = _score(i, b - 1, ucls, kcls, T, ut, lo_i, hi_i, k_time, t_soft)
                 if p > NEG:
                     if lp <= b - 1 <= hp and F[off[a - 1] + b - 1 - lp] > NEG_INF:
                         v = F[off[a - 1] + b - 1 - lp] + p
@@ -353,7 +358,8 @@ def _forward(ucls, u_time, u_run, u_gap, kcls, k_time, T, t_lo, t_hi, t_soft, lo
                         if lr <= b - 1 <= hr and F[off[a - r] + b - 1 - lr] > NEG_INF:
                             pr = p
                             if score_first:
-                                pr = _score(a - r, b - 1, ucls, kcls, T, u_time, k_time, t_lo, t_hi, t_soft)
+                                q = a - r
+                                pr = _score(q, b - 1, ucls, kcls, T, u_time[q], t_lo[q], t_hi[q], k_time, t_soft)
                             if pr > NEG:
                                 v = F[off[a - r] + b - 1 - lr] + pr + FUSE_EXTRA * (r - 1)
                                 best = max(best, v)
@@ -392,6 +398,7 @@ def _certain(F, R, lo, hi, off, roff, m, k_stream, k_grid, margin, ucls, u_time,
         gr = -2
         la, ha = lo[a], hi[a]
         lp, hp = lo[a - 1], hi[a - 1]
+        ut, lo_i, hi_i = u_time[i], t_lo[i], t_hi[i]
         for b in range(la, ha + 1):
             sfx = suffix(a, b)
             if sfx <= NEG_INF:
@@ -403,7 +410,7 @@ def _certain(F, R, lo, hi, off, roff, m, k_stream, k_grid, margin, ucls, u_time,
             if b >= 1 and lp <= b - 1 <= hp:
                 f = F[off[a - 1] + b - 1 - lp]
                 if f > NEG_INF:
-                    p = _score(i, b - 1, ucls, kcls, T, u_time, k_time, t_lo, t_hi, t_soft)
+                    p = _score(i, b - 1, ucls, kcls, T, ut, lo_i, hi_i, k_time, t_soft)
                     if p > NEG and f + p + sfx >= near:
                         if cand == -2:
                             cand = b - 1
@@ -423,7 +430,8 @@ def _certain(F, R, lo, hi, off, roff, m, k_stream, k_grid, margin, ucls, u_time,
                 sfx = suffix(a2, b)
                 if sfx <= NEG_INF:
                     continue
-                p = _score(a2 - 1, b - 1, ucls, kcls, T, u_time, k_time, t_lo, t_hi, t_soft)
+                q = a2 - 1
+                p = _score(q, b - 1, ucls, kcls, T, u_time[q], t_lo[q], t_hi[q], k_time, t_soft)
                 for r in range(max(2, a2 - a + 1), run + 1):
                     lr, hr = lo[a2 - r], hi[a2 - r]
                     if lr <= b - 1 <= hr:
@@ -454,7 +462,8 @@ def _certain(F, R, lo, hi, off, roff, m, k_stream, k_grid, margin, ucls, u_time,
 def _match_scores(us, js, ucls, kcls, T, u_time, k_time, t_lo, t_hi, t_soft):
     out = np.empty(us.shape[0], np.int64)
     for q in range(us.shape[0]):
-        out[q] = _score(us[q], js[q], ucls, kcls, T, u_time, k_time, t_lo, t_hi, t_soft)
+        i = us[q]
+        out[q] = _score(i, js[q], ucls, kcls, T, u_time[i], t_lo[i], t_hi[i], k_time, t_soft)
     return out
 
 
