@@ -151,12 +151,8 @@ def test_the_example_campaign_has_a_step_window_and_a_rank_subset_run():
 # --------------------------------------------------------------------------- acquisition
 
 
-def _setup(**extra) -> TrainingSetup:
-    py = sys.executable
-    cfg = {"torchrun": f"{py} {DOUBLES / 'fake_torchrun.py'}", "nsys": f"{py} {DOUBLES / 'fake_nsys.py'}",
-           "env": {"NCCLTRACE_FAKE_SETTINGS": json.dumps({"nsys_version": "2022.4", "hardware": "a100"})}}
-    cfg.update(extra)
-    return TrainingSetup.from_config(cfg)
+# the launch tests' training setup: the torchrun and nsys test doubles
+from test_launch import _setup  # noqa: E402
 
 
 TINY = dict(model="dense", num_layers=4, hidden_size=128, num_attention_heads=4, seq_length=256,
