@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from nccltrace.acquisition.launch import LaunchError, TrainingSetup, render_node_script, run_training
+from nccltrace.acquisition.launch import LaunchError, render_node_script, run_training
 from nccltrace.acquisition.megatron import launch_problems, megatron_arguments, parse_megatron_arguments
 from nccltrace.campaign import CampaignError, expand_campaign, load_campaign, validate_runs
 from nccltrace.capture import NSYS_CAPTURE_RANGE_ARGS, CaptureError, CaptureWindow, capture_problems
