@@ -294,7 +294,12 @@ def test_the_matching_rule_refuses_what_is_not_unique():
     pos, why, _ = _explain(np.array([Z, X]), no[:2], np.array([X]))
     assert list(pos) == [-1, 0] and why[0] == "no_nvtx_range"
     pos, why, failed = _explain(np.array([X, X]), no[:2], np.array([X]))
-    assert failed and list(why) == ["ambiguous", "ambiguous"]
+    assert list(pos) == [-1, -1] and list(why) == ["ambiguous", "ambiguous"]
+    # ... unless leaving out a line at an edge (a capture window's) explains the rest uniquely
+    pos, why, failed = _explain(np.array([Y, Y, Z]), no, np.array([Y, Z]))
+    assert list(pos) == [-1, 0, 1] and why[0] == "ambiguous" and not failed
+    pos, why, failed = _explain(np.array([Y, Y, Y, Y, Y]), np.zeros(5, bool), np.array([Y]))  # beyond 3 trims
+    assert failed and (pos == -1).all()
     # Long identical stretches are matched in blocks; a drop shifts the rest by one.
     b = np.tile(np.array([X, Y, Z]), 1000)
     a = np.delete(b, 1500)  # drops a Y between unique neighbours: everything stays pinned

@@ -384,6 +384,15 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
 
     summary = _parse_summary(parsed, procs, stems, expected_procs, expected_nodes)
     summary["run"] = run_settings.get("run_id") if run_settings else None
+    # the damage the parse found is named on the console too, not only in the JSON: as problems
+    # when it made the parse partial, else as notes
+    said = problems if summary["partial"] else notes
+    for issue in summary["issues"]:
+        if issue.get("severity") in ("error", "warning"):
+            where = ":".join(str(x) for x in (issue.get("process"), issue.get("line")) if x is not None)
+            msg = f"{where}: {issue['message']}" if where else str(issue["message"])
+            if msg not in said:
+                said.append(msg)
     write_json_atomic(parsed / "parse_summary.json", summary)
     write_manifest(parsed / "manifest.json", stage="parse_summary",
                    inputs=[parsed / "nccl" / p / "parse_report.json" for p in procs]

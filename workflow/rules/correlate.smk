@@ -4,6 +4,8 @@
 rule align:
     input:
         calls=f"{RESULTS}/{{run}}/parsed/nccl/{{proc}}/calls.parquet",
+        # init lines: their logged commIds name communicators in NCCL's NVTX payloads
+        comms=f"{RESULTS}/{{run}}/parsed/nccl/{{proc}}/comms.parquet",
         kernels=lambda wc: f"{RESULTS}/{wc.run}/parsed/nsys/{proc_host(wc)}/kernels.parquet",
         session=lambda wc: f"{RESULTS}/{wc.run}/parsed/nsys/{proc_host(wc)}/session.json",
         nvtx=lambda wc: f"{RESULTS}/{wc.run}/parsed/nsys/{proc_host(wc)}/nvtx.parquet",

@@ -210,6 +210,7 @@ def align_process(
     params: AlignParams | None = None,
     quality: dict | None = None,
     capture_steps: tuple[int, int] | None = None,
+    comms: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Correlate one process's call lines (``calls`` table) with its kernels (nsys ``kernels`` rows of
     the same pid). ``utc_offset_ns`` (the export's session UTC start) enables the time signal
@@ -217,16 +218,19 @@ def align_process(
     launches on every communicator. ``quality`` (a dict, filled in place): the checks run on the
     matches, what each confirmed and contradicted. ``capture_steps``: 0-based first and last
     training step of a step-window capture (used when the log has no timestamps to locate the
-    window; see :mod:`.window`). Returns a table with ``ALIGNMENT_SCHEMA``."""
+    window; see :mod:`.window`). ``comms``: the log's ``comms`` table; its logged ``commId``s
+    link communicators to NCCL's NVTX communicator ids (NCCL >= 2.26.2) where the export has no
+    init ranges (a windowed capture). Returns a table with ``ALIGNMENT_SCHEMA``."""
     if mode not in MODES:
         raise ValueError(f"unknown alignment mode {mode!r}; use one of {', '.join(MODES)}")
     kernels = kernels[is_nccl_kernel(kernels["short_name"].astype(object))]
     if mode == "default":
         return _align_default(calls, kernels, utc_offset_ns, params or AlignParams(), launches_without_kernel,
-                              _version_tuple(nccl_version), quality, capture_steps, nvtx)
+                              _version_tuple(nccl_version), quality, capture_steps, nvtx, comms)
     if mode == "thesis":
         return _align_thesis(calls, kernels)
-    return _align_exact(calls, kernels, nvtx, utc_offset_ns, _version_tuple(nccl_version), capture_steps, quality)
+    return _align_exact(calls, kernels, nvtx, utc_offset_ns, _version_tuple(nccl_version), capture_steps, quality,
+                        comms)
 
 
 def _version_tuple(v: str | None) -> tuple[int, int, int] | None:
@@ -238,7 +242,8 @@ def _version_tuple(v: str | None) -> tuple[int, int, int] | None:
 
 def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kernel=None,
                    version=None, quality: dict | None = None,
-                   capture_steps: tuple[int, int] | None = None, nvtx: pd.DataFrame | None = None) -> pd.DataFrame:  # fmt: skip
+                   capture_steps: tuple[int, int] | None = None, nvtx: pd.DataFrame | None = None,
+                   comms: pd.DataFrame | None = None) -> pd.DataFrame:  # fmt: skip
     graph = graph_replayed(kernels)
     replayed, kernels = kernels[graph], kernels[~graph]
     ks = build_kernel_sequence(kernels, utc_offset_ns=utc_offset_ns, launches_without_kernel=launches_without_kernel)
@@ -261,7 +266,8 @@ def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kerne
     conf[has_unit] = res.confidence[cu[has_unit]]
     method = np.full(len(cu), None, object)
     method[has_unit] = res.method[cu[has_unit]]
-    nvtx_check = _apply_nvtx(units, ks, kernels, nvtx, launches_without_kernel, call_kernel, reason, conf, method)
+    nvtx_check = _apply_nvtx(units, ks, kernels, nvtx, launches_without_kernel, call_kernel, reason, conf, method,
+                             utc_offset_ns, window, comms)
     lost = np.zeros(len(cu), bool)
     lost[call_kernel >= 0] = ks.placeholder[call_kernel[call_kernel >= 0]]
     reason[lost] = "kernel_record_missing"
@@ -363,7 +369,31 @@ def locate_capture(calls: pd.DataFrame, ks, version, capture_steps: tuple[int, i
     return units, window, span
 
 
-def _apply_nvtx(units, ks, kernels, nvtx, launches, call_kernel, reason, conf, method) -> dict:
+def _nvtx_window(calls: pd.DataFrame, located: np.ndarray, nvtx: pd.DataFrame, utc_offset_ns: int | None,
+                 window: dict) -> np.ndarray:  # fmt: skip
+    """Reasons per call with the capture narrowed to the span of the export's NCCL call ranges
+    when the log has timestamps: the range matcher explains lines by ranges one for one, so
+    its window must be exact, and NCCL writes a call's line during the call, inside its range."""
+    from ..nsys.nccl_api import nccl_range_mask
+
+    located = located.copy()
+    if window.get("located_by") != "log_time" or utc_offset_ns is None or "wall_time_ns" not in calls:
+        return located
+    rng = nvtx[nccl_range_mask(nvtx)]
+    if not len(rng):
+        return located
+    wall = calls["wall_time_ns"].astype("Int64")
+    lo = int(rng["start"].min()) + int(utc_offset_ns) - EXACT_WINDOW_SLACK_NS
+    hi = int(rng["end"].dropna().max()) + int(utc_offset_ns) + EXACT_WINDOW_SLACK_NS
+    # every line outside, whatever else it is (a single-rank call, a duplicate): the matcher
+    # would otherwise have to explain it by a range the capture does not hold
+    out = (wall.notna() & ((wall < lo) | (wall > hi))).to_numpy(bool)
+    located[out] = "outside_capture"
+    return located
+
+
+def _apply_nvtx(units, ks, kernels, nvtx, launches, call_kernel, reason, conf, method, utc_offset_ns=None,
+                window=None, comms=None) -> dict:  # fmt: skip
     """NCCL's own NVTX call ranges as evidence (in place on the per-call arrays): a kernel's
     launch lies inside the range of the call that issued it, so where the export has those
     ranges, lines are matched to ranges per thread in call order (``exact.exact_correlation``,
@@ -378,10 +408,11 @@ def _apply_nvtx(units, ks, kernels, nvtx, launches, call_kernel, reason, conf, m
         out["not_checkable"] = int((call_kernel >= 0).sum())
         return out
     calls = units.calls
-    eligible = ~pd.Series(units.call_reason).isin(["outside_capture", "capture_not_located",
-                                                   NOT_IN_EXPORT_REASON]).to_numpy()  # fmt: skip
+    located = _nvtx_window(calls, units.call_reason, nvtx, utc_offset_ns, window or {})
+    eligible = ~pd.Series(located).isin(["outside_capture", "capture_not_located", NOT_IN_EXPORT_REASON]).to_numpy()
     try:
-        ex = exact_correlation(calls[eligible], kernels, nvtx, lost_launches=launches, require_payloads=False)
+        ex = exact_correlation(calls[eligible], kernels, nvtx, comms=comms, lost_launches=launches,
+                               require_payloads=False)
     except (ExactCorrelationError, ValueError, KeyError) as e:  # ranges it cannot use: say so, decide nothing
         out.update(message=f"NCCL NVTX ranges present but not usable: {e}")
         out["not_checkable"] = int((call_kernel >= 0).sum())
@@ -498,7 +529,7 @@ def _align_thesis(calls, kernels) -> pd.DataFrame:
 
 
 def _align_exact(calls, kernels, nvtx, utc_offset_ns=None, version=None, capture_steps=None,
-                 quality: dict | None = None) -> pd.DataFrame:  # fmt: skip
+                 quality: dict | None = None, comms: pd.DataFrame | None = None) -> pd.DataFrame:  # fmt: skip
     """Exact mode: NVTX payload ranges, on the lines the capture can hold (``locate_capture``:
     a windowed export explains only its window's lines)."""
     from .exact import exact_correlation
@@ -509,22 +540,10 @@ def _align_exact(calls, kernels, nvtx, utc_offset_ns=None, version=None, capture
     units, window, _ = locate_capture(calls, build_kernel_sequence(k, utc_offset_ns=utc_offset_ns), version,
                                       capture_steps)  # fmt: skip
     calls = units.calls  # sorted by file, line
-    located = units.call_reason.copy()
-    if window["located_by"] == "log_time":
-        # The matcher explains lines by ranges one for one, so the window must be exact: NCCL
-        # writes a call's line during the call, inside its NVTX range.
-        from ..nsys.nccl_api import nccl_range_mask
-
-        rng = nvtx[nccl_range_mask(nvtx)]
-        wall = calls["wall_time_ns"].astype("Int64") if "wall_time_ns" in calls else None
-        if len(rng) and wall is not None and utc_offset_ns is not None:
-            lo = int(rng["start"].min()) + int(utc_offset_ns) - EXACT_WINDOW_SLACK_NS
-            hi = int(rng["end"].dropna().max()) + int(utc_offset_ns) + EXACT_WINDOW_SLACK_NS
-            out = (wall.notna() & ((wall < lo) | (wall > hi))).to_numpy(bool) & pd.isna(located)
-            located[out] = "outside_capture"
-            window["outside"] = int((located == "outside_capture").sum())
+    located = _nvtx_window(calls, units.call_reason, nvtx, utc_offset_ns, window)
+    window["outside"] = int((located == "outside_capture").sum())
     eligible = ~pd.Series(located).isin(["outside_capture", "capture_not_located", NOT_IN_EXPORT_REASON]).to_numpy()
-    ex = exact_correlation(calls[eligible], k, nvtx)
+    ex = exact_correlation(calls[eligible], k, nvtx, comms=comms)
     m = ex.call_matches
     key = dict(zip(zip(k["global_pid"].astype("Int64"), k["correlation_id"].astype("Int64")), range(len(k))))
     lookup = m.set_index(["file", "line"])
@@ -609,6 +628,8 @@ def align_files(calls_path, kernels_path, session_path, out_path, *, mode: str =
         if vfile.exists():
             v = read_table(vfile)
             nccl_version = str(v["version"].dropna().iloc[0]) if v["version"].notna().any() else None
+    comms_path = Path(calls_path).parent / "comms.parquet"  # the log's init lines (same parse output)
+    comms = read_table(comms_path) if comms_path.exists() else None
     quality: dict = {"host": str(calls["host"].dropna().iloc[0]) if calls["host"].notna().any() else None,
                      "pid": int(pid), "checks": []}
     if not export_available:
@@ -620,7 +641,7 @@ def align_files(calls_path, kernels_path, session_path, out_path, *, mode: str =
     else:
         table = align_process(calls, kernels, mode=mode, utc_offset_ns=utc, nvtx=nvtx,
                               launches_without_kernel=launches, nccl_version=nccl_version, quality=quality,
-                              capture_steps=capture_steps)  # fmt: skip
+                              capture_steps=capture_steps, comms=comms)  # fmt: skip
     from .quality import QUALITY_FILE, write_quality
 
     out_path = Path(out_path)

@@ -537,7 +537,8 @@ def _bijective(a: np.ndarray, b: np.ndarray) -> dict[int, int]:
     return {int(x): int(y) for x, y in pairs[good.to_numpy(bool)].itertuples(index=False)}
 
 
-def _explain(a: np.ndarray, dupable: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+def _explain(a: np.ndarray, dupable: np.ndarray, b: np.ndarray,
+             trim: bool = True) -> tuple[np.ndarray, np.ndarray, bool]:  # fmt: skip
     """Exact-or-refuse position of each line key ``a`` among the range keys ``b``.
 
     Returns (position or -1, reason for -1: ``no_nvtx_range``, ``ambiguous`` or
@@ -563,6 +564,8 @@ def _explain(a: np.ndarray, dupable: np.ndarray, b: np.ndarray) -> tuple[np.ndar
         return pos, why, False
     left = _leftmost(a2, d2, b)
     if left is None:
+        if trim:
+            return _explain_trimmed(a, dupable, b, keep, a2, d2, pos, why)
         why[keep] = "ambiguous"  # more lines than ranges can explain
         return pos, why, True
     # Rightmost explanation = leftmost of the reversed sequences; reversed, a line may share
@@ -584,6 +587,44 @@ def _explain(a: np.ndarray, dupable: np.ndarray, b: np.ndarray) -> tuple[np.ndar
     why[keep[is_dup]] = "duplicate_line"
     why[keep[~ok & ~is_dup]] = "ambiguous"
     return pos, why, False
+
+
+_MAX_EDGE_TRIM = 3
+
+
+def _explain_trimmed(a, dupable, b, keep, a2, d2, pos, why):
+    """More lines than ranges can explain. At the edges of a capture window a line whose range
+    lies just outside it is the usual cause, so explanations are sought without up to
+    ``_MAX_EDGE_TRIM`` lines at the thread's ends (fewest first); a line is matched only when
+    every minimal trim that explains the rest keeps it on the same range. Otherwise (or when no
+    trim helps) the thread's lines are ambiguous."""
+    n2 = len(a2)
+    for t in range(1, _MAX_EDGE_TRIM + 1):
+        results = []
+        for head in range(t + 1):
+            tail = t - head
+            if head + tail >= n2:
+                continue
+            sub = np.arange(head, n2 - tail)
+            d_sub = d2[sub].copy()
+            d_sub[0] = False
+            p_sub, w_sub, failed = _explain(a2[sub], d_sub, b, trim=False)
+            if not failed:
+                full_p = np.full(n2, -2, np.int64)  # -2: trimmed in this variant
+                full_p[sub] = p_sub
+                full_w = np.full(n2, "ambiguous", dtype=object)
+                full_w[sub] = w_sub
+                results.append((full_p, full_w))
+        if results:
+            ps = np.stack([r[0] for r in results])
+            agree = (ps == ps[0]).all(axis=0) & (ps[0] >= 0)
+            pos[keep[agree]] = ps[0][agree]
+            same_why = np.array([all(r[1][i] == results[0][1][i] for r in results) for i in range(n2)])
+            rest = ~agree
+            why[keep[rest]] = np.where(same_why[rest] & (ps[0][rest] != -2), results[0][1][rest], "ambiguous")
+            return pos, why, False
+    why[keep] = "ambiguous"  # more lines than ranges can explain
+    return pos, why, True
 
 
 def _leftmost(a: np.ndarray, dupable: np.ndarray, b: np.ndarray) -> np.ndarray | None:
