@@ -26,6 +26,7 @@ report's section "Can I trust these matches?".
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -192,6 +193,42 @@ def _end_spread(t: pd.DataFrame) -> float:
     return 1.4826 * float(base.median()) if len(base) else 0.0
 
 
+_LOO_EXACT = 8  # instances up to this size get an exact leave-one-out median
+
+
+def _leave_one_out_median(instance: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per row, the median end of the *other* members of its instance (NaN when alone). Exact
+    for instances of up to ``_LOO_EXACT`` members (padded into a matrix, one pass per member
+    position); larger instances use their median, which one member cannot move far."""
+    codes, _ = pd.factorize(instance)
+    order = np.argsort(codes, kind="stable")
+    c = codes[order]
+    start = np.r_[0, np.flatnonzero(np.diff(c)) + 1]
+    size = np.diff(np.r_[start, len(c)])
+    pos = np.arange(len(c)) - np.repeat(start, size)  # position of each row inside its instance
+    out = np.full(len(end), np.nan)
+    small = np.repeat(size <= _LOO_EXACT, size)
+    if small.any():
+        k = int(np.max(size[size <= _LOO_EXACT]))
+        grp = np.repeat(np.arange(len(start)), size)
+        m = np.full((len(start), k), np.nan)
+        m[grp[small], pos[small]] = end[order][small]
+        res = np.full(len(c), np.nan)
+        for j in range(k):
+            masked = m.copy()
+            masked[:, j] = np.nan
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                med_j = np.nanmedian(masked, axis=1)
+            at = small & (pos == j)
+            res[at] = med_j[grp[at]]
+        out[order[small]] = res[small]
+    if (~small).any():
+        big_med = pd.Series(end).groupby(codes).transform("median").to_numpy()
+        out[order[~small]] = big_med[order[~small]]
+    return out
+
+
 def _neighbour_ends(t: pd.DataFrame, tol: float) -> list[Any]:
     """Matches whose kernel ends with a neighbouring instance of the communicator rather than
     with its own: a run of launches aligned one place off on a rank. A row is returned when its
@@ -202,13 +239,10 @@ def _neighbour_ends(t: pd.DataFrame, tol: float) -> list[Any]:
     key = t["instance"].astype(str).str.split(":", n=1, expand=True)
     comm, opc = key[0], pd.to_numeric(key[1], errors="coerce")
     t = t.assign(_comm=comm.to_numpy(), _opc=opc.to_numpy())
-    g = t.groupby("instance", sort=False)["end_sync"]
-    n = g.transform("size").to_numpy()
-    s_sum = g.transform("sum").astype("float64").to_numpy()
-    med = g.transform("median").astype("float64").to_numpy()
     e = t["end_sync"].astype("float64").to_numpy()
-    # the other members' end: the median for 3+ members, the other one's end for two
-    own = np.where(n == 2, s_sum - e, med)
+    # the other members' end: their median without the row itself (two members alike that are
+    # both wrong must not make a third, right one look off)
+    own = _leave_one_out_median(t["instance"].to_numpy(), e)
     inst = (t.groupby("instance", sort=False).agg(_comm=("_comm", "first"), _opc=("_opc", "first"),
                                                   _med=("end_sync", "median"))
             .sort_values(["_comm", "_opc"]))  # fmt: skip
