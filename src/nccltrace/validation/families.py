@@ -55,6 +55,13 @@ def _blank_block(raw: Path, lo: float = 0.4, hi: float = 0.45, n: int = 2) -> No
         log.write_bytes(b"\n".join(lines[:a] + [b""] * (b - a) + lines[b:]))
 
 
+def _strip_nvtx(raw: Path) -> None:
+    """An export without NCCL's NVTX ranges (NVTX not traced, or NCCL_NVTX_DISABLE=1)."""
+    for db in (raw / "nsys").glob("*.sqlite"):
+        with sqlite3.connect(db) as c:
+            c.execute("DELETE FROM NVTX_EVENTS WHERE domainId IS NOT NULL AND domainId <> 0")
+
+
 def _strip_launches_and_nvtx(raw: Path) -> None:
     """Lost kernels take their launch records with them, and the export has no NCCL NVTX ranges
     (a capture without NVTX tracing, or NCCL_NVTX_DISABLE=1): only the alignment decides."""
@@ -64,14 +71,7 @@ def _strip_launches_and_nvtx(raw: Path) -> None:
                          (SELECT correlationId FROM CUPTI_ACTIVITY_KIND_KERNEL) AND nameId IN
                          (SELECT id FROM StringIds WHERE value LIKE 'cudaLaunchKernel%'
                           OR value LIKE 'cuLaunchKernel%' OR value LIKE 'cudaLaunchKernelExC%')""")
-            c.execute("DELETE FROM NVTX_EVENTS WHERE domainId IS NOT NULL AND domainId <> 0")
-
-
-def _strip_nvtx(raw: Path) -> None:
-    """An export without NCCL's NVTX ranges (NVTX not traced, or NCCL_NVTX_DISABLE=1)."""
-    for db in (raw / "nsys").glob("*.sqlite"):
-        with sqlite3.connect(db) as c:
-            c.execute("DELETE FROM NVTX_EVENTS WHERE domainId IS NOT NULL AND domainId <> 0")
+    _strip_nvtx(raw)
 
 
 def _forget_capture(raw: Path) -> None:
