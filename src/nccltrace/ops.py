@@ -326,7 +326,7 @@ def stream_run_ops(
             raise
     finally:
         shutil.rmtree(parts_dir, ignore_errors=True)
-    quality = _quality_table(processes, calls_dirs, quality_paths, cross)
+    quality = _quality_table(processes, quality_paths, cross)
     for msg in quality["message"].dropna():
         if msg not in problems:
             problems.append(str(msg))
@@ -342,7 +342,7 @@ def stream_run_ops(
                   calls=calls_n, matched=matched_n, unmatched_by_reason=dict(by_reason), quality=quality)  # fmt: skip
 
 
-def _quality_table(processes: list[str], calls_dirs: list[Path], quality_paths: Iterable[Path | str] | None,
+def _quality_table(processes: list[str], quality_paths: Iterable[Path | str] | None,
                    cross: pd.DataFrame) -> pd.DataFrame:  # fmt: skip
     """The run's alignment-quality table (``QUALITY_SCHEMA``): each process's own checks and
     the cross-rank check."""

@@ -25,6 +25,8 @@ NO_EXPORT_REASON = "no_export"
 NOT_IN_EXPORT_REASON = "not_in_export"
 """Reason of call lines of a process with no NCCL kernel or launch in its node's export (a rank
 the capture did not profile)."""
+# Reasons of lines the export's capture cannot hold: no range or kernel is sought for them.
+_NOT_CAPTURED = ("outside_capture", "capture_not_located", NOT_IN_EXPORT_REASON)
 
 
 ALIGNMENT_SCHEMA = pa.schema(
@@ -247,7 +249,7 @@ def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kerne
     graph = graph_replayed(kernels)
     replayed, kernels = kernels[graph], kernels[~graph]
     ks = build_kernel_sequence(kernels, utc_offset_ns=utc_offset_ns, launches_without_kernel=launches_without_kernel)
-    units, window, span = locate_capture(calls, ks, version, capture_steps)
+    units, window = locate_capture(calls, ks, version, capture_steps)
     family_note = _borrowed_families(units, ks)
     res = align_units(units, ks, params)
     cu = units.call_unit
@@ -337,8 +339,8 @@ def _borrowed_families(units, ks) -> list[dict]:
 
 def locate_capture(calls: pd.DataFrame, ks, version, capture_steps: tuple[int, int] | None):
     """Where the export's capture sits in this process's log, before any alignment: the launch
-    units of the lines that can have their kernel in the export, the ``capture_window`` quality
-    record and the capture's wall-clock span (None without log time). Lines outside get
+    units of the lines that can have their kernel in the export and the ``capture_window``
+    quality record (with the capture's wall-clock span when log time located it). Lines outside get
     ``outside_capture``; when nothing locates a partial capture (or a partial log), every line
     gets ``capture_not_located``; a process with nothing in its export, ``not_in_export``."""
     span = capture_span(ks)
@@ -366,7 +368,7 @@ def locate_capture(calls: pd.DataFrame, ks, version, capture_steps: tuple[int, i
     window["outside"] = int((units.call_reason == "outside_capture").sum())
     if window["located_by"] == "log_time":
         window["span_utc_ns"] = list(span)
-    return units, window, span
+    return units, window
 
 
 def _nvtx_window(calls: pd.DataFrame, located: np.ndarray, nvtx: pd.DataFrame, utc_offset_ns: int | None,
@@ -409,7 +411,7 @@ def _apply_nvtx(units, ks, kernels, nvtx, launches, call_kernel, reason, conf, m
         return out
     calls = units.calls
     located = _nvtx_window(calls, units.call_reason, nvtx, utc_offset_ns, window or {})
-    eligible = ~pd.Series(located).isin(["outside_capture", "capture_not_located", NOT_IN_EXPORT_REASON]).to_numpy()
+    eligible = ~pd.Series(located).isin(_NOT_CAPTURED).to_numpy()
     try:
         ex = exact_correlation(calls[eligible], kernels, nvtx, comms=comms, lost_launches=launches,
                                require_payloads=False)
@@ -418,18 +420,22 @@ def _apply_nvtx(units, ks, kernels, nvtx, launches, call_kernel, reason, conf, m
         out["not_checkable"] = int((call_kernel >= 0).sum())
         return out
     m = ex.call_matches
-    real = ~ks.placeholder
-    kmap = {(int(g), int(c)): j for j, (g, c) in enumerate(zip(
-        ks.kernels["global_pid"].astype("Int64").fillna(-1), ks.kernels["correlation_id"].astype("Int64").fillna(-1)))
-        if real[j]}  # fmt: skip
     got = m[m["reason"].isna() & m["kernel_correlation_id"].notna()]
-    pos = pd.Series(np.arange(len(calls)), index=pd.MultiIndex.from_arrays([calls["file"], calls["line"]]))
-    rows = pos.reindex(pd.MultiIndex.from_arrays([got["file"], got["line"]])).to_numpy()
+    # the matched lines' rows and their kernels' positions in the kernel sequence (real kernels
+    # only: a lost launch's placeholder shares its correlation id)
+    rows = pd.MultiIndex.from_arrays([calls["file"], calls["line"]]).get_indexer(
+        pd.MultiIndex.from_arrays([got["file"], got["line"]]))
+    gpid = ks.kernels["global_pid"].astype("Int64").fillna(-1).to_numpy(np.int64)
+    corr = ks.kernels["correlation_id"].astype("Int64").fillna(-1).to_numpy(np.int64)
+    kidx = pd.MultiIndex.from_arrays([gpid, corr])
+    # keys no line may take (placeholders, a repeated key) become unique negatives
+    corr = np.where(ks.placeholder | kidx.duplicated(keep=False), -2 - np.arange(len(corr)), corr)
+    kidx = pd.MultiIndex.from_arrays([gpid, corr])
+    js = kidx.get_indexer(pd.MultiIndex.from_arrays([got["kernel_global_pid"].astype("int64").to_numpy(),
+                                                     got["kernel_correlation_id"].astype("int64").to_numpy()]))
     nv = np.full(len(calls), -1, np.int64)
-    for r, g, c in zip(rows, got["kernel_global_pid"], got["kernel_correlation_id"]):
-        j = kmap.get((int(g), int(c)), -1)
-        if not np.isnan(r) and j >= 0:
-            nv[int(r)] = j
+    ok = (rows >= 0) & (js >= 0)
+    nv[rows[ok]] = js[ok]
     decided = nv >= 0
     dp = call_kernel.copy()
     agree = decided & (dp == nv)
@@ -537,12 +543,12 @@ def _align_exact(calls, kernels, nvtx, utc_offset_ns=None, version=None, capture
     if nvtx is None:
         raise ValueError("exact mode needs the export's NVTX ranges with NCCL payloads (nvtx table)")
     k = kernels.reset_index(drop=True)
-    units, window, _ = locate_capture(calls, build_kernel_sequence(k, utc_offset_ns=utc_offset_ns), version,
+    units, window = locate_capture(calls, build_kernel_sequence(k, utc_offset_ns=utc_offset_ns), version,
                                       capture_steps)  # fmt: skip
     calls = units.calls  # sorted by file, line
     located = _nvtx_window(calls, units.call_reason, nvtx, utc_offset_ns, window)
     window["outside"] = int((located == "outside_capture").sum())
-    eligible = ~pd.Series(located).isin(["outside_capture", "capture_not_located", NOT_IN_EXPORT_REASON]).to_numpy()
+    eligible = ~pd.Series(located).isin(_NOT_CAPTURED).to_numpy()
     ex = exact_correlation(calls[eligible], k, nvtx, comms=comms)
     m = ex.call_matches
     key = dict(zip(zip(k["global_pid"].astype("Int64"), k["correlation_id"].astype("Int64")), range(len(k))))

@@ -499,7 +499,6 @@ class UnitAlignment:
     confidence: np.ndarray  # float64 per unit
     method: np.ndarray  # object per unit: 'alignment', 'opcount', None
     stream_map: dict[int, int]  # log stream pointer -> kernel stream id (learned)
-    time_windows: list[dict]  # learned log-line -> launch delay windows (empty without timestamps)
     contradicted: np.ndarray  # object per unit: the check that demoted its match, or None
     checks: list[dict]  # per check: applicable, confirmed, contradicted, not_checkable, detail
 
@@ -667,7 +666,6 @@ class TimeWindows:
     default: tuple[int, int] | None = None  # (lo, hi) for units without a window of their own
     by_key: dict[tuple[int, bool], tuple[int, int]] = field(default_factory=dict)  # (stream idx, p2p) -> (lo, hi)
     soft: int = 0
-    resolution: int = 1  # of the log's timestamps
 
     @property
     def active(self) -> bool:
@@ -719,7 +717,7 @@ def _prior_delay(units: LogUnits, ks: KernelSeq) -> TimeWindows:
     # the 75th percentile: lines just before a capture starts (whose own launch is not in the
     # export) have a far "next launch" and must not widen the window for every line
     off, tol = int(np.median(d)), int(max(2 * np.percentile(d, 75), 50_000, 2 * res))
-    return TimeWindows(default=(off - tol, off + tol), soft=2 * tol, resolution=res)
+    return TimeWindows(default=(off - tol, off + tol), soft=2 * tol)
 
 
 def _learn(units: LogUnits, ks: KernelSeq, early: np.ndarray, cstream: np.ndarray,
@@ -758,7 +756,7 @@ def _learn_windows(units: LogUnits, ks: KernelSeq, sure: np.ndarray, kernel: np.
     has_t = sure & (units.time != NO_TIME)
     has_t[has_t] &= ks.time[kernel[has_t]] != NO_TIME
     if not has_t.any():
-        return TimeWindows(default=prior.default, resolution=prior.resolution) if prior.active else TimeWindows()
+        return TimeWindows(default=prior.default)
     d_all = ks.time[kernel[has_t]] - units.time[has_t]
     res = _timestamp_resolution(units.time[has_t])
     pad = max(2 * res, 1_000)
@@ -774,7 +772,7 @@ def _learn_windows(units: LogUnits, ks: KernelSeq, sure: np.ndarray, kernel: np.
         lo, hi = int(d_all.min()) - pad, int(d_all.max()) + pad
         if prior.default is not None:
             hi = max(hi, prior.default[1])
-        return TimeWindows(default=(lo, hi), resolution=res)
+        return TimeWindows(default=(lo, hi))
     by_key: dict[tuple[int, bool], tuple[int, int]] = {}
     st, p2p = units.stream[has_t], units.p2p[has_t]
     kind_default: dict[bool, tuple[int, int]] = {}
@@ -789,7 +787,7 @@ def _learn_windows(units: LogUnits, ks: KernelSeq, sure: np.ndarray, kernel: np.
                 by_key[(int(s_idx), kind)] = window(d_all[sel])
             elif kind in kind_default:
                 by_key[(int(s_idx), kind)] = kind_default[kind]
-    return TimeWindows(default=window(d_all), by_key=by_key, resolution=res)
+    return TimeWindows(default=window(d_all), by_key=by_key)
 
 
 def _learn_grid(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, cgrid: np.ndarray) -> np.ndarray:
@@ -987,7 +985,7 @@ def align_units(units: LogUnits, ks: KernelSeq, params: AlignParams = AlignParam
     n = units.n
     if n == 0 or ks.m == 0:
         return UnitAlignment(np.full(n, -1, np.int64), np.zeros(n, bool), np.zeros(n), np.full(n, None, object),
-                             {}, [], np.full(n, None, object), [])  # fmt: skip
+                             {}, np.full(n, None, object), [])  # fmt: skip
     smap = np.full(len(units.streams), -1, np.int64)
     prior = _prior_delay(units, ks)
     kernel, amb, cstream, cgrid, guide = _run(units, ks, smap, prior, params)
@@ -1041,7 +1039,7 @@ def align_units(units: LogUnits, ks: KernelSeq, params: AlignParams = AlignParam
     if perm is not None:  # back to the caller's unit order
         kernel, amb, conf, method, contradicted = (_unpermute(x, perm) for x in (kernel, amb, conf, method,
                                                                                  contradicted))
-    return UnitAlignment(kernel, amb, conf, method, stream_map, tw.describe(units.streams), contradicted, checks)
+    return UnitAlignment(kernel, amb, conf, method, stream_map, contradicted, checks)
 
 
 def _check_log_time(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, tw: TimeWindows,

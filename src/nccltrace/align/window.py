@@ -52,8 +52,7 @@ def _signatures(calls: pd.DataFrame) -> np.ndarray:
     """One integer per call: what makes the same call of two steps equal (op, communicator,
     element count and type, root/peer), not what differs (opCount, time, buffers)."""
     cols = [c for c in ("op", "comm", "count", "datatype", "root", "nranks") if c in calls]
-    key = calls[cols].astype(str).agg("|".join, axis=1) if len(calls) else pd.Series([], dtype=object)
-    return pd.util.hash_pandas_object(key, index=False).to_numpy()
+    return pd.util.hash_pandas_object(calls[cols], index=False).to_numpy()  # one hash per row, all columns
 
 
 def step_lines(calls: pd.DataFrame) -> StepLines | None:
