@@ -107,6 +107,8 @@ def test_training_steps_are_found_in_a_periodic_log_and_not_in_a_damaged_one():
 def _instance_rows(rows):
     df = pd.DataFrame(rows, columns=["instance", "member", "op", "rank_in_comm", "root", "start_sync", "end_sync"])
     df["clock_domain"] = "n0"
+    df["comm"] = df["instance"].str.split(":").str[0]  # the keys here are '<comm>:<opCount>'
+    df["op_count"] = df["instance"].str.split(":").str[1].astype(float)
     for c in ("start_sync", "end_sync"):
         df[c] = df[c].astype("Int64")
     return df

@@ -99,6 +99,17 @@ def _instances(ops: pd.DataFrame) -> pd.Series:
     return key
 
 
+def instance_parts(instance: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """(logical communicator, opCount) of instance keys (``_instances``); the opCount is NaN for
+    a key by the k-th call ('#'), which is not the same collective on every rank once a rank
+    lost a line."""
+    s = instance.astype("string")
+    by_opcount = s.str.contains(":", regex=False).fillna(False).to_numpy(bool)
+    parts = s.str.split(r"[:#]", n=1, expand=True, regex=True).reindex(columns=[0, 1])
+    opc = np.where(by_opcount, pd.to_numeric(parts[1], errors="coerce").to_numpy(float), np.nan)
+    return parts[0].to_numpy(object), opc
+
+
 _CALL_COLS = ["file", "line", "count", "datatype_name", "nranks", "root", "bytes", "message_bytes"]
 
 
@@ -177,17 +188,18 @@ def _cross_rank(frame: pd.DataFrame, model: Any, processes: list[str]) -> tuple[
         start, end = synced["start_ns_sync"], synced["end_ns_sync"]
         rms = model.domains["residual_rms_ns"].astype("Float64").fillna(0.0)
         slack = {str(d): 5.0 * float(v) for d, v in rms.items()}
+    comm, opc = instance_parts(frame["instance"])
     rows = pd.DataFrame({
         "instance": frame["instance"].to_numpy(), "member": frame["global_rank"].to_numpy(),
         "clock_domain": frame["clock_domain"].to_numpy(), "op": frame["op"].to_numpy(),
         "rank_in_comm": frame["rank_in_comm"].to_numpy(), "root": frame["root"].to_numpy(),
         "start_sync": pd.array(start, dtype="Int64"), "end_sync": pd.array(end, dtype="Int64"),
+        "comm": comm, "op_count": opc,
     })  # fmt: skip
     # Only instances keyed by opCount are certain to be one collective on every rank: a key by
     # the k-th call on the communicator shifts on a rank that lost a line, and the check would
     # then contradict correct matches.
-    keyed = rows["instance"].astype(str).str.contains(":", regex=False).to_numpy()
-    rows.loc[~keyed, ["start_sync", "end_sync"]] = pd.NA
+    rows.loc[np.isnan(opc), ["start_sync", "end_sync"]] = pd.NA
     removed = cross_rank_contradictions(rows, slack)
     timed = rows["start_sync"].notna() & rows["end_sync"].notna()
     members = rows[timed].groupby("instance")["member"].transform("size")

@@ -136,7 +136,8 @@ def cross_rank_contradictions(rows: pd.DataFrame, slack: Mapping[str, float] | N
     ``rows``: one row per matched call of a cross-rank instance with ``instance``, ``member``
     (any id unique within the run, e.g. the global rank), ``clock_domain``, ``op``,
     ``rank_in_comm``, ``root``, ``start_sync``, ``end_sync`` (null when the domain's clock is
-    unknown: not checkable). ``slack``: extra tolerance per clock domain (ns).
+    unknown: not checkable), ``comm`` and ``op_count`` (the instance's communicator and its
+    place on it, ``ops.instance_parts``). ``slack``: extra tolerance per clock domain (ns).
 
     Two tests, both on synchronised time:
 
@@ -152,7 +153,8 @@ def cross_rank_contradictions(rows: pd.DataFrame, slack: Mapping[str, float] | N
     they take part in; when two members are equally implicated (a two-rank instance), both go:
     the check cannot tell which one is wrong. Returns the removed rows (index of ``rows``)
     with ``instance`` and ``member``."""
-    cols = ["instance", "member", "clock_domain", "op", "rank_in_comm", "root", "start_sync", "end_sync"]
+    cols = ["instance", "member", "clock_domain", "op", "rank_in_comm", "root", "start_sync", "end_sync", "comm",
+            "op_count"]
     timed = rows.dropna(subset=["start_sync", "end_sync"])
     if timed.empty:
         return rows.iloc[0:0][["instance", "member"]]
@@ -236,14 +238,11 @@ def _neighbour_ends(t: pd.DataFrame, tol: float) -> list[Any]:
     member of a two-member instance) and within ``tol`` of the median end of the previous or
     next instance (by opCount) of the same communicator. In a two-member instance both rows
     can be returned: the check cannot tell which one is off, and abstains on both."""
-    key = t["instance"].astype(str).str.split(":", n=1, expand=True)
-    comm, opc = key[0], pd.to_numeric(key[1], errors="coerce")
-    t = t.assign(_comm=comm.to_numpy(), _opc=opc.to_numpy())
     e = t["end_sync"].astype("float64").to_numpy()
     # the other members' end: their median without the row itself (two members alike that are
     # both wrong must not make a third, right one look off)
     own = _leave_one_out_median(t["instance"].to_numpy(), e)
-    inst = (t.groupby("instance", sort=False).agg(_comm=("_comm", "first"), _opc=("_opc", "first"),
+    inst = (t.groupby("instance", sort=False).agg(_comm=("comm", "first"), _opc=("op_count", "first"),
                                                   _med=("end_sync", "median"))
             .sort_values(["_comm", "_opc"]))  # fmt: skip
     same = inst["_comm"].to_numpy()
