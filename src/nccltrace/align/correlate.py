@@ -59,7 +59,9 @@ ALIGNMENT_SCHEMA = pa.schema(
            "part of the log, or the log part of the export, and nothing locates one in the other: no log "
            "timestamps, no declared steps), 'contradicted_log_time' (the aligned kernel was launched outside "
            "the log-line -> launch window learned from the process's certain matches: demoted, see "
-           "alignment_quality.json), 'no_log_line' (kernel rows), "
+           "alignment_quality.json), 'contradicted_stream' (the aligned kernel ran on the export stream of "
+           "another log stream: demoted), 'contradicted_cross_rank' (ops table: the kernel disagrees with its "
+           "instance's other ranks or its communicator's instance order: demoted), 'no_log_line' (kernel rows), "
            "'unparsed' (thesis mode: not an op it aligns); null when matched"),
         _f("confidence", pa.float64(), "", "0..1: share of the available evidence (family, dtype, stream, time) "
            "that confirms the match; 1.0 for exact matches; null when unmatched"),

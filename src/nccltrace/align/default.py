@@ -1018,7 +1018,7 @@ def align_units(units: LogUnits, ks: KernelSeq, params: AlignParams = AlignParam
     method = np.where(kernel >= 0, "alignment", None).astype(object)
     _opcount_fix(units, ks, kernel, amb, method, smap)
     contradicted = np.full(units.n, None, object)
-    checks = [_check_log_time(units, ks, kernel, tw, contradicted)]
+    checks = [_check_log_time(units, ks, kernel, tw, contradicted), _check_stream(units, ks, kernel, smap, contradicted)]
     # Confidence: the share of the evidence available for the pair that confirmed it.
     conf = np.zeros(units.n)
     us = np.flatnonzero(kernel >= 0)
@@ -1061,6 +1061,42 @@ def _check_log_time(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, tw: Time
     kernel[us[bad]] = -1
     contradicted[us[bad]] = "contradicted_log_time"
     out.update(confirmed=int((timed & ~bad).sum()), contradicted=int(bad.sum()), not_checkable=int((~timed).sum()))
+    return out
+
+
+def _check_stream(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, smap: np.ndarray,
+                  contradicted: np.ndarray) -> dict:  # fmt: skip
+    """Check every match against the streams. A log line names the cudaStream_t of its launch,
+    and one cudaStream_t is one stream of the export, so the matches of one log stream lie on
+    one export stream and no two log streams share one. Each export stream belongs to the log
+    stream with the most matches on it (none on a tie); a log stream's home is its learned
+    stream map entry, else the export stream it has most matches on if it owns it. A match off
+    its line's home stream is demoted in place (``contradicted``); a log stream with no home
+    (its matches split evenly, or on a stream another log stream holds) loses all its matches.
+    The alignment itself leaves unmapped streams free: forbidding pairs there removes
+    alternatives that keep a region the evidence cannot decide ambiguous."""
+    matched = (kernel >= 0) & ~units.placeholder
+    us = np.flatnonzero(matched)
+    js = kernel[us]
+    known = (ks.stream[js] >= 0) & ~ks.placeholder[js]
+    out = {"check": "stream", "applicable": bool(known.any()), "confirmed": 0, "contradicted": 0,
+           "not_checkable": int((~known).sum())}
+    if not known.any():
+        return out
+    us, ls, kst = us[known], units.stream[us[known]], ks.stream[js[known]]
+    count = np.zeros((len(units.streams), len(ks.streams)), np.int64)
+    np.add.at(count, (ls, kst), 1)
+    top = count.max(axis=0)
+    owner = np.where((count == top).sum(axis=0) == 1, count.argmax(axis=0), -1)
+    owner[top == 0] = -1
+    best = count.max(axis=1)
+    guess = np.where((count == best[:, None]).sum(axis=1) == 1, count.argmax(axis=1), -1)
+    guess = np.where((guess >= 0) & (owner[np.maximum(guess, 0)] == np.arange(len(guess))), guess, -1)
+    home = np.where(smap >= 0, smap, guess)
+    ok = home[ls] == kst
+    kernel[us[~ok]] = -1
+    contradicted[us[~ok]] = "contradicted_stream"
+    out.update(confirmed=int(ok.sum()), contradicted=int((~ok).sum()))
     return out
 
 

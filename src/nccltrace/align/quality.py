@@ -11,12 +11,15 @@ model, and a match a check contradicts is demoted to unmatched with the check's 
 * ``log_time`` (per process, align stage): the kernel was launched inside the log-line ->
   launch window learned from the process's certain matches (one-sided: NCCL launches after
   it logs);
+* ``stream`` (per process, align stage): the kernel ran on no stream that another log
+  stream maps to (the line names its cudaStream_t; one cudaStream_t is one export stream);
 * ``cross_rank`` (per run, ops stage): the kernels of one collective instance on all its
   ranks overlap in synchronised time. A rank's result needs every data source to have
   started: for AllReduce/AllGather/ReduceScatter/AlltoAll every member feeds every other, for
   Broadcast the root feeds the others, for Reduce every member feeds the root. A match shifted
   onto the next instance's kernel starts after the others have finished and is caught here,
-  even when each rank is self-consistent.
+  even when each rank is self-consistent; and a communicator's instances end in opCount
+  order, which catches claims shifted alike on several ranks.
 
 The per-process record is ``aligned/<process>/alignment_quality.json`` (:func:`write_quality`);
 the run's table is ``ops/alignment_quality.parquet`` (``QUALITY_SCHEMA``), shown in the run
@@ -26,11 +29,11 @@ report's section "Can I trust these matches?".
 from __future__ import annotations
 
 import json
-import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import numba as nb
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -61,6 +64,8 @@ CHECKS: dict[str, tuple[str, str]] = {
                        "log timestamps (NCCL >= 2.26) or declare the captured steps"),
     "log_time": ("each kernel was launched within the learned log-line -> launch window",
                  "check that the log and the export come from the same run and host clock"),
+    "stream": ("each kernel ran on the export stream its line's log stream maps to (one cudaStream_t is one "
+               "export stream)", "check that the log and the export come from the same process"),
     "cross_rank": ("the kernels of one collective instance on all its ranks overlap in synchronised time",
                    "check the rank's log and export for lost records around the demoted calls; with NCCL >= 2.26 "
                    "log timestamps locate every call"),
@@ -71,7 +76,7 @@ QUALITY_SCHEMA = pa.schema(
         _f("process", pa.string(), "", "process (log stem nccl_<host>_<pid>, or host:pid)"),
         _f("host", pa.string(), "", "host of the process"),
         _f("pid", pa.int64(), "", "process id"),
-        _f("check", pa.string(), "", "'capture_window', 'log_time' or 'cross_rank' (see docs/correlation.md)"),
+        _f("check", pa.string(), "", "'capture_window', 'log_time', 'stream', 'nvtx_range', 'cuda_graph' or 'cross_rank' (see docs/correlation.md)"),
         _f("applicable", pa.bool_(), "", "whether the evidence the check needs exists for this process"),
         _f("confirmed", pa.int64(), "", "matches the check confirmed (capture_window: matches inside the located window)"),
         _f("contradicted", pa.int64(), "", "matches the check contradicted; they were demoted to unmatched"),
@@ -139,8 +144,11 @@ def cross_rank_contradictions(rows: pd.DataFrame, slack: Mapping[str, float] | N
     unknown: not checkable), ``comm`` and ``op_count`` (the instance's communicator and its
     place on it, ``ops.instance_parts``). ``slack``: extra tolerance per clock domain (ns).
 
-    Two tests, both on synchronised time:
+    Three tests, all on synchronised time:
 
+    * **order** (first, per communicator): the claimed ends cluster in time and the instances
+      must map onto the clusters in opCount order (:func:`_order_consensus`); this holds when
+      the members of one instance that were shifted alike outnumber the right ones;
     * **dependency**: member r's kernel must end after every member it needs data from
       started (less the tolerance);
     * **common end**: the members of one collective finish together (the clock model rests
@@ -160,15 +168,15 @@ def cross_rank_contradictions(rows: pd.DataFrame, slack: Mapping[str, float] | N
         return rows.iloc[0:0][["instance", "member"]]
     tol = CROSS_RANK_SLACK_NS + timed["clock_domain"].map(slack or {}).astype(float).fillna(0.0)
     t = timed[cols].assign(tol=tol.to_numpy())
-    g = t.groupby("instance", sort=False)
-    size = g["member"].transform("size")
-    t = t[size >= 2]
+    size = t.groupby("instance", sort=False)["member"].transform("size")
+    spread = _end_spread(t[size >= 2])
+    wide = float(max(t["tol"].max(), END_SPREAD_K * spread))
+    # claims off their communicator's instance order first (they would skew each instance's
+    # median); a one-member instance still carries its place in that order
+    out_idx: list[Any] = _order_consensus(t, wide, 3 * spread)
+    t = t[size >= 2].drop(index=out_idx, errors="ignore")
     if t.empty:
-        return rows.iloc[0:0][["instance", "member"]]
-    spread = _end_spread(t)
-    # matches ending with a neighbouring instance first (they would skew each instance's median)
-    out_idx: list[Any] = _neighbour_ends(t, float(max(t["tol"].max(), END_SPREAD_K * spread)))
-    t = t.drop(index=out_idx)
+        return rows.loc[out_idx, ["instance", "member"]]
     g = t.groupby("instance", sort=False)
     dev = (t["end_sync"].astype("float64") - g["end_sync"].transform("median").astype("float64")).abs()
     off_end = (dev.to_numpy() > np.maximum(t["tol"].to_numpy(), END_SPREAD_K * spread))
@@ -193,67 +201,6 @@ def _end_spread(t: pd.DataFrame) -> float:
     big = g["member"].transform("size") >= 3
     base = dev[big].abs() if big.sum() >= 32 else dev.abs()
     return 1.4826 * float(base.median()) if len(base) else 0.0
-
-
-_LOO_EXACT = 8  # instances up to this size get an exact leave-one-out median
-
-
-def _leave_one_out_median(instance: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Per row, the median end of the *other* members of its instance (NaN when alone). Exact
-    for instances of up to ``_LOO_EXACT`` members (padded into a matrix, one pass per member
-    position); larger instances use their median, which one member cannot move far."""
-    codes, _ = pd.factorize(instance)
-    order = np.argsort(codes, kind="stable")
-    c = codes[order]
-    start = np.r_[0, np.flatnonzero(np.diff(c)) + 1]
-    size = np.diff(np.r_[start, len(c)])
-    pos = np.arange(len(c)) - np.repeat(start, size)  # position of each row inside its instance
-    out = np.full(len(end), np.nan)
-    small = np.repeat(size <= _LOO_EXACT, size)
-    if small.any():
-        k = int(np.max(size[size <= _LOO_EXACT]))
-        grp = np.repeat(np.arange(len(start)), size)
-        m = np.full((len(start), k), np.nan)
-        m[grp[small], pos[small]] = end[order][small]
-        res = np.full(len(c), np.nan)
-        for j in range(k):
-            masked = m.copy()
-            masked[:, j] = np.nan
-            with np.errstate(all="ignore"), warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                med_j = np.nanmedian(masked, axis=1)
-            at = small & (pos == j)
-            res[at] = med_j[grp[at]]
-        out[order[small]] = res[small]
-    if (~small).any():
-        big_med = pd.Series(end).groupby(codes).transform("median").to_numpy()
-        out[order[~small]] = big_med[order[~small]]
-    return out
-
-
-def _neighbour_ends(t: pd.DataFrame, tol: float) -> list[Any]:
-    """Matches whose kernel ends with a neighbouring instance of the communicator rather than
-    with its own: a run of launches aligned one place off on a rank. A row is returned when its
-    end is further than ``tol`` from its own instance's other members (their median; the other
-    member of a two-member instance) and within ``tol`` of the median end of the previous or
-    next instance (by opCount) of the same communicator. In a two-member instance both rows
-    can be returned: the check cannot tell which one is off, and abstains on both."""
-    e = t["end_sync"].astype("float64").to_numpy()
-    # the other members' end: their median without the row itself (two members alike that are
-    # both wrong must not make a third, right one look off)
-    own = _leave_one_out_median(t["instance"].to_numpy(), e)
-    inst = (t.groupby("instance", sort=False).agg(_comm=("comm", "first"), _opc=("op_count", "first"),
-                                                  _med=("end_sync", "median"))
-            .sort_values(["_comm", "_opc"]))  # fmt: skip
-    same = inst["_comm"].to_numpy()
-    prev = np.where(np.r_[False, same[1:] == same[:-1]], np.r_[np.nan, inst["_med"].to_numpy(float)[:-1]], np.nan)
-    nxt = np.where(np.r_[same[:-1] == same[1:], False], np.r_[inst["_med"].to_numpy(float)[1:], np.nan], np.nan)
-    nb = pd.DataFrame({"prev": prev, "next": nxt}, index=inst.index)
-    p_end = nb["prev"].reindex(t["instance"]).to_numpy()
-    n_end = nb["next"].reindex(t["instance"]).to_numpy()
-    off_own = np.abs(e - own) > tol
-    near_nb = (np.abs(e - p_end) <= tol) | (np.abs(e - n_end) <= tol)
-    return list(t.index[off_own & near_nb])
 
 
 def _resolve(inst: pd.DataFrame, end_spread: float = 0.0) -> list[Any]:
@@ -300,11 +247,119 @@ def _resolve(inst: pd.DataFrame, end_spread: float = 0.0) -> list[Any]:
         removed += [idx[i] for i in worst]
     return removed
 
+# ------------------------------------------------------------------ instance order consensus
+
+@nb.njit(cache=True)
+def _fenwick_max_query(tree: np.ndarray, i: int) -> int:
+    """Max over positions [0, i) of a Fenwick tree of prefix maxima."""
+    best = 0
+    while i > 0:
+        if tree[i] > best:
+            best = tree[i]
+        i -= i & -i
+    return best
+
+
+@nb.njit(cache=True)
+def _fenwick_max_update(tree: np.ndarray, i: int, v: int) -> None:
+    i += 1
+    while i < len(tree):
+        if tree[i] < v:
+            tree[i] = v
+        i += i & -i
+
+
+@nb.njit(cache=True)
+def _chain_through(inst: np.ndarray, clus: np.ndarray, w: np.ndarray, n_clusters: int) -> np.ndarray:
+    """For pairs (instance, cluster) of one communicator sorted by instance: the weight of the
+    heaviest chain strictly increasing in both that passes through each pair (forward best
+    ending at the pair + backward best starting at it - its own weight)."""
+    n = len(inst)
+    fwd = np.zeros(n, np.int64)
+    bwd = np.zeros(n, np.int64)
+    tree = np.zeros(n_clusters + 1, np.int64)
+    i = 0
+    while i < n:  # forward, one instance at a time (pairs of one instance never chain)
+        j = i
+        while j < n and inst[j] == inst[i]:
+            j += 1
+        for p in range(i, j):
+            fwd[p] = w[p] + _fenwick_max_query(tree, clus[p])
+        for p in range(i, j):
+            _fenwick_max_update(tree, clus[p], fwd[p])
+        i = j
+    tree[:] = 0
+    j = n
+    while j > 0:  # backward on mirrored clusters
+        i = j - 1
+        while i > 0 and inst[i - 1] == inst[j - 1]:
+            i -= 1
+        for p in range(i, j):
+            bwd[p] = w[p] + _fenwick_max_query(tree, n_clusters - 1 - clus[p])
+        for p in range(i, j):
+            _fenwick_max_update(tree, n_clusters - 1 - clus[p], bwd[p])
+        j = i
+    return fwd + bwd - w
+
+
+def _end_clusters(member: np.ndarray, end: np.ndarray, tol: float, split_gap: float) -> np.ndarray:
+    """Cluster ids (time order) of one communicator's kernel ends: a new cluster where
+    consecutive ends are more than ``tol`` apart. A cluster holding two ends of one member
+    (two of its launches) is split at its widest gap while that gap exceeds ``split_gap`` (two
+    instances closer than the tolerance); a narrower one holds a claim shifted onto another
+    instance's end, which the order consensus then outweighs."""
+    order = np.argsort(end, kind="stable")
+    e, m = end[order], member[order]
+    cuts: set[int] = set((np.flatnonzero(np.diff(e) > tol) + 1).tolist())
+    bounds = sorted({0, len(e), *cuts})
+    todo = list(zip(bounds[:-1], bounds[1:], strict=True))
+    while todo:
+        a, b = todo.pop()
+        if b - a < 2 or len(np.unique(m[a:b])) == b - a:
+            continue
+        gaps = np.diff(e[a:b])
+        if gaps.max() <= split_gap:
+            continue
+        cut = a + 1 + int(np.argmax(gaps))
+        cuts.add(cut)
+        todo += [(a, cut), (cut, b)]
+    out = np.empty(len(e), np.int64)
+    out[order] = np.searchsorted(np.array(sorted(cuts), np.int64), np.arange(len(e)), side="right")
+    return out
+
+
+def _order_consensus(t: pd.DataFrame, tol: float, split_gap: float) -> list[Any]:
+    """Claims that break the communicator's instance order. Per communicator, the claimed
+    kernel ends cluster in time (one collective's members end together) and the instances
+    (opCount order) must map onto the clusters (time order) monotonically, one to one. The
+    heaviest such map (weight: claims a pair of instance and cluster carries) is the run's
+    consensus; a claim is kept only when its pair lies on every heaviest map (no other pair
+    of its instance or of its cluster reaches the same weight). Unlike a vote inside each
+    instance, this holds when the members of one instance that lost a line and a kernel alike
+    outnumber the right ones: their claims sit on the clusters of other instances, whose own
+    members outweigh them along the order."""
+    out: list[Any] = []
+    for _, c in t.groupby("comm", sort=False):
+        c = c.sort_values("op_count", kind="stable")
+        clus = _end_clusters(c["member"].to_numpy(), c["end_sync"].to_numpy(np.float64), tol, split_gap)
+        pairs = pd.DataFrame({"k": c["op_count"].to_numpy(), "c": clus}).groupby(["k", "c"], sort=True).size()
+        k = pd.factorize(pairs.index.get_level_values(0), sort=True)[0].astype(np.int64)
+        cl = pairs.index.get_level_values(1).to_numpy(np.int64)
+        through = _chain_through(k, cl, pairs.to_numpy(np.int64), int(clus.max()) + 1)
+        best = through.max()
+        top = through == best
+        alone = top & (pd.Series(top).groupby(k).transform("sum").to_numpy() == 1) & (
+            pd.Series(top).groupby(cl).transform("sum").to_numpy() == 1)  # fmt: skip
+        keep = pd.Series(alone, index=pairs.index)
+        ok = keep.reindex(pd.MultiIndex.from_arrays([c["op_count"].to_numpy(), clus])).to_numpy()
+        out += list(c.index[~ok])
+    return out
+
 
 def cross_rank_summary(checked: pd.DataFrame, removed: Iterable[Any]) -> pd.DataFrame:
     """Per process: matches the cross-rank check confirmed, contradicted and could not test.
     ``checked``: the candidate rows with ``process`` and ``testable``."""
     rm = checked.index.isin(list(removed))
-    out = checked.assign(_rm=rm, _ok=checked["testable"] & ~rm, _nt=~checked["testable"])
+    out = checked.assign(_rm=rm, _ok=checked["testable"] & ~rm, _nt=~checked["testable"] & ~rm)
     return out.groupby("process", sort=False).agg(confirmed=("_ok", "sum"), contradicted=("_rm", "sum"),
                                                     not_checkable=("_nt", "sum")).reset_index()
