@@ -254,3 +254,34 @@ def test_exact_mode_works_on_a_step_window_export(tmp_path, nccl, timestamps):
     s = score_alignment(read_table(tmp_path / "out" / "ops" / "ops.parquet"),
                         read_table(raw / "ground_truth" / "ops.parquet"))  # fmt: skip
     assert s["fp"] == 0 and s["recall"] == 1.0, s
+
+
+def test_a_log_holding_lines_of_two_processes_aligns_the_one_it_is_named_for_and_names_the_other(tmp_path, capsys):
+    """Two ranks' logs interleaved line by line in one file (a shared NCCL_DEBUG_FILE): the file's
+    own process is aligned, the other's calls are unmatched with a reason, the console names
+    the damage and the remedy, and no call of the other process takes a kernel."""
+    import random
+
+    raw = tmp_path / "raw"
+    emulate_run({**SCENARIO_BASE, "nodes": 1, "tp": 2, "iterations": 2, "seed": 3}, raw)
+    own, other = sorted((raw / "nccl").glob("nccl_*.log"))[:2]
+    a, b = own.read_text().splitlines(True), other.read_text().splitlines(True)
+    rnd, merged = random.Random(1), []
+    while a or b:
+        merged.append((a if a and (not b or rnd.random() < 0.5) else b).pop(0))
+    own.write_text("".join(merged))
+    other.unlink()
+    own_pid, other_pid = int(own.stem.rsplit("_", 1)[1]), int(other.stem.rsplit("_", 1)[1])
+    assert main(["analyze", str(raw), "-o", str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    assert "holds call lines of 2 processes" in err and "NCCL_DEBUG_FILE" in err and str(other_pid) in err
+    ops = read_table(tmp_path / "out" / "ops" / "ops.parquet")
+    calls = ops[(ops["row_kind"] == "call") & (ops["file"] == own.name)]
+    theirs = calls[calls["pid"] == other_pid]
+    assert len(theirs) > 50 and (theirs["status"] == "unmatched").all()
+    assert set(theirs["reason"]) == {"other_process_in_log"}
+    mine = calls[calls["pid"] == own_pid]
+    assert (mine["status"] == "matched").mean() > 0.9
+    assert set(mine["reason"].dropna()) <= {"single_rank_communicator", "duplicate_line"}
+    manifest = json.loads((tmp_path / "out" / "ops" / "manifest.json").read_text())
+    assert manifest["partial"]

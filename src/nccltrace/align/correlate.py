@@ -593,6 +593,48 @@ def process_key(log_stem: str) -> tuple[str, int]:
     return host, int(pid)
 
 
+FOREIGN_PROCESS_REASON = "other_process_in_log"
+
+
+def _own_process(calls: pd.DataFrame, process: str) -> tuple[int, pd.DataFrame]:
+    """The process a log stands for and the calls of other processes in it. A log written by
+    ``NCCL_DEBUG_FILE`` holds one process; lines of several (a shared file, or stdout of all
+    ranks) cannot be aligned against one process's kernels. The process the file is named
+    for (``nccl_<host>_<pid>``), else the one with most calls, is aligned; the others' calls
+    are returned to be reported, never matched."""
+    counts = calls["pid"].dropna().astype("int64").value_counts()
+    if counts.empty:
+        raise ValueError(f"{process}: no call line carries a process id")
+    try:
+        named = process_key(process)[1]
+    except ValueError:
+        named = None
+    pid = int(named) if named in counts.index else int(counts.index[0])
+    return pid, calls[calls["pid"].notna() & (calls["pid"] != pid)]
+
+
+def _foreign_rows(foreign: pd.DataFrame, nccl_version: str | None) -> pd.DataFrame:
+    """Correlation rows for the calls of other processes in a log: unmatched, with the reason."""
+    rows = align_process(foreign, pd.DataFrame(columns=["short_name", "correlation_id", "start", "pid"]),
+                         mode="default", nccl_version=nccl_version)  # fmt: skip
+    rows = rows[rows["row_kind"] == "call"].copy()
+    rows["status"], rows["reason"] = "unmatched", FOREIGN_PROCESS_REASON
+    return rows
+
+
+def _foreign_check(foreign: pd.DataFrame, process: str, pid: int) -> dict:
+    pids = sorted(int(p) for p in foreign["pid"].unique())
+    lines = foreign["line"].astype("int64")
+    return {"check": "one_process_per_log", "applicable": True, "confirmed": 0, "contradicted": 0,
+            "not_checkable": len(foreign), "message": (
+                f"{process}: the log holds call lines of {len(pids) + 1} processes (pid {pid} and "
+                f"{', '.join(map(str, pids[:5]))}{' ...' if len(pids) > 5 else ''}; first foreign "
+                f"call line {int(lines.min())}); pid {pid}'s calls were aligned, the "
+                f"{len(foreign)} call(s) of the others are unmatched ('{FOREIGN_PROCESS_REASON}'). What to do: give "
+                "each process its own log (NCCL_DEBUG_FILE=nccl_%h_%p.log) or split this file by the pid of each "
+                "line's 'host:pid:tid' prefix")}  # fmt: skip
+
+
 def align_files(calls_path, kernels_path, session_path, out_path, *, mode: str = "default",
                 nvtx_path=None, launches_path=None, pid: int | None = None,
                 nccl_version: str | None = None, export_available: bool = True,
@@ -613,11 +655,10 @@ def align_files(calls_path, kernels_path, session_path, out_path, *, mode: str =
     from ..tables import read_table, write_table_atomic
 
     calls = read_table(calls_path)
+    foreign = calls.iloc[0:0]
     if pid is None:
-        pids = calls["pid"].dropna().unique()
-        if len(pids) != 1:
-            raise ValueError(f"{calls_path}: expected the calls of one process, found pids {sorted(pids)[:5]}")
-        pid = int(pids[0])
+        pid, foreign = _own_process(calls, Path(calls_path).parent.name)
+        calls = calls[calls["pid"] == pid] if len(foreign) else calls
     kernels = pq.read_table(kernels_path, filters=[("pid", "=", pid)]).to_pandas(
         types_mapper={pa.int64(): pd.Int64Dtype(), pa.uint64(): pd.UInt64Dtype()}.get
     )
@@ -650,6 +691,9 @@ def align_files(calls_path, kernels_path, session_path, out_path, *, mode: str =
         table = align_process(calls, kernels, mode=mode, utc_offset_ns=utc, nvtx=nvtx,
                               launches_without_kernel=launches, nccl_version=nccl_version, quality=quality,
                               capture_steps=capture_steps, comms=comms)  # fmt: skip
+    if len(foreign):
+        table = pd.concat([table, _foreign_rows(foreign, nccl_version)], ignore_index=True)
+        quality["checks"].append(_foreign_check(foreign, Path(calls_path).parent.name, pid))
     from .quality import QUALITY_FILE, write_quality
 
     out_path = Path(out_path)

@@ -14,7 +14,8 @@ Three layers, documented in ``docs/emulator.md``:
    Compute gaps come from a FLOP model at the preset's sustained TFLOP/s. Collectives whose
    members span stages (world barriers, model-parallel group, embedding group, pipeline
    P2P) synchronise the stages: a collective ends ``arrival_skew + duration`` after its last
-   member arrived; a P2P transfer ends after both sides arrived.
+   member arrived; a P2P transfer ends after both sides arrived. The stage's host issues each
+   unit (:func:`host_issue`): a plan arrives no earlier than its launch returned.
 3. :class:`RankTimer` - per-rank realisation: the rank reaches each kernel at the stage time plus
    a per-rank arrival offset in ``[0, skew]`` (one member, the straggler, arrives last), all
    members' kernels end together (plus < 1 us jitter when skew is on), the CPU issues the call
@@ -189,10 +190,59 @@ class _Info:
     p2p: list  # (instance, side, peer_stage, dur, skew)
     comm_uid: int
     init: int
+    launches: int = 0  # kernel launches the host makes for the unit
+
+
+@dataclass(frozen=True)
+class HostIssue:
+    """The host side of one unit: when its calls, launches and group calls run (ns)."""
+
+    init_start: int
+    group_start: int
+    calls: list[int]
+    group_end_start: int
+    launches: list[tuple[int, int]]
+    cpu_end: int  # the CPU is free for the next unit
+    kernel_ready: int  # earliest kernel start the host allows (launch returned + queue)
+
+
+def host_issue(tp: TimingParams, cpu: int, arrive: int, eff: int, init: int, n_calls: int, grouped: bool,
+               n_launches: int) -> HostIssue:  # fmt: skip
+    """Issue one unit from a CPU free at ``cpu``: the calls start ``host_lead_ns`` (plus their
+    own cost) before the GPU is to run them at ``arrive``, or as soon as the CPU is free when it
+    is behind. One home for the host model: the stage skeleton uses it so that a CPU-bound
+    stretch of small collectives delays the stage (and so every member of a collective) instead
+    of one rank's kernels alone."""
+    issue_cost = n_calls * tp.api_call_ns + (2 * tp.group_call_ns if grouped else 0)
+    cpu0 = max(cpu + tp.api_call_ns // 2, arrive - tp.host_lead_ns - issue_cost)
+    init_start = cpu0
+    if init:
+        init_start = max(cpu + 1_000, eff - init - tp.host_lead_ns)
+        cpu0 = max(cpu0, init_start + init)
+    t = cpu0
+    group_start = t
+    if grouped:
+        t += tp.group_call_ns
+    calls = []
+    for _ in range(n_calls):
+        calls.append(t)
+        t += tp.api_call_ns
+    group_end_start = t
+    launches: list[tuple[int, int]] = []
+    if n_launches:
+        if grouped:
+            t += tp.group_call_ns // 2
+        for _ in range(n_launches):
+            launches.append((t, t + tp.launch_ns))
+            t += tp.launch_ns
+    ready = t + tp.queue_min_ns
+    if grouped:
+        t += tp.group_call_ns // 2
+    return HostIssue(init_start, group_start, calls, group_end_start, launches, t, ready)
 
 
 class _StageState:
-    __slots__ = ("gen", "unit", "info", "idx", "clock", "arrived", "eff", "pending", "comm_free", "done")
+    __slots__ = ("gen", "unit", "info", "idx", "clock", "cpu", "arrived", "eff", "pending", "comm_free", "done")
 
     def __init__(self, gen: Iterator[Unit]) -> None:
         self.gen = gen
@@ -200,6 +250,7 @@ class _StageState:
         self.info: _Info | None = None
         self.idx = 0
         self.clock = 0
+        self.cpu = 0  # the stage's host: every rank of a stage issues the same calls
         self.arrived = False
         self.eff = 0
         self.pending: list = []
@@ -258,11 +309,12 @@ class Skeleton:
                 if len(st) > 1:
                     stages = st
                     key = o.instance
+        n_k = 1 if (self.cfg.imperfections.fuse_grouped_p2p or len(multi) == 1) else len(multi)
         if p2p:
-            return _Info("p2p", spec.duration_ns, skew, 0, (s,), p2p, uid, init)
+            return _Info("p2p", spec.duration_ns, skew, 0, (s,), p2p, uid, init, n_k)
         if key:
-            return _Info("coll", spec.duration_ns, skew, key, stages, [], uid, init)
-        return _Info("intra", spec.duration_ns, skew, 0, (s,), [], uid, init)
+            return _Info("coll", spec.duration_ns, skew, key, stages, [], uid, init, n_k)
+        return _Info("intra", spec.duration_ns, skew, 0, (s,), [], uid, init, n_k)
 
     def _run(self) -> None:
         cfg, L = self.cfg, self.layout
@@ -330,6 +382,11 @@ class Skeleton:
                                 break
                         arrival = st.clock + int(u.gap_ns) + info.init
                         eff = max(arrival, st.comm_free.get(info.comm_uid, 0))
+                        # a host that is behind (a CPU-bound run of small calls) delays the
+                        # stage's kernels: the other members then wait for them
+                        h = host_issue(self.tp, st.cpu, eff, eff, info.init, len(u.ops), u.grouped, info.launches)
+                        eff = max(eff, h.kernel_ready) if info.launches else eff
+                        st.cpu = h.cpu_end
                         st.eff = eff
                         st.arrived = True
                         if info.kind == "coll":
@@ -450,32 +507,11 @@ class RankTimer:
         init = int(self.skel.init[s][u.index])
         multi = [o for o in u.ops if o.comm.size > 1]
         arrive = eff + (self._member_offset(multi[0], skew) if multi else 0)
-        n = len(u.ops)
-        issue_cost = n * tp.api_call_ns + (2 * tp.group_call_ns if u.grouped else 0)
-        cpu0 = max(self.cpu + tp.api_call_ns // 2, arrive - tp.host_lead_ns - issue_cost)
-        init_start = cpu0
-        if init:
-            init_start = max(self.cpu + 1_000, eff - init - tp.host_lead_ns)
-            cpu0 = max(cpu0, init_start + init)
-        t = cpu0
-        group_start = t
-        if u.grouped:
-            t += tp.group_call_ns
-        calls = []
-        for _ in range(n):
-            calls.append(t)
-            t += tp.api_call_ns
-        launches: list[tuple[int, int]] = []
+        n_k = (1 if (self.fuse or len(multi) == 1) else len(multi)) if multi else 0
+        h = host_issue(tp, self.cpu, arrive, eff, init, len(u.ops), u.grouped, n_k)
         kernels: list[tuple[int, int]] = []
-        group_end_start = t
         if multi:
-            if u.grouped:
-                t += tp.group_call_ns // 2
-            n_k = 1 if (self.fuse or len(multi) == 1) else len(multi)
-            for _ in range(n_k):
-                launches.append((t, t + tp.launch_ns))
-                t += tp.launch_ns
-            kstart = max(arrive, t + tp.queue_min_ns, self.comm_end.get(multi[0].comm.uid, 0) + 200)
+            kstart = max(arrive, h.kernel_ready, self.comm_end.get(multi[0].comm.uid, 0) + 200)
             jitter = int(tp.end_jitter_ns * u01(multi[0].instance, self.rank, 0x1E)) if skew else 0
             kend = max(end + jitter, kstart + tp.min_kernel_ns)
             if self.fuse or len(multi) == 1:
@@ -493,8 +529,7 @@ class RankTimer:
             self.comm_end[multi[0].comm.uid] = kend
         else:
             gpu_free = max(arrive, self.prev_gpu_end) + tp.single_rank_ns
-        if u.grouped:
-            t += tp.group_call_ns // 2
-        self.cpu = t
+        self.cpu = h.cpu_end
         self.prev_gpu_end = gpu_free
-        return UnitTimes(init_start, calls, group_start, launches, group_end_start, t, kernels, gpu_free)
+        return UnitTimes(h.init_start, h.calls, h.group_start, h.launches, h.group_end_start, h.cpu_end, kernels,
+                         gpu_free)
