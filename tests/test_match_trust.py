@@ -263,7 +263,8 @@ def test_a_log_holding_lines_of_two_processes_aligns_the_one_it_is_named_for_and
     import random
 
     raw = tmp_path / "raw"
-    emulate_run({**SCENARIO_BASE, "nodes": 1, "tp": 2, "iterations": 2, "seed": 3}, raw)
+    emulate_run({**SCENARIO_BASE, "nodes": 1, "tp": 2, "iterations": 2, "seed": 3,
+                 "imperfections": {"fuse_grouped_p2p": True}}, raw)  # fmt: skip
     own, other = sorted((raw / "nccl").glob("nccl_*.log"))[:2]
     a, b = own.read_text().splitlines(True), other.read_text().splitlines(True)
     rnd, merged = random.Random(1), []
@@ -285,3 +286,26 @@ def test_a_log_holding_lines_of_two_processes_aligns_the_one_it_is_named_for_and
     assert set(mine["reason"].dropna()) <= {"single_rank_communicator", "duplicate_line"}
     manifest = json.loads((tmp_path / "out" / "ops" / "manifest.json").read_text())
     assert manifest["partial"]
+
+
+def test_calls_captured_into_cuda_graphs_are_reported_as_captured_and_replays_take_no_line(tmp_path, capsys):
+    """TP collectives captured into CUDA graphs after one eager step: each captured call is
+    logged once and its launch, made inside cudaStreamBeginCapture..EndCapture, has no kernel
+    record; its kernels are the replays. The call says so (not 'kernel record missing'), no
+    replayed kernel is matched to a line, and the console names both."""
+    raw = tmp_path / "raw"
+    emulate_run({**SCENARIO_BASE, "nodes": 2, "tp": 2, "pp": 2, "iterations": 3, "seed": 5,
+                 "nccl_version": "2.28.3", "nccl_timestamps": True,
+                 "imperfections": {"fuse_grouped_p2p": True, "arrival_skew_ns_max": 50_000},
+                 "cuda_graphs": {"parallelism": ["tp"], "warmup_iterations": 1}}, raw)  # fmt: skip
+    assert main(["analyze", str(raw), "-o", str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    assert "captured into CUDA graphs" in err and "graph replays" in err
+    ops = read_table(tmp_path / "out" / "ops" / "ops.parquet")
+    truth = read_table(raw / "ground_truth" / "ops.parquet")
+    captured = truth[truth["graph_captured"].astype(bool)].assign(file=lambda d: d["log_file"].str.split("/").str[-1])
+    calls = ops[ops["row_kind"] == "call"].merge(captured[["file", "log_line"]].rename(columns={"log_line": "line"}))
+    assert len(calls) == len(captured) > 0 and set(calls["reason"]) == {"graph_captured"}
+    replays = ops[(ops["row_kind"] == "kernel") & (ops["reason"] == "graph_replay")]
+    assert len(replays) > len(captured) and replays["line"].isna().all()
+    assert "kernel_record_missing" not in set(ops["reason"].dropna())

@@ -25,6 +25,10 @@ NO_EXPORT_REASON = "no_export"
 NOT_IN_EXPORT_REASON = "not_in_export"
 """Reason of call lines of a process with no NCCL kernel or launch in its node's export (a rank
 the capture did not profile)."""
+FOREIGN_PROCESS_REASON = "other_process_in_log"
+"""Reason of call lines of another process in a log (a shared file): never aligned."""
+GRAPH_CAPTURED_REASON = "graph_captured"
+"""Reason of call lines captured into a CUDA graph: logged once, their kernels are the replays."""
 # Reasons of lines the export's capture cannot hold: no range or kernel is sought for them.
 _NOT_CAPTURED = ("outside_capture", "capture_not_located", NOT_IN_EXPORT_REASON)
 
@@ -59,7 +63,9 @@ ALIGNMENT_SCHEMA = pa.schema(
            "part of the log, or the log part of the export, and nothing locates one in the other: no log "
            "timestamps, no declared steps), 'contradicted_log_time' (the aligned kernel was launched outside "
            "the log-line -> launch window learned from the process's certain matches: demoted, see "
-           "alignment_quality.json), 'contradicted_stream' (the aligned kernel ran on the export stream of "
+           "alignment_quality.json), 'graph_captured' (the call was captured into a CUDA graph: its launch lies "
+           "inside a stream capture and its kernels run in the graph's replays, kernel rows 'graph_replay'), "
+           "'contradicted_stream' (the aligned kernel ran on the export stream of "
            "another log stream: demoted), 'contradicted_cross_rank' (ops table: the kernel disagrees with its "
            "instance's other ranks or its communicator's instance order: demoted), 'no_log_line' (kernel rows), "
            "'unparsed' (thesis mode: not an op it aligns); null when matched"),
@@ -275,16 +281,26 @@ def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kerne
     lost = np.zeros(len(cu), bool)
     lost[call_kernel >= 0] = ks.placeholder[call_kernel[call_kernel >= 0]]
     reason[lost] = "kernel_record_missing"
+    captured = np.zeros(len(cu), bool)
+    if "capture_span" in ks.kernels:
+        in_capture = ks.kernels["capture_span"].notna().to_numpy(bool)
+        captured[call_kernel >= 0] = in_capture[call_kernel[call_kernel >= 0]]
+        captured &= lost
+        reason[captured] = GRAPH_CAPTURED_REASON
     if quality is not None:
         window["confirmed"] = int((res.kernel >= 0).sum())
         checks = [window, *res.checks, nvtx_check]
-        if len(replayed):
+        if len(replayed) or captured.any():
+            n_cap = int(captured[pd.isna(units.calls["duplicate_of"]).to_numpy()].sum()) if "duplicate_of" in \
+                units.calls else int(captured.sum())
             checks.append({"check": "cuda_graph", "applicable": True, "confirmed": 0, "contradicted": 0,
                            "not_checkable": int(len(replayed)), "message": (
-                f"{_process_name(calls)}: {len(replayed)} NCCL kernels were launched by CUDA graph replays "
-                "(cudaGraphLaunch): their calls were logged once, at graph capture, so no line is matched to them "
-                "(kernel rows with reason 'graph_replay'); the graphed collectives have no times or bandwidths in "
-                "the ops table")})  # fmt: skip
+                f"{_process_name(calls)}: {n_cap} call(s) were captured into CUDA graphs (their launches lie "
+                f"inside cudaStreamBeginCapture..EndCapture: reason '{GRAPH_CAPTURED_REASON}') and "
+                f"{len(replayed)} NCCL kernels were launched by graph replays (cudaGraphLaunch: kernel rows with "
+                "reason 'graph_replay'); a captured call is logged once and runs on every replay, so no line is "
+                "matched to a replayed kernel and the graphed collectives have no times or bandwidths in the ops "
+                "table")})  # fmt: skip
         quality.update(mode="default", stream_map={f"0x{k:x}": v for k, v in res.stream_map.items()},
                        checks=checks, kernel_families=family_note)
     table = _assemble(units.calls, call_kernel, cu, reason, conf, method, ks.kernels, "default", lost=lost,
@@ -591,9 +607,6 @@ def process_key(log_stem: str) -> tuple[str, int]:
         raise ValueError(f"log name {log_stem!r} is not nccl_<host>_<pid>; name per-process logs with "
                          "NCCL_DEBUG_FILE=<dir>/nccl_%h_%p.log")
     return host, int(pid)
-
-
-FOREIGN_PROCESS_REASON = "other_process_in_log"
 
 
 def _own_process(calls: pd.DataFrame, process: str) -> tuple[int, pd.DataFrame]:

@@ -398,6 +398,8 @@ def build_kernel_sequence(kernels: pd.DataFrame, *, utc_offset_ns: int | None = 
         })  # fmt: skip
         if "global_tid" in lw:
             ph["global_pid"] = (lw["global_tid"].astype("Int64") // (1 << 24)) * (1 << 24)
+        if "capture_span" in lw:  # made during a stream capture: a graph node, not a lost record
+            ph["capture_span"] = lw["capture_span"].astype("Int64").to_numpy()
         k = pd.concat([k, ph], ignore_index=True)
     launch = k["launch_start"].astype("Int64") if "launch_start" in k else pd.Series(pd.NA, index=k.index)
     k["_launch"] = launch.fillna(k["start"].astype("Int64") if "start" in k else pd.NA)

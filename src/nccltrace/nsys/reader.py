@@ -137,6 +137,12 @@ RUNTIME_COLUMNS: list[tuple[str, str]] = [
     ("pid", "Int64"), ("tid", "Int64"), ("correlation_id", "Int64"), ("name", "object"), ("api", "object"),
     ("return_value", "Int64"),
 ]  # fmt: skip
+LAUNCH_COLUMNS: list[tuple[str, str]] = [*RUNTIME_COLUMNS, ("capture_span", "Int64")]
+"""Columns of :meth:`NsysExport.launches_without_kernel`: the runtime columns plus
+``capture_span``, the 0-based stream capture (``cudaStreamBeginCapture`` .. ``EndCapture`` on the
+launching thread, numbered per process in time order) the launch was made in, null outside
+captures. A launch during capture makes a graph node, not a kernel: it has no kernel record
+by design, and its kernel runs in the graph's replays."""
 PROCESS_COLUMNS: list[tuple[str, str]] = [("global_pid", "int64"), ("pid", "int64"), ("name", "object")]
 THREAD_COLUMNS: list[tuple[str, str]] = [
     ("global_tid", "Int64"), ("pid", "Int64"), ("tid", "Int64"), ("name", "object"), ("priority", "Int64"),
@@ -794,7 +800,7 @@ class NsysExport:
         t = "CUPTI_ACTIVITY_KIND_RUNTIME"
         names = [c for c, _ in RUNTIME_COLUMNS]
         if t not in self._tables:
-            return _frame(_rows_to_columns([], names), RUNTIME_COLUMNS)
+            return _frame(_rows_to_columns([], names), LAUNCH_COLUMNS)
         exists = ""
         k = "CUPTI_ACTIVITY_KIND_KERNEL"
         if k in self._tables:
@@ -816,7 +822,46 @@ class NsysExport:
         )
         cols = _rows_to_columns(rows, names)
         cols["api"] = [strip_api_version(_as_text(v)) for v in cols["name"]]
-        return _frame(cols, RUNTIME_COLUMNS)
+        frame = _frame(cols, LAUNCH_COLUMNS)
+        frame["capture_span"] = self._capture_spans(frame)
+        return frame
+
+    def _capture_spans(self, launches: pd.DataFrame) -> pd.Series:
+        """Per launch, the stream capture it was made in (see :data:`LAUNCH_COLUMNS`)."""
+        out = pd.Series(pd.NA, index=launches.index, dtype="Int64")
+        if not len(launches):
+            return out
+        rows = self._query(
+            """SELECT r.start, r.end, r.globalTid, s.value FROM CUPTI_ACTIVITY_KIND_RUNTIME r
+               JOIN StringIds s ON s.id = r.nameId
+               WHERE s.value LIKE 'cudaStreamBeginCapture%' OR s.value LIKE 'cuStreamBeginCapture%'
+                  OR s.value LIKE 'cudaStreamEndCapture%' OR s.value LIKE 'cuStreamEndCapture%'
+               ORDER BY r.start, r.rowid""",
+            what="CUPTI_ACTIVITY_KIND_RUNTIME",
+        )
+        spans = []  # (global_tid, begin, end): a begin closed by the thread's next end
+        open_at: dict[int, int] = {}
+        for start, end, gtid, name in rows:
+            if "BeginCapture" in _as_text(name):
+                open_at[int(gtid)] = int(start)
+            elif int(gtid) in open_at:
+                spans.append((int(gtid), open_at.pop(int(gtid)), int(end)))
+        if not spans:
+            return out
+        sp = pd.DataFrame(spans, columns=["global_tid", "begin", "end"]).sort_values("begin", kind="stable")
+        sp["span"] = sp.groupby(sp["global_tid"].to_numpy(np.int64) >> 24).cumcount()  # per process, in time order
+        gt = launches["global_tid"].astype("Int64")
+        for tid, g in sp.groupby("global_tid"):
+            on = (gt == tid).fillna(False).to_numpy(bool)
+            if not on.any():
+                continue
+            st = launches.loc[on, "start"].to_numpy(np.int64)
+            i = np.searchsorted(g["begin"].to_numpy(np.int64), st, side="right") - 1
+            inside = (i >= 0) & (st <= g["end"].to_numpy(np.int64)[np.maximum(i, 0)])
+            vals = np.where(inside, g["span"].to_numpy(np.int64)[np.maximum(i, 0)], -1)
+            out.loc[launches.index[on]] = pd.array(np.where(vals >= 0, vals, 0), dtype="Int64")
+            out.loc[launches.index[on][~inside]] = pd.NA
+        return out
 
     # ------------------------------------------------------------------ NVTX
 
@@ -1203,7 +1248,7 @@ class NsysExport:
                                           "cannot be matched to kernels"), stacklevel=2)
         nvtx, lost = self.nvtx(), self.launches_without_kernel()
         for key, frame, spec in (("nvtx", nvtx, NVTX_COLUMNS), ("processes", self.processes(), PROCESS_COLUMNS),
-                                 ("launches_without_kernel", lost, RUNTIME_COLUMNS)):
+                                 ("launches_without_kernel", lost, LAUNCH_COLUMNS)):
             with _atomic_path(paths[key]) as tmp:
                 s = _arrow_schema(spec)
                 pq.write_table(pa.Table.from_pandas(frame, schema=s, preserve_index=False), tmp)
