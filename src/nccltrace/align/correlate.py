@@ -289,7 +289,7 @@ def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kerne
         reason[captured] = GRAPH_CAPTURED_REASON
     if quality is not None:
         window["confirmed"] = int((res.kernel >= 0).sum())
-        checks = [window, *res.checks, nvtx_check]
+        checks = [window, *res.checks, nvtx_check, _log_gaps(units, _process_name(calls))]
         if len(replayed) or captured.any():
             n_cap = int(captured[pd.isna(units.calls["duplicate_of"]).to_numpy()].sum()) if "duplicate_of" in \
                 units.calls else int(captured.sum())
@@ -312,6 +312,28 @@ def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kerne
         extra["host"] = table["host"].dropna().iloc[0] if table["host"].notna().any() else None
         table = pd.concat([table, extra], ignore_index=True)
     return table
+
+
+def _log_gaps(units, process: str) -> dict:
+    """Call lines missing from the log, known from gaps in a communicator's opCounts (the
+    aligner holds a placeholder for each): the calls are not in the ops table, so counts and
+    volumes miss them. Named in the console, and the run is partial."""
+    ph = np.flatnonzero(units.placeholder)
+    out = {"check": "log_gaps", "applicable": bool(units.informative_comm.any()), "confirmed": 0,
+           "contradicted": 0, "not_checkable": int(len(ph))}
+    if not len(ph):
+        return out
+    real = np.flatnonzero(~units.placeholder)
+    before = real[np.searchsorted(real, ph) - 1] if len(real) else np.zeros(0, np.int64)
+    lines = [int(units.calls["line"].iat[int(units.first_call[u])]) for u in before[before >= 0]
+             if units.first_call[u] >= 0] if len(real) else []
+    comms = len(np.unique(units.comm[ph]))
+    where = f", first after line {min(lines)}" if lines else ""
+    out["message"] = (f"{process}: {len(ph)} call line(s) missing from the log (gaps in the opCounts of {comms} "
+                      f"communicator(s){where}): the log lost lines (copied while the job ran, a dropped block, a "
+                      "full disk); those calls are not in the ops table, so counts and volumes miss them, and their "
+                      "kernels are rows without a log line. What to do: analyse the complete log")
+    return out
 
 
 def graph_replayed(kernels: pd.DataFrame) -> np.ndarray:
