@@ -160,6 +160,34 @@ def test_stream_check_demotes_matches_off_their_log_streams_home_and_splits_it_c
     assert (out["confirmed"], out["contradicted"]) == (8, 3)
 
 
+def test_p2p_check_demotes_a_recv_that_ended_before_its_send_started_and_skips_uneven_channels():
+    from nccltrace.align.quality import p2p_contradictions
+
+    us = 1_000
+    rows = []
+    for k in range(3):  # rank 0 sends to rank 1 three times, 100 us apart
+        rows.append({"comm": 5, "rank": 0, "peer": 1, "op": "Send", "seq": k, "clock_domain": "n0",
+                     "start_sync": k * 100 * us, "end_sync": k * 100 * us + 20 * us})
+        start = k * 100 * us + 5 * us if k != 1 else -60 * us  # recv 1 got a kernel from before send 1
+        rows.append({"comm": 5, "rank": 1, "peer": 0, "op": "Recv", "seq": k, "clock_domain": "n0",
+                     "start_sync": start, "end_sync": start + 20 * us})
+    # a Send may finish before its Recv starts (NCCL's FIFO lets the sender run ahead): fine
+    rows.append({"comm": 6, "rank": 2, "peer": 3, "op": "Send", "seq": 0, "clock_domain": "n0",
+                 "start_sync": 0, "end_sync": 10 * us})
+    rows.append({"comm": 6, "rank": 3, "peer": 2, "op": "Recv", "seq": 0, "clock_domain": "n0",
+                 "start_sync": 50 * us, "end_sync": 60 * us})
+    # a channel whose sides logged different numbers of calls is not paired
+    rows.append({"comm": 7, "rank": 4, "peer": 5, "op": "Send", "seq": 0, "clock_domain": "n0",
+                 "start_sync": 900 * us, "end_sync": 910 * us})
+    for k in range(2):
+        rows.append({"comm": 7, "rank": 5, "peer": 4, "op": "Recv", "seq": k, "clock_domain": "n0",
+                     "start_sync": k * us, "end_sync": k * us + 5})
+    df = pd.DataFrame(rows)
+    removed, checked = p2p_contradictions(df)
+    assert sorted(removed) == [2, 3]  # send 1 and recv 1 of channel 0 -> 1: which side is wrong is unknown
+    assert set(checked) == set(range(8)) and not set(checked) & {8, 9, 10}
+
+
 def test_cross_rank_check_abstains_on_both_members_of_a_two_rank_instance_it_cannot_split():
     us = 1_000
     df = _instance_rows([["3:0", 0, "AllReduce", 0, 0, 0, 20 * us], ["3:0", 1, "AllReduce", 1, 0, 150 * us, 170 * us]])

@@ -24,7 +24,8 @@ import pandas as pd
 import pyarrow as pa
 
 from .align.correlate import ALIGNMENT_SCHEMA
-from .align.quality import CROSS_RANK_REASON
+from .align.quality import CROSS_RANK_REASON, P2P_REASON
+from .nccl.enums import P2P_OPS
 from .tables import atomic_path, coerce_to_schema, read_table, write_table_atomic
 from .tables import documented_field as _f
 
@@ -156,6 +157,59 @@ def _sync_rows(ops: pd.DataFrame, proc: int = 0) -> pd.DataFrame:
     }).dropna(subset=_SYNC_FIT_COLUMNS)  # fmt: skip
 
 
+def _p2p_rows(ops: pd.DataFrame, proc: int) -> pd.DataFrame:
+    """Send/Recv call rows (duplicates aside) with what the P2P pairing check needs (``row``: the
+    row's position in its ops frame; ``peer_in_comm``: NCCL logs the peer as ``root``)."""
+    sel = ((ops["row_kind"] == "call") & ops["duplicate_of"].isna() & ops["op"].isin(P2P_OPS)).to_numpy(bool)
+    r = ops[sel]
+    matched = (r["status"] == "matched").to_numpy(bool)
+    return pd.DataFrame({
+        "proc": np.int64(proc), "row": np.flatnonzero(sel), "comm": r["logical_id"].to_numpy(),
+        "rank": r["global_rank"].to_numpy(), "peer_in_comm": r["root"].to_numpy(), "op": r["op"].astype(str).to_numpy(),
+        "seq": r["line"].to_numpy(), "clock_domain": r["host"].astype(str).to_numpy(),
+        "start_ns": r["kernel_start_utc"].where(matched).to_numpy(), "end_ns": r["kernel_end_utc"].where(matched).to_numpy(),
+    })  # fmt: skip
+
+
+def _p2p_check(p2p: pd.DataFrame, ranks: pd.DataFrame, model: Any, processes: list[str],
+               gapped: set[int]) -> tuple[dict[int, np.ndarray], pd.DataFrame]:  # fmt: skip
+    """Run the P2P pairing check: per process position the ops rows to demote, and the
+    per-process summary (confirmed, contradicted, not checkable). ``gapped``: positions of
+    processes whose logs lost lines; their channels are not paired (a lost line shifts the
+    k-th Send against the k-th Recv even when both sides logged as many calls)."""
+    from .align.quality import cross_rank_summary, p2p_contradictions
+    from .clocksync import add_sync_columns
+
+    p2p = p2p.dropna(subset=["comm", "rank", "peer_in_comm"]).reset_index(drop=True)
+    if p2p.empty:
+        return {}, pd.DataFrame(columns=["process", "confirmed", "contradicted", "not_checkable"])
+    peer = ranks.drop_duplicates(["comm", "rank_in_comm"]).set_index(["comm", "rank_in_comm"])["global_rank"]
+    p2p["peer"] = peer.reindex(pd.MultiIndex.from_arrays([p2p["comm"], p2p["peer_in_comm"]])).to_numpy()
+    lossy = set(p2p.loc[p2p["proc"].isin(gapped), "rank"])
+    p2p.loc[p2p["rank"].isin(lossy) | p2p["peer"].isin(lossy), "peer"] = np.nan  # not paired
+    has = p2p["start_ns"].notna() & p2p["end_ns"].notna()
+    p2p["start_sync"], p2p["end_sync"] = np.nan, np.nan
+    slack: dict[str, float] = {}
+    if has.any():
+        t = p2p.loc[has, ["clock_domain", "start_ns", "end_ns"]].astype({"start_ns": "int64", "end_ns": "int64"})
+        if model is not None:
+            t = add_sync_columns(t, model).rename(columns={"start_ns_sync": "s", "end_ns_sync": "e"})
+            rms = model.domains["residual_rms_ns"].astype("Float64").fillna(0.0)
+            slack = {str(d): 5.0 * float(v) for d, v in rms.items()}
+        else:
+            t = t.assign(s=t["start_ns"], e=t["end_ns"])
+        p2p.loc[has, "start_sync"] = t["s"].astype("float64").to_numpy()
+        p2p.loc[has, "end_sync"] = t["e"].astype("float64").to_numpy()
+    removed, checked = p2p_contradictions(p2p.dropna(subset=["peer"]), slack)
+    rows = p2p[has].assign(process=[processes[i] for i in p2p.loc[has, "proc"]],
+                           testable=p2p.index[has].isin(checked))
+    summary = cross_rank_summary(rows, removed)
+    demote: dict[int, list[int]] = collections.defaultdict(list)
+    for i in removed:
+        demote[int(p2p.at[i, "proc"])].append(int(p2p.at[i, "row"]))
+    return {k: np.asarray(v, np.int64) for k, v in demote.items()}, summary
+
+
 # Kernel columns a demoted match loses (it keeps what the log says).
 _KERNEL_COLUMNS = ("kernel_global_pid", "kernel_correlation_id", "kernel_name", "kernel_stream_id", "kernel_start",
                    "kernel_end", "launch_start", "confidence", "method", "kernel_start_utc", "kernel_end_utc",
@@ -241,6 +295,7 @@ def stream_run_ops(
 
     alignment_paths = [Path(p) for p in alignment_paths]
     calls_dirs = [Path(d) for d in calls_dirs]
+    quality_paths = list(quality_paths) if quality_paths is not None else None
     processes = [p.parent.name for p in alignment_paths]  # aligned/<process>/alignment.parquet
     if len(alignment_paths) != len(calls_dirs):
         raise ValueError(f"{len(alignment_paths)} alignment tables but {len(calls_dirs)} parsed call directories")
@@ -266,6 +321,8 @@ def stream_run_ops(
         # Pass 1: per process, everything but the synchronised times (kept on disk), and the sync rows.
         parts: list[Path] = []
         sync: list[pd.DataFrame] = []
+        p2p: list[pd.DataFrame] = []
+        ranks: list[pd.DataFrame] = []
         unresolved = calls_n = matched_n = 0
         by_reason: collections.Counter = collections.Counter()
         for i, (a, d) in enumerate(zip(alignment_paths, calls_dirs)):
@@ -276,6 +333,9 @@ def stream_run_ops(
             matched_n += int((is_call & (ops["status"] == "matched")).sum())
             by_reason.update({str(k): int(v) for k, v in ops.loc[is_call, "reason"].value_counts().items()})
             sync.append(_sync_rows(ops, i))
+            p2p.append(_p2p_rows(ops, i))
+            ranks.append(ops.loc[is_call, ["logical_id", "rank_in_comm", "global_rank"]].dropna().drop_duplicates()
+                         .rename(columns={"logical_id": "comm"}))  # fmt: skip
             part = parts_dir / f"{i:06d}.parquet"
             pq.write_table(pa.Table.from_pandas(coerce_to_schema(ops, OPS_SCHEMA), schema=OPS_SCHEMA,
                                                 preserve_index=False), part)  # fmt: skip
@@ -308,6 +368,11 @@ def stream_run_ops(
         # Cross-rank check: kernels of one instance must overlap in synchronised time.
         demote, cross = _cross_rank(frame, model, processes)
         del frame
+        # P2P pairing: the k-th Recv on a channel cannot end before its k-th Send started.
+        demote_p2p, p2p_summary = _p2p_check(pd.concat(p2p, ignore_index=True) if p2p else pd.DataFrame(),
+                                             pd.concat(ranks, ignore_index=True) if ranks else pd.DataFrame(),
+                                             model, processes, _lost_lines(quality_paths))  # fmt: skip
+        del p2p, ranks
         # Pass 2: synchronised times, appended process by process to the one output file.
         tmp = atomic_path(ops_path)
         try:
@@ -327,6 +392,7 @@ def stream_run_ops(
                         ops.loc[has, "kernel_start_sync"] = synced["start_ns_sync"].to_numpy()
                         ops.loc[has, "kernel_end_sync"] = synced["end_ns_sync"].to_numpy()
                     _demote(ops, demote.get(i, np.zeros(0, np.int64)), CROSS_RANK_REASON)
+                    _demote(ops, demote_p2p.get(i, np.zeros(0, np.int64)), P2P_REASON)
                     writer.write_table(pa.Table.from_pandas(coerce_to_schema(ops, OPS_SCHEMA), schema=OPS_SCHEMA,
                                                             preserve_index=False))  # fmt: skip
                     part.unlink()
@@ -338,14 +404,15 @@ def stream_run_ops(
             raise
     finally:
         shutil.rmtree(parts_dir, ignore_errors=True)
-    quality = _quality_table(processes, quality_paths, cross)
+    quality = _quality_table(processes, quality_paths, cross, p2p_summary)
     for msg in quality["message"].dropna():
         if msg not in problems:
             problems.append(str(msg))
-    n_demoted = int(quality.loc[quality["check"] == "cross_rank", "contradicted"].sum())
-    if n_demoted:
-        matched_n -= n_demoted
-        by_reason[CROSS_RANK_REASON] = by_reason.get(CROSS_RANK_REASON, 0) + n_demoted
+    for check, reason in (("cross_rank", CROSS_RANK_REASON), ("p2p_pairing", P2P_REASON)):
+        n_demoted = int(quality.loc[quality["check"] == check, "contradicted"].sum())
+        if n_demoted:
+            matched_n -= n_demoted
+            by_reason[reason] = by_reason.get(reason, 0) + n_demoted
     if len(comms) and not bool(comms["complete"].astype(bool).all()):
         n_bad = int((~comms["complete"].astype(bool)).sum())
         problems.append(f"{n_bad} of {len(comms)} communicators incomplete (ranks without a log)")
@@ -354,25 +421,40 @@ def stream_run_ops(
                   calls=calls_n, matched=matched_n, unmatched_by_reason=dict(by_reason), quality=quality)  # fmt: skip
 
 
+def _lost_lines(quality_paths: Iterable[Path | str] | None) -> set[int]:
+    """Positions of the processes whose alignment found lines missing from the log (the
+    ``log_gaps`` check of their quality record)."""
+    from .align.quality import read_quality
+
+    out = set()
+    for i, qp in enumerate(quality_paths or []):
+        checks = read_quality(qp).get("checks", [])
+        if any(c.get("check") == "log_gaps" and int(c.get("not_checkable") or 0) > 0 for c in checks):
+            out.add(i)
+    return out
+
+
 def _quality_table(processes: list[str], quality_paths: Iterable[Path | str] | None,
-                   cross: pd.DataFrame) -> pd.DataFrame:  # fmt: skip
+                   cross: pd.DataFrame, p2p: pd.DataFrame | None = None) -> pd.DataFrame:  # fmt: skip
     """The run's alignment-quality table (``QUALITY_SCHEMA``): each process's own checks and
-    the cross-rank check."""
+    the run-level ones (cross-rank instances, P2P pairing)."""
     from .align.quality import QUALITY_SCHEMA, quality_rows, read_quality
 
     qpaths = list(quality_paths) if quality_paths is not None else [None] * len(processes)
-    cross = cross.set_index("process") if len(cross) else cross
+    run_checks = [(name, t.set_index("process") if t is not None and len(t) else None)
+                  for name, t in (("cross_rank", cross), ("p2p_pairing", p2p))]
     rows: list[dict] = []
     for proc, qp in zip(processes, qpaths):
         q = read_quality(qp) if qp is not None else {"checks": []}
         host, pid = q.get("host"), q.get("pid")
         checks = list(q.get("checks", []))
-        if len(cross) and proc in cross.index:
-            c = cross.loc[proc]
-            checks.append({"check": "cross_rank", "applicable": True, "confirmed": int(c["confirmed"]),
-                           "contradicted": int(c["contradicted"]), "not_checkable": int(c["not_checkable"])})
-        else:
-            checks.append({"check": "cross_rank", "applicable": False})
+        for name, t in run_checks:
+            if t is not None and proc in t.index:
+                c = t.loc[proc]
+                checks.append({"check": name, "applicable": True, "confirmed": int(c["confirmed"]),
+                               "contradicted": int(c["contradicted"]), "not_checkable": int(c["not_checkable"])})
+            else:
+                checks.append({"check": name, "applicable": False})
         rows += quality_rows(proc, host, pid, {"checks": checks})
     frame = pd.DataFrame(rows, columns=QUALITY_SCHEMA.names)
     return coerce_to_schema(frame, QUALITY_SCHEMA)

@@ -13,6 +13,13 @@ model, and a match a check contradicts is demoted to unmatched with the check's 
   it logs);
 * ``stream`` (per process, align stage): the kernel ran on no stream that another log
   stream maps to (the line names its cudaStream_t; one cudaStream_t is one export stream);
+* ``p2p_pairing`` (per run, ops stage): NCCL pairs the k-th Send from a to b on a communicator
+  with the k-th Recv on b from a, and a receiver cannot finish before its sender started, so
+  a matched Recv whose kernel ends before its Send's kernel started is contradicted (both are
+  demoted: the check cannot tell which side is wrong). It is deliberately one-sided: a Send
+  may finish before its Recv starts (it only waits when it is NCCL_STEPS slots ahead of the
+  receiver), so "the kernels of a Send and its Recv overlap" is not physics. Channels whose
+  two sides logged different numbers of calls (a lost line shifts the pairing) are not checked;
 * ``cross_rank`` (per run, ops stage): the kernels of one collective instance on all its
   ranks overlap in synchronised time. A rank's result needs every data source to have
   started: for AllReduce/AllGather/ReduceScatter/AlltoAll every member feeds every other, for
@@ -44,10 +51,12 @@ from ..tables import write_json_atomic
 __all__ = [
     "CHECKS",
     "CROSS_RANK_REASON",
+    "P2P_REASON",
     "QUALITY_FILE",
     "QUALITY_TABLE",
     "QUALITY_SCHEMA",
     "cross_rank_contradictions",
+    "p2p_contradictions",
     "quality_problems",
     "quality_rows",
     "read_quality",
@@ -57,6 +66,7 @@ __all__ = [
 QUALITY_FILE = "alignment_quality.json"
 QUALITY_TABLE = "alignment_quality.parquet"
 CROSS_RANK_REASON = "contradicted_cross_rank"
+P2P_REASON = "contradicted_p2p"
 
 CHECKS: dict[str, tuple[str, str]] = {
     # check -> (what it verifies, what to do when it contradicts matches)
@@ -66,6 +76,8 @@ CHECKS: dict[str, tuple[str, str]] = {
                  "check that the log and the export come from the same run and host clock"),
     "stream": ("each kernel ran on the export stream its line's log stream maps to (one cudaStream_t is one "
                "export stream)", "check that the log and the export come from the same process"),
+    "p2p_pairing": ("a Recv's kernel ends after the kernel of its Send (the k-th Send a->b is the k-th Recv on b "
+                    "from a) started", "check both ranks' logs and exports for lost records around the demoted calls"),
     "cross_rank": ("the kernels of one collective instance on all its ranks overlap in synchronised time",
                    "check the rank's log and export for lost records around the demoted calls; with NCCL >= 2.26 "
                    "log timestamps locate every call"),
@@ -76,7 +88,7 @@ QUALITY_SCHEMA = pa.schema(
         _f("process", pa.string(), "", "process (log stem nccl_<host>_<pid>, or host:pid)"),
         _f("host", pa.string(), "", "host of the process"),
         _f("pid", pa.int64(), "", "process id"),
-        _f("check", pa.string(), "", "'capture_window', 'log_time', 'stream', 'nvtx_range', 'cuda_graph' or 'cross_rank' (see docs/correlation.md)"),
+        _f("check", pa.string(), "", "'capture_window', 'log_time', 'stream', 'nvtx_range', 'cuda_graph', 'log_gaps', 'one_process_per_log', 'p2p_pairing' or 'cross_rank' (see docs/correlation.md)"),
         _f("applicable", pa.bool_(), "", "whether the evidence the check needs exists for this process"),
         _f("confirmed", pa.int64(), "", "matches the check confirmed (capture_window: matches inside the located window)"),
         _f("contradicted", pa.int64(), "", "matches the check contradicted; they were demoted to unmatched"),
@@ -354,6 +366,37 @@ def _order_consensus(t: pd.DataFrame, tol: float, split_gap: float) -> list[Any]
         ok = keep.reindex(pd.MultiIndex.from_arrays([c["op_count"].to_numpy(), clus])).to_numpy()
         out += list(c.index[~ok])
     return out
+
+
+def p2p_contradictions(rows: pd.DataFrame, slack: Mapping[str, float] | None = None) -> tuple[pd.Index, pd.Index]:
+    """Matched Send/Recv calls whose pairing contradicts their kernels (see the module docstring).
+
+    ``rows``: every non-duplicate Send/Recv call row of the run with ``comm`` (logical id),
+    ``rank`` and ``peer`` (global ranks), ``op``, ``seq`` (log order within the process),
+    ``clock_domain``, ``start_sync``/``end_sync`` (null when unmatched or not synchronised).
+    Returns the index of the rows to demote and of the rows the check could test."""
+    if rows.empty:
+        return rows.index[:0], rows.index[:0]
+    r = rows.sort_values(["comm", "rank", "peer", "seq"], kind="stable")
+    send = r[r["op"] == "Send"]
+    recv = r[r["op"] == "Recv"]
+    # channel (comm, sender, receiver): the k-th Send on the sender, the k-th Recv on the receiver
+    send = send.assign(_k=send.groupby(["comm", "rank", "peer"]).cumcount().to_numpy(),
+                       _n=send.groupby(["comm", "rank", "peer"])["seq"].transform("size").to_numpy())
+    recv = recv.assign(_k=recv.groupby(["comm", "rank", "peer"]).cumcount().to_numpy(),
+                       _n=recv.groupby(["comm", "rank", "peer"])["seq"].transform("size").to_numpy())
+    pairs = send.reset_index().merge(recv.reset_index(), left_on=["comm", "rank", "peer", "_k"],
+                                     right_on=["comm", "peer", "rank", "_k"], suffixes=("_s", "_r"))
+    pairs = pairs[(pairs["_n_s"] == pairs["_n_r"]) & pairs["start_sync_s"].notna() & pairs["end_sync_r"].notna()]
+    if pairs.empty:
+        return rows.index[:0], rows.index[:0]
+    sl = slack or {}
+    tol = (CROSS_RANK_SLACK_NS + pairs["clock_domain_s"].map(sl).astype(float).fillna(0.0)
+           + pairs["clock_domain_r"].map(sl).astype(float).fillna(0.0))
+    bad = pairs["end_sync_r"].astype("float64") < pairs["start_sync_s"].astype("float64") - tol
+    checked = pd.Index(pd.unique(np.r_[pairs["index_s"].to_numpy(), pairs["index_r"].to_numpy()]))
+    removed = pd.Index(pd.unique(np.r_[pairs.loc[bad, "index_s"].to_numpy(), pairs.loc[bad, "index_r"].to_numpy()]))
+    return removed, checked
 
 
 def cross_rank_summary(checked: pd.DataFrame, removed: Iterable[Any]) -> pd.DataFrame:
