@@ -12,7 +12,8 @@ import yaml
 
 from nccltrace.campaign import CampaignError, expand_campaign, load_campaign
 from nccltrace.cli import build_parser, main
-from nccltrace.tables import TABLES, tables_markdown
+from nccltrace.tables import TABLES
+from nccltrace.tables_doc import tables_markdown
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "config" / "config.yaml"

@@ -73,3 +73,46 @@ def test_workflow_emulates_and_parses_every_run_then_has_nothing_to_do(tmp_path)
     assert any("1 of 4 rank logs are missing" in i["message"] for i in summary["issues"])
     manifest = json.loads((base / "parsed" / "manifest.json").read_text())
     assert manifest["partial"] and manifest["config_hash"] and len(manifest["inputs"]) == 3 + 2
+
+
+@pytest.mark.slow
+def test_a_code_change_reruns_its_stage_even_when_snakemake_lost_the_jobs_metadata(tmp_path):
+    """A job killed before Snakemake recorded it leaves outputs without metadata, so a changed
+    params hash cannot trigger a re-run. The stage's code stamp (an input named after the hash
+    of the stage's import closure) does: the new stamp is newer than the old outputs. A module
+    outside the closure re-runs nothing."""
+    import shutil
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for part in ("Snakefile", "workflow", "src", "config", "envs"):
+        src = REPO / part
+        if src.is_dir():
+            shutil.copytree(src, repo / part, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy2(src, repo / part)
+    one = {**SMALL, "matrix": [{**SMALL["matrix"][0], "parallelism": [{"tp": 2}]}]}
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "config.yaml").write_text(yaml.safe_dump(one))
+    run = "tiny_T4_n2_tp2_pp1_ep1_cp1_vpp1_sp0_dp2"
+    target = f"results/small/{run}/communicators/communicators.parquet"
+
+    def snakemake(*args: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(repo / "Snakefile"), "--directory", str(work),
+               "--configfile", str(work / "config.yaml"), "--cores", "2", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+
+    first = snakemake(target)
+    assert first.returncode == 0, first.stderr[-4000:]
+    shutil.rmtree(work / ".snakemake" / "metadata")  # as after a SIGKILL
+    # a module outside parse_nccl's and communicators' closure: nothing to do
+    (repo / "src" / "nccltrace" / "trace.py").write_text((repo / "src" / "nccltrace" / "trace.py").read_text() + "\n#\n")
+    quiet = snakemake("-n", target)
+    assert quiet.returncode == 0 and "Nothing to be done" in quiet.stdout + quiet.stderr, quiet.stdout[-3000:]
+    # nccl/versions.py: imported by the log reader (the hand-kept list of modules missed it)
+    versions = repo / "src" / "nccltrace" / "nccl" / "versions.py"
+    versions.write_text(versions.read_text() + "\n# a change\n")
+    dry = snakemake("-n", target)
+    text = dry.stdout + dry.stderr
+    assert dry.returncode == 0 and "parse_nccl" in text and "communicators" in text, text[-3000:]

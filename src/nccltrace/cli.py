@@ -113,7 +113,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_tables_doc(args: argparse.Namespace) -> int:
-    from .tables import tables_markdown
+    from .tables_doc import tables_markdown
 
     text = tables_markdown()
     if args.out:

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -195,14 +196,22 @@ def infer_communicators(comms: pd.DataFrame) -> CommunicatorTables:
     return CommunicatorTables(frame(comm_rows, COMMUNICATOR_SCHEMA), frame(member_rows, MEMBER_SCHEMA), world_size)
 
 
-def infer_run_communicators(parsed_dirs: Iterable[Path], out_dir: Path) -> CommunicatorTables:
+def infer_run_communicators(parsed_dirs: Iterable[Path], out_dir: Path,
+                            settings: Mapping[str, Any] | None = None) -> CommunicatorTables:  # fmt: skip
     """Read the ``comms.parquet`` of each parsed process and write ``communicators.parquet`` and
-    ``communicator_members.parquet`` to ``out_dir``."""
+    ``communicator_members.parquet`` to ``out_dir``. Logs without any init line (written with
+    ``NCCL_DEBUG_SUBSYS=COLL``) get communicators inferred from their call sequences
+    (:mod:`nccltrace.communicators_fallback`, ``kind = 'sequence'``; ``settings``' declared sizes
+    choose among partitions the calls cannot tell apart); :func:`communicator_problems` says so."""
     from .tables import read_table
 
-    frames = [read_table(Path(d) / "comms.parquet") for d in parsed_dirs]
-    comms = pd.concat([f for f in frames if len(f)], ignore_index=True) if frames else pd.DataFrame()
-    result = infer_communicators(comms)
+    parsed_dirs = [Path(d) for d in parsed_dirs]
+    frames = [read_table(d / "comms.parquet") for d in parsed_dirs]
+    comms = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(len(f) for f in frames) else None
+    if comms is not None:
+        result = infer_communicators(comms)
+    else:
+        result = _from_call_sequences(parsed_dirs, settings)
     out_dir = Path(out_dir)
     for frame, schema, name in ((result.communicators, COMMUNICATOR_SCHEMA, "communicators"),
                                 (result.members, MEMBER_SCHEMA, "communicator_members")):
@@ -210,3 +219,46 @@ def infer_run_communicators(parsed_dirs: Iterable[Path], out_dir: Path) -> Commu
         table = pa.Table.from_pandas(frame, schema=schema, preserve_index=False).replace_schema_metadata(None)
         write_table_atomic(table, out_dir / f"{name}.parquet")
     return result
+
+
+def _from_call_sequences(parsed_dirs: list[Path], settings: Mapping[str, Any] | None) -> CommunicatorTables:
+    """Communicators of logs without init lines, from the processes' call sequences."""
+    from .communicators_fallback import infer_communicators_from_calls
+    from .tables import read_table
+
+    calls = [read_table(d / "calls.parquet") for d in parsed_dirs if (d / "calls.parquet").exists()]
+    info = [read_table(d / "comm_info.parquet") for d in parsed_dirs if (d / "comm_info.parquet").exists()]
+    calls_df = pd.concat([c for c in calls if len(c)], ignore_index=True) if any(len(c) for c in calls) else None
+    info_df = pd.concat([c for c in info if len(c)], ignore_index=True) if any(len(c) for c in info) else None
+    sizes = None
+    if settings and any(k in settings for k in ("tp", "pp", "dp", "ep", "cp")):
+        sizes = settings
+    return infer_communicators_from_calls(calls_df, sizes=sizes, comm_info=info_df)
+
+
+INFERRED_NOTE = ("communicators inferred from call sequences: the logs have no init lines (NCCL_DEBUG_SUBSYS "
+                 "without INIT); set NCCL_DEBUG_SUBSYS=INIT,COLL (or ALL) for exact communicators and ranks")
+
+
+def communicator_problems(result: CommunicatorTables) -> list[str]:
+    """Why a run's communicators make its results partial (empty: they do not). One home for
+    these messages: the workflow's rule and ``nccltrace analyze`` print the same text."""
+    comms = result.communicators
+    if not len(comms):
+        return ["no communicator init or call lines in the NCCL logs (NCCL_DEBUG=INFO with NCCL_DEBUG_SUBSYS "
+                "including INIT and COLL is needed); nothing can be attributed to communicators"]
+    out: list[str] = []
+    inferred = bool((comms["kind"].astype(str) == "sequence").any())
+    incomplete = comms[~comms["complete"].astype(bool)]
+    if inferred:
+        out.append(f"{INFERRED_NOTE} ({len(incomplete)} of {len(comms)} not determined by the calls)")
+    elif len(incomplete):
+        present = set(result.members["global_rank"].dropna().astype(int)) if len(result.members) else set()
+        world = int(result.world_size) if result.world_size else None
+        absent = sorted(set(range(world)) - present) if world else []
+        ids = ", ".join(str(int(i)) for i in incomplete["logical_id"])
+        who = (f"global rank(s) {', '.join(map(str, absent))} of world size {world} left no NCCL log" if absent
+               else "some member ranks left no init line (missing or truncated rank logs)")
+        out.append(f"{who}: {len(incomplete)} of {len(comms)} communicators are incomplete ({ids}); their ops "
+                   "lack those ranks' calls")
+    return out

@@ -413,8 +413,10 @@ def stream_run_ops(
         if n_demoted:
             matched_n -= n_demoted
             by_reason[reason] = by_reason.get(reason, 0) + n_demoted
-    if len(comms) and not bool(comms["complete"].astype(bool).all()):
-        n_bad = int((~comms["complete"].astype(bool)).sum())
+    # (communicators inferred from call sequences carry their own message: communicator_problems)
+    exact = comms[comms["kind"].astype(str) != "sequence"] if len(comms) else comms
+    if len(exact) and not bool(exact["complete"].astype(bool).all()):
+        n_bad = int((~exact["complete"].astype(bool)).sum())
         problems.append(f"{n_bad} of {len(comms)} communicators incomplete (ranks without a log)")
     partial = bool(problems) or not len(comms)
     return RunOps(ops=None, labels=labels, clock=clock, partial=partial, problems=problems, notes=notes,

@@ -289,7 +289,7 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
     from .capture import CaptureWindow
 
     from .align.correlate import MODES, align_files, process_key
-    from .communicators import infer_run_communicators
+    from .communicators import INFERRED_NOTE, communicator_problems, infer_run_communicators
     from .nccl.log_reader import parse_logs
     from .nsys.reader import NsysExport
     from .ops import stream_run_ops, write_run_ops
@@ -357,15 +357,16 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
 
     # 3. Communicators (exact, from init/split lines); their world size completes the settings.
     comm_out = out / "communicators"
-    comm = infer_run_communicators([parsed / "nccl" / p for p in procs], comm_out)
-    incomplete = comm.communicators[~comm.communicators["complete"].astype(bool)] if len(comm.communicators) else []
+    comm = infer_run_communicators([parsed / "nccl" / p for p in procs], comm_out, run_settings)
+    comm_problems = communicator_problems(comm)
     write_manifest(comm_out / "manifest.json", stage="communicators",
                    inputs=[parsed / "nccl" / p / "comms.parquet" for p in procs],
                    outputs=[comm_out / "communicators.parquet", comm_out / "communicator_members.parquet"],
-                   partial=bool(len(incomplete)))  # fmt: skip
+                   partial=bool(comm_problems), reasons=comm_problems)  # fmt: skip
     if len(comm.communicators) == 0:
-        raise ValueError(f"no communicator init lines in the NCCL logs of {inputs.raw_dir}: the analysis needs "
-                         f"them to relate processes; {_LOG_HINT}")
+        raise ValueError(f"no communicator init or call lines in the NCCL logs of {inputs.raw_dir}: the analysis "
+                         f"needs them to relate processes; {_LOG_HINT}")
+    problems += [p for p in comm_problems if p.startswith(INFERRED_NOTE)]
     run_settings = _check_sizes(run_settings, comm.world_size, source)
     expected_procs = _int_or_none(comm.world_size)
     expected_nodes = None
@@ -378,6 +379,8 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
         problems.append(f"{expected_procs - len(procs)} of {expected_procs} rank logs are missing")
     if expected_nodes and len(stems) < expected_nodes:
         problems.append(f"{expected_nodes - len(stems)} of {expected_nodes} node exports are missing")
+    incomplete = comm.communicators[~comm.communicators["complete"].astype(bool)
+                                    & (comm.communicators["kind"].astype(str) != "sequence")]
     if len(incomplete):
         problems.append(f"{len(incomplete)} of {len(comm.communicators)} communicators incomplete "
                         "(ranks without a log)")

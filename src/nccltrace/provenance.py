@@ -74,36 +74,86 @@ def code_version() -> dict[str, Any]:
     return info
 
 
-# Package modules each workflow stage's results depend on. Snakemake does not see modules imported by
-# rule scripts, so rules carry these hashes as params: a change re-runs exactly the dependent rules.
-STAGE_MODULES: dict[str, tuple[str, ...]] = {
-    # tables.py holds the parsed-table schemas; the emulator only uses its atomic-write helper.
-    "emulate": ("emulator", "nccl/log_writer.py", "nccl/versions.py", "nccl/enums.py", "nsys/writer.py",
-                "nsys/ddl"),
-    "parse_nccl": ("nccl/log_reader.py", "nccl/fast_scan.py", "nccl/enums.py", "nccl/versions.py", "tables.py"),
-    "parse_nsys": ("nsys/reader.py", "nsys/nccl_api.py", "tables.py"),
-    "communicators": ("communicators.py", "tables.py"),
-    "align": ("align", "tables.py"),
-    "ops": ("ops.py", "align/correlate.py", "parallelism.py", "clocksync.py", "emulator/layout.py",
-            "emulator/config.py", "tables.py"),
-    "metrics": ("metrics.py", "tables.py"),
-    "volume": ("volume.py", "emulator/config.py", "emulator/params.py", "tables.py"),
-    "trace": ("trace.py", "tables.py"),
-    "report": ("summary.py", "plots.py", "report.py", "templates", "tables.py"),
+# What each workflow stage runs: the package modules its rule scripts import (entry points) and
+# the data files it reads. Snakemake does not see modules imported by rule scripts, so rules carry
+# a hash of the entry points' import closure as a param: a change to any module a stage can
+# execute re-runs exactly the dependent rules, and a module added to the closure later is
+# covered without editing this table. (This module itself is left out: it only writes manifests.)
+STAGE_ENTRIES: dict[str, tuple[str, ...]] = {
+    "emulate": ("emulator/run.py",),
+    "parse_nccl": ("nccl/log_reader.py",),
+    "parse_nsys": ("nsys/reader.py", "nsys/nccl_api.py", "acquisition/raw.py"),
+    "communicators": ("communicators.py",),
+    "align": ("align/correlate.py", "align/quality.py", "capture.py", "acquisition/raw.py"),
+    "ops": ("ops.py", "align/quality.py", "acquisition/raw.py"),
+    "metrics": ("metrics.py",),
+    "volume": ("volume.py",),
+    "trace": ("trace.py",),
+    "report": ("report.py", "summary.py", "plots.py"),
 }
+STAGE_DATA: dict[str, tuple[str, ...]] = {"emulate": ("nsys/ddl",), "report": ("templates",)}
+_EXCLUDED = {"provenance.py"}
+
+
+def import_closure(entries: tuple[str, ...]) -> list[str]:
+    """Package modules (paths relative to the package) reachable from ``entries`` through
+    ``import`` statements anywhere in a module (function-level imports included: a stage may
+    run them), plus the ``__init__.py`` of every package on the way. Static, so the result
+    does not depend on what happens to be imported already."""
+    import ast
+
+    pkg = Path(__file__).resolve().parent
+    name = pkg.name
+
+    def resolve(dotted: list[str]) -> list[Path]:
+        base = pkg.joinpath(*dotted) if dotted else pkg
+        if base.with_suffix(".py").is_file():
+            return [base.with_suffix(".py")]
+        if (base / "__init__.py").is_file():
+            return [base / "__init__.py"]
+        return []
+
+    seen: set[Path] = set()
+    todo = [pkg / e for e in entries]
+    while todo:
+        f = todo.pop()
+        if f in seen or not f.is_file():
+            continue
+        seen.add(f)
+        rel = f.relative_to(pkg).with_suffix("").parts
+        here = list(rel[:-1]) if f.name != "__init__.py" else list(rel[:-1])
+        for parent in range(1, len(here) + 1):  # packages on the way
+            todo += resolve(here[:parent])
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    up = here[: len(here) - (node.level - 1)] if node.level > 1 else here
+                    mod = up + (node.module.split(".") if node.module else [])
+                elif node.module and node.module.split(".")[0] == name:
+                    mod = node.module.split(".")[1:]
+                else:
+                    continue
+                todo += resolve(mod)
+                for alias in node.names:  # `from . import x` may name a submodule
+                    todo += resolve([*mod, alias.name])
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == name:
+                        todo += resolve(alias.name.split(".")[1:])
+    return sorted(str(p.relative_to(pkg)) for p in seen if p.name not in _EXCLUDED or p.parent != pkg)
 
 
 def stage_code_hash(stage: str) -> str:
-    """SHA-256 (16 hex digits) of the package sources a workflow stage depends on."""
+    """SHA-256 (16 hex digits) of the package sources a workflow stage can execute (the import
+    closure of its entry points) and the data files it reads."""
     pkg = Path(__file__).resolve().parent
     h = hashlib.sha256()
-    for entry in STAGE_MODULES[stage]:
-        p = pkg / entry
-        files = (sorted(q for q in p.rglob("*") if q.is_file() and q.suffix in (".py", ".sql", ".j2"))
-                 if p.is_dir() else [p])
-        for f in files:
-            h.update(str(f.relative_to(pkg)).encode())
-            h.update(f.read_bytes())
+    files = [pkg / m for m in import_closure(STAGE_ENTRIES[stage])]
+    for entry in STAGE_DATA.get(stage, ()):
+        files += sorted(q for q in (pkg / entry).rglob("*") if q.is_file() and q.suffix in (".py", ".sql", ".j2"))
+    for f in files:
+        h.update(str(f.relative_to(pkg)).encode())
+        h.update(f.read_bytes())
     return h.hexdigest()[:16]
 
 

@@ -11,6 +11,7 @@ RUNS = {run.run_id: run for run in expand_campaign(config)}
 validate_runs(list(RUNS.values()))
 RUN_IDS = sorted(RUNS)
 RESULTS = f"results/{config['campaign']}"
+CODE_STAMPS = f"results/.code/{config['campaign']}"
 NSYS_TABLES = ["kernels", "nvtx", "processes", "launches_without_kernel", "nccl_api_calls"]
 
 
@@ -77,7 +78,8 @@ def acquire_inputs(wildcards):
     """Backend slurm: the training capture and one export per nsys report (known once the
     training checkpoint has run). Other backends need nothing upstream."""
     if RUNS[wildcards.run].backend != "slurm":
-        return {}
+        # emulated raw data depends on our code (the emulator); a real capture does not
+        return {"code": code_stamp("emulate")} if RUNS[wildcards.run].backend == "emulate" else {}
     capture = Path(checkpoints.train.get(run=wildcards.run).output.capture)
     hosts = sorted({p.stem for p in (capture / "nsys").iterdir() if p.suffix in REPORT_SUFFIXES})
     return {
@@ -98,6 +100,14 @@ def nsys_report(wildcards):
         if (nsys_dir / f"{wildcards.host}{suffix}").exists():
             return str(nsys_dir / f"{wildcards.host}{suffix}")
     return str(nsys_dir / f"{wildcards.host}.nsys-rep")
+
+
+def code_stamp(stage):
+    """An input file named after the stage's code hash (its import closure). A code change
+    names a new file, which the code_stamp job creates at once, newer than every output of
+    the stage; Snakemake then re-runs them by modification time, even where the params
+    metadata was lost (a job killed before Snakemake recorded it)."""
+    return f"{CODE_STAMPS}/{stage}-{stage_code_hash(stage)}.stamp"
 
 
 def acquire_code_hash(wildcards):
@@ -196,3 +206,4 @@ def proc_host(wildcards):
     from nccltrace.align.correlate import process_key
 
     return process_key(wildcards.proc)[0]
+

@@ -3,6 +3,7 @@
 
 rule align:
     input:
+        code=code_stamp("align"),
         calls=f"{RESULTS}/{{run}}/parsed/nccl/{{proc}}/calls.parquet",
         # init lines: their logged commIds name communicators in NCCL's NVTX payloads
         comms=f"{RESULTS}/{{run}}/parsed/nccl/{{proc}}/comms.parquet",
@@ -31,6 +32,7 @@ rule align:
 
 rule ops:
     input:
+        code=code_stamp("ops"),
         alignments=lambda wc: [
             f"{RESULTS}/{wc.run}/aligned/{proc}/alignment.parquet" for proc in nccl_processes(wc)
         ],

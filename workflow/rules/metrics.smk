@@ -3,6 +3,7 @@
 
 rule metrics:
     input:
+        code=code_stamp("metrics"),
         ops=f"{RESULTS}/{{run}}/ops/ops.parquet",
         communicators=f"{RESULTS}/{{run}}/communicators/communicators.parquet",
         reports=lambda wc: [
@@ -33,6 +34,7 @@ rule metrics:
 
 rule volume:
     input:
+        code=code_stamp("volume"),
         ops=f"{RESULTS}/{{run}}/ops/ops.parquet",
         raw=raw_dir,
     output:
@@ -56,6 +58,7 @@ rule volume:
 
 rule trace:
     input:
+        code=code_stamp("trace"),
         ops=f"{RESULTS}/{{run}}/ops/ops.parquet",
         labels=f"{RESULTS}/{{run}}/ops/parallelism.parquet",
         op_metrics=f"{RESULTS}/{{run}}/metrics/op_metrics.parquet",

@@ -3,6 +3,7 @@
 
 rule parse_nccl:
     input:
+        code=code_stamp("parse_nccl"),
         raw=raw_dir,
     output:
         tables=expand(
@@ -26,6 +27,7 @@ rule parse_nccl:
 
 rule parse_nsys:
     input:
+        code=code_stamp("parse_nsys"),
         raw=raw_dir,
     output:
         tables=expand(
@@ -68,6 +70,7 @@ rule parse_summary:
 
 rule communicators:
     input:
+        code=code_stamp("communicators"),
         reports=lambda wc: [
             f"{RESULTS}/{wc.run}/parsed/nccl/{proc}/parse_report.json"
             for proc in nccl_processes(wc)
@@ -78,6 +81,7 @@ rule communicators:
         manifest=f"{RESULTS}/{{run}}/communicators/manifest.json",
     params:
         code=stage_code_hash("communicators"),
+        settings=run_settings,
     log:
         f"{RESULTS}/{{run}}/logs/communicators.log",
     conda:

@@ -3,6 +3,7 @@
 
 rule report:
     input:
+        code=code_stamp("report"),
         ops=f"{RESULTS}/{{run}}/ops/ops.parquet",
         quality=f"{RESULTS}/{{run}}/ops/alignment_quality.parquet",
         op_metrics=f"{RESULTS}/{{run}}/metrics/op_metrics.parquet",
@@ -35,6 +36,7 @@ rule report:
 
 rule campaign_report:
     input:
+        code=code_stamp("report"),
         reports=run_report_manifests,
     output:
         tables=directory(f"{RESULTS}/campaign/tables"),
