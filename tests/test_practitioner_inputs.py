@@ -44,3 +44,83 @@ def test_logs_with_call_lines_only_are_analysed_with_inferred_communicators_and_
     assert (calls["status"] == "matched").mean() > 0.9
     manifest = json.loads((tmp_path / "out" / "ops" / "manifest.json").read_text())
     assert manifest["partial"]
+
+
+def _copy_exports(raw, dest, rename=None):
+    import shutil
+
+    for i, db in enumerate(sorted((raw / "nsys").glob("*.sqlite"))):
+        shutil.copy(db, dest / (rename(i) if rename else db.name))
+
+
+def test_rank_logs_of_any_name_and_gzip_with_exports_of_any_name_are_found_by_content(small_run, tmp_path, capsys):
+    """rank0.log, rank1.txt, rank3.log.gz with application output around the NCCL lines, and
+    exports named profile_<i>.sqlite (mapped to nodes by their recorded hostname): every call
+    is found and aligned as from the launcher's own layout (was: 'rank0.log' refused)."""
+    import gzip
+
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    logs = sorted((small_run / "nccl").glob("nccl_*.log"))
+    for i, log in enumerate(logs):
+        data = b"starting rank\n" + log.read_bytes() + b"loss 1.23\n"
+        if i == 3:
+            (flat / f"rank{i}.log.gz").write_bytes(gzip.compress(data))
+        else:
+            (flat / (f"rank{i}.txt" if i % 2 else f"rank{i}.log")).write_bytes(data)
+    _copy_exports(small_run, flat, lambda i: f"profile_{i}.sqlite")
+    assert main(["analyze", str(flat), "-o", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr()
+    assert "found by content in 4 file(s)" in out.err and "application line(s)" in out.err
+    ops = read_table(tmp_path / "out" / "ops" / "ops.parquet")
+    truth = read_table(small_run / "ground_truth" / "ops.parquet")
+    calls = ops[(ops["row_kind"] == "call") & ops["duplicate_of"].isna()]
+    assert len(calls) == len(truth) and (calls["status"] == "matched").mean() > 0.95
+    sources = json.loads((tmp_path / "out" / "inputs" / "nccl" / "sources.json").read_text())
+    assert len(sources["logs"]) == len(logs)
+
+
+@pytest.mark.parametrize("prefix", ["srun", "torchrun", "mpirun"])
+def test_one_combined_stdout_of_all_ranks_with_launcher_prefixes_is_split_per_process(small_run, tmp_path, prefix):
+    """All ranks in one stdout, lines interleaved, each with its launcher's prefix (srun
+    --label, torchrun --tee, mpirun --tag-output), application output between them (was:
+    'expected the calls of one process, found pids [...]')."""
+    import random
+
+    def tag(rank: int) -> bytes:
+        return {"srun": f"{rank}: ", "torchrun": f"[default{rank}]:", "mpirun": f"[1,{rank}]<stdout>:"}[prefix].encode()
+
+    streams = [[tag(r) + line for line in log.read_bytes().splitlines(True)]
+               for r, log in enumerate(sorted((small_run / "nccl").glob("nccl_*.log")))]  # fmt: skip
+    rnd, merged = random.Random(0), []
+    while any(streams):
+        merged.append(rnd.choice([s for s in streams if s]).pop(0))
+        if rnd.random() < 0.02:
+            merged.append(tag(0) + b" iteration 1/2 | lm loss 3.1\n")
+    d = tmp_path / "job"
+    d.mkdir()
+    (d / "slurm-1234.out").write_bytes(b"".join(merged))
+    _copy_exports(small_run, d)
+    assert main(["analyze", str(d), "-o", str(tmp_path / "out")]) == 0
+    ops = read_table(tmp_path / "out" / "ops" / "ops.parquet")
+    truth = read_table(small_run / "ground_truth" / "ops.parquet")
+    calls = ops[(ops["row_kind"] == "call") & ops["duplicate_of"].isna()]
+    assert len(calls) == len(truth) and calls["pid"].nunique() == truth["pid"].nunique()
+    assert (calls["status"] == "matched").mean() > 0.95
+
+
+def test_logs_of_two_jobs_in_one_directory_are_refused_with_the_jobs_listed(small_run, tmp_path, capsys):
+    """Two runs' logs in one directory share no communicator: the analysis refuses and lists
+    the jobs (was: '50 % matched ... complete', volumes doubled)."""
+    other = tmp_path / "other"
+    emulate_run({**SCENARIO_BASE, "iterations": 2, "seed": 4, "imperfections": {"fuse_grouped_p2p": True}}, other)
+    d = tmp_path / "mixed"
+    d.mkdir()
+    for i, raw in enumerate((small_run, other)):
+        for log in (raw / "nccl").glob("*.log"):
+            (d / f"job{i}_{log.name}").write_bytes(log.read_bytes())
+    _copy_exports(small_run, d)
+    assert main(["analyze", str(d), "-o", str(tmp_path / "out")]) != 0
+    err = capsys.readouterr().err
+    assert "2 jobs that share no communicator" in err and "directory of its own" in err
+    assert not (tmp_path / "out" / "ops" / "ops.parquet").exists()

@@ -209,6 +209,7 @@ def infer_run_communicators(parsed_dirs: Iterable[Path], out_dir: Path,
     frames = [read_table(d / "comms.parquet") for d in parsed_dirs]
     comms = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(len(f) for f in frames) else None
     if comms is not None:
+        _refuse_mixed_jobs(comms)
         result = infer_communicators(comms)
     else:
         result = _from_call_sequences(parsed_dirs, settings)
@@ -219,6 +220,45 @@ def infer_run_communicators(parsed_dirs: Iterable[Path], out_dir: Path,
         table = pa.Table.from_pandas(frame, schema=schema, preserve_index=False).replace_schema_metadata(None)
         write_table_atomic(table, out_dir / f"{name}.parquet")
     return result
+
+
+def job_components(comms: pd.DataFrame) -> list[list[tuple[str, int]]]:
+    """Processes grouped by the jobs they belong to: two processes are in one job when they
+    share a communicator of two or more ranks (an init line's ``commId``). Processes without
+    such an init line are left out."""
+    multi = comms[pd.to_numeric(comms["nranks"], errors="coerce").fillna(0) > 1]  # a 1-rank comm links nobody
+    rows = multi.dropna(subset=["comm_id"])[["host", "pid", "comm_id"]].drop_duplicates()
+    parent: dict[Any, Any] = {}
+
+    def find(x: Any) -> Any:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for host, pid, cid in rows.itertuples(index=False):
+        a, b = find(("p", str(host), int(pid))), find(("c", int(cid)))
+        if a != b:
+            parent[a] = b
+    jobs: dict[Any, list[tuple[str, int]]] = {}
+    for host, pid in rows[["host", "pid"]].drop_duplicates().itertuples(index=False):
+        jobs.setdefault(find(("p", str(host), int(pid))), []).append((str(host), int(pid)))
+    return sorted((sorted(v) for v in jobs.values()), key=lambda v: v[0])
+
+
+def _refuse_mixed_jobs(comms: pd.DataFrame) -> None:
+    """Logs of several jobs in one run would be merged into one wrong result: refuse, naming
+    the jobs found and how to separate them."""
+    jobs = job_components(comms)
+    if len(jobs) <= 1:
+        return
+    desc = []
+    for i, procs in enumerate(jobs, 1):
+        hosts = sorted({h for h, _ in procs})
+        desc.append(f"job {i}: {len(procs)} process(es) on {', '.join(hosts[:4])}{' ...' if len(hosts) > 4 else ''} "
+                    f"(e.g. {procs[0][0]}:{procs[0][1]})")
+    raise ValueError(f"the NCCL logs hold {len(jobs)} jobs that share no communicator ({'; '.join(desc)}): put "
+                     "each job's logs and nsys exports in a directory of its own and analyse them one by one")
 
 
 def _from_call_sequences(parsed_dirs: list[Path], settings: Mapping[str, Any] | None) -> CommunicatorTables:

@@ -79,6 +79,7 @@ class RawInputs:
     exports: dict[str, Path]  # export file stem -> SQLite export
     run_yaml: Path | None
     ignored_logs: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what finding the logs by content did
 
     def host_of(self, proc: str) -> str:
         from .align.correlate import process_key
@@ -86,11 +87,15 @@ class RawInputs:
         return process_key(proc)[0]
 
 
-def find_raw_inputs(raw_dir: Path | str) -> RawInputs:
+def find_raw_inputs(raw_dir: Path | str, staging: Path | str | None = None) -> RawInputs:
     """Find the per-process NCCL logs, per-node exports and ``run.yaml`` of a raw directory
-    (workflow layout or flat; see the module docstring). Raises ``FileNotFoundError`` when the
-    directory, every log or every export is missing."""
+    (workflow layout or flat; see the module docstring). With ``staging`` (a directory of the
+    output), logs are found by content (:func:`nccltrace.log_discovery.discover_logs`: any
+    name, ``.gz``, one file per rank or a combined stdout of all ranks) and normalised there;
+    without, only ``nccl_<host>_<pid>.log`` files are taken. Raises ``FileNotFoundError`` when
+    the directory, every log or every export is missing."""
     from .align.correlate import process_key
+    from .log_discovery import discover_logs, is_canonical_log
 
     raw = Path(raw_dir)
     if not raw.is_dir():
@@ -99,28 +104,34 @@ def find_raw_inputs(raw_dir: Path | str) -> RawInputs:
     nsys_dir = raw / "nsys" if (raw / "nsys").is_dir() else raw
     logs: dict[str, Path] = {}
     ignored: list[Path] = []
-    for p in sorted(log_dir.glob("*.log")):
-        try:
+    notes: list[str] = []
+    if staging is not None:
+        staging = Path(staging)
+        skip = [staging, raw / "ground_truth", nsys_dir] if nsys_dir != raw else [staging, raw / "ground_truth"]
+        found = discover_logs([log_dir], staging / "nccl", exclude=skip)
+        logs, ignored, notes = dict(sorted(found.logs.items())), found.ignored, found.notes()
+    else:
+        for p in sorted(log_dir.glob("*.log")):
             # Only the NCCL_DEBUG_FILE naming ties a log to its node (job_7.log would parse as host 'job').
-            if not p.stem.startswith("nccl_"):
-                raise ValueError(p.stem)
-            process_key(p.stem)
-        except ValueError:
-            ignored.append(p)
-            continue
-        logs[p.stem] = p
+            if is_canonical_log(p):
+                logs[p.stem] = p
+            else:
+                ignored.append(p)
+    for stem in logs:
+        process_key(stem)  # a host name the stages cannot key on fails here, with the remedy
     exports = {p.stem: p for p in sorted(nsys_dir.glob("*.sqlite"))}
     if not logs:
-        found = f" (found {', '.join(p.name for p in ignored[:5])}, not named nccl_<host>_<pid>.log)" if ignored else ""
-        raise FileNotFoundError(f"no NCCL logs in {log_dir}{found}: expected one nccl_<host>_<pid>.log per process "
-                                f"(in {raw / 'nccl'} or directly in {raw}); {_LOG_HINT}")
+        found_txt = f" (found {', '.join(p.name for p in ignored[:5])}, without NCCL lines)" if ignored else ""
+        raise FileNotFoundError(f"no NCCL debug lines in any file of {log_dir}{found_txt}: expected the NCCL logs "
+                                f"of the run (one per process, per rank, or one combined stdout of all ranks, in "
+                                f"{raw / 'nccl'} or directly in {raw}); {_LOG_HINT}")
     if not exports:
         reports = sorted({*nsys_dir.glob("*.nsys-rep"), *nsys_dir.glob("*.qdrep")})
         found = f" (found {', '.join(p.name for p in reports[:5])}, not exported yet)" if reports else ""
         raise FileNotFoundError(f"no nsys exports in {nsys_dir}{found}: expected one <host>.sqlite per node (in "
                                 f"{raw / 'nsys'} or directly in {raw}); {_EXPORT_HINT}")
     run_yaml = raw / "run.yaml"
-    return RawInputs(raw, logs, exports, run_yaml if run_yaml.is_file() else None, ignored)
+    return RawInputs(raw, logs, exports, run_yaml if run_yaml.is_file() else None, ignored, notes)
 
 
 def _flatten(settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -298,8 +309,8 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
 
     if mode not in MODES:
         raise ValueError(f"unknown alignment mode {mode!r}; use one of {', '.join(MODES)}")
-    inputs = find_raw_inputs(raw_dir)
     out = Path(out_dir)
+    inputs = find_raw_inputs(raw_dir, staging=out / "inputs")
     parsed = out / "parsed"
     procs = sorted(inputs.logs)
     stems = sorted(inputs.exports)
@@ -312,8 +323,9 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
         steps = window.loop_indices if window is not None else None
     problems: list[str] = []  # anything that makes the result partial
     notes: list[str] = []  # worth saying, not a gap in the result
+    notes += inputs.notes
     if inputs.ignored_logs:
-        notes.append(f"ignored {len(inputs.ignored_logs)} log(s) not named nccl_<host>_<pid>.log: "
+        notes.append(f"ignored {len(inputs.ignored_logs)} text file(s) without NCCL lines: "
                      f"{', '.join(p.name for p in inputs.ignored_logs[:5])}")
     for stage_dir, keep in ((parsed / "nccl", set(procs)), (parsed / "nsys", set(stems)), (out / "aligned", set(procs))):
         _remove_stale(stage_dir, keep)

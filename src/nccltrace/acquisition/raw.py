@@ -29,9 +29,8 @@ from typing import Any
 import yaml
 
 from .. import __version__
+from ..log_discovery import NCCL_PREFIX
 
-# The first record of an NCCL debug line: optional timestamp, then host:pid:tid [dev] NCCL
-_NCCL_PREFIX = re.compile(r"^(?:\[[^\]]*\] |\d{9,11}\.\d+ )?([A-Za-z0-9_.\-]+):(\d+):\d+ \[-?\d+\] NCCL (?:INFO|WARN)")
 _SCAN_LINES = 200
 
 
@@ -106,9 +105,9 @@ def _log_identity(path: Path) -> tuple[str, int] | None:
         for i, line in enumerate(f):
             if i >= _SCAN_LINES:
                 break
-            m = _NCCL_PREFIX.match(line.decode("utf-8", "replace"))
+            m = NCCL_PREFIX.match(line)
             if m:
-                return m.group(1), int(m.group(2))
+                return m.group("host").decode("utf-8", "replace"), int(m.group("pid"))
     return None
 
 

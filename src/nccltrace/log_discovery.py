@@ -1,0 +1,176 @@
+"""Find NCCL debug logs by their content, whatever their names and however they were captured.
+
+Practitioners bring logs as their launcher left them: one file per process
+(``NCCL_DEBUG_FILE=nccl_%h_%p.log``), one per rank (``rank0.log``, ``*.txt``, gzipped), or one
+combined stdout/stderr of every rank with the launcher's prefix on each line (``srun --label``:
+``3: ``; ``torchrun --tee``/``--redirects``: ``[default3]:`` or ``[rank3]:``; Open MPI
+``--tag-output``: ``[1,3]<stdout>:``), with the application's own output around the NCCL lines.
+A line belongs to the process named by its NCCL prefix ``host:pid:tid [dev] NCCL``, whichever
+file it is in; everything else is application output and is skipped (counted).
+
+:func:`discover_logs` splits every such file by process into one normalised log per process,
+``nccl_<host>_<pid>.log`` (the layout every stage reads), with a ``sources.json`` beside them that
+says which file and line each normalised line came from. Files already named
+``nccl_<host>_<pid>.log`` are used in place.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["DiscoveredLogs", "LAUNCHER_PREFIX", "NCCL_PREFIX", "discover_logs", "is_canonical_log"]
+
+NCCL_PREFIX = re.compile(rb"(?:\[[^\]\n]*\] |\d{9,11}\.\d+ )?(?P<host>[A-Za-z0-9_.\-]+):(?P<pid>\d+):(?P<tid>\d+) "
+                         rb"\[(?P<dev>-?\d+)\] NCCL (?:INFO|WARN|TRACE|ABORT)")
+"""The prefix NCCL writes on every debug line: ``host:pid:tid [cudaDev] NCCL <level>``, after a
+timestamp with NCCL >= 2.26 (``[2025-10-09 08:53:20.148524] `` or ``1760000000.148524 ``)."""
+LAUNCHER_PREFIX = re.compile(
+    rb"^(?:\s*\d+: "  # srun --label
+    rb"|\[(?:default|rank)\d+\]:\s?"  # torchrun --tee / --redirects (older and newer spelling)
+    rb"|\[\d+,\d+\]<std(?:out|err)>:\s?)"  # Open MPI --tag-output
+)
+"""The per-line prefixes launchers add to a combined stdout/stderr."""
+CANONICAL = re.compile(r"^nccl_(?P<host>.+)_(?P<pid>\d+)$")
+_TEXT_SUFFIXES = {".log", ".txt", ".out", ".err", ""}
+_SAMPLE = 1 << 16  # bytes read to decide whether a file holds NCCL lines
+
+
+def is_canonical_log(path: Path) -> bool:
+    """A per-process log as ``NCCL_DEBUG_FILE=nccl_%h_%p.log`` names it (used in place)."""
+    return path.suffix == ".log" and CANONICAL.match(path.stem) is not None
+
+
+@dataclass
+class DiscoveredLogs:
+    """The per-process logs found (stem ``nccl_<host>_<pid>`` -> path) and what was set aside."""
+
+    logs: dict[str, Path] = field(default_factory=dict)
+    sources: dict[str, list[str]] = field(default_factory=dict)  # stem -> the files its lines came from
+    skipped_lines: dict[str, int] = field(default_factory=dict)  # file -> non-NCCL lines skipped
+    ignored: list[Path] = field(default_factory=list)  # files without NCCL lines
+
+    def notes(self) -> list[str]:
+        """What the console says about the discovery (one line each)."""
+        out = []
+        split = {s: f for s, f in self.sources.items() if f and not (len(f) == 1 and f[0].endswith(f"{s}.log"))}
+        if split:
+            files = sorted({f for fs in split.values() for f in fs})
+            out.append(f"NCCL lines of {len(split)} process(es) found by content in {len(files)} file(s) "
+                       f"({', '.join(Path(f).name for f in files[:4])}{' ...' if len(files) > 4 else ''}); "
+                       "normalised to one nccl_<host>_<pid>.log per process (sources.json maps their lines back)")
+        skipped = sum(self.skipped_lines.values())
+        if skipped:
+            out.append(f"{skipped} application line(s) without an NCCL prefix skipped")
+        return out
+
+
+def _open(path: Path):
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def _inner_suffix(path: Path) -> str:
+    return Path(path.stem).suffix if path.suffix == ".gz" else path.suffix
+
+
+def _holds_nccl_lines(path: Path) -> bool:
+    try:
+        with _open(path) as f:
+            head = f.read(_SAMPLE)
+    except (OSError, EOFError):
+        return False
+    if b"\x00" in head[:4096]:
+        return False  # binary (an export, a report)
+    return NCCL_PREFIX.search(head) is not None
+
+
+def _records(line: bytes) -> Iterator[tuple[bytes, bytes, bytes]]:
+    """(host, pid, record) of each NCCL record in a line (a line torn by two writers can hold
+    two), launcher prefix removed; nothing for application output."""
+    m = LAUNCHER_PREFIX.match(line)
+    body = line[m.end():] if m else line
+    first = NCCL_PREFIX.match(body)  # NCCL's prefix begins the line (elsewhere it is quoted text)
+    if first is None:
+        return
+    starts = [first, *NCCL_PREFIX.finditer(body, first.end())]
+    for i, x in enumerate(starts):
+        end = starts[i + 1].start() if i + 1 < len(starts) else len(body)
+        rec = body[x.start():end].rstrip(b"\r\n")
+        yield x.group("host"), x.group("pid"), rec
+
+
+def discover_logs(roots: Iterable[Path], dest: Path, *, exclude: Iterable[Path] = ()) -> DiscoveredLogs:
+    """Find every file under ``roots`` that holds NCCL debug lines and give each process one log.
+
+    Canonical per-process logs (``nccl_<host>_<pid>.log``) are used in place; every other file
+    (any name, ``.gz`` too) is split by the process in each line's NCCL prefix into
+    ``dest/nccl_<host>_<pid>.log``. Raises ``ValueError`` when a process's lines are in a
+    canonical log and in another file as well (the same lines twice: remove one)."""
+    found = DiscoveredLogs()
+    excluded = [Path(e).resolve() for e in exclude]
+    files: list[Path] = []
+    for root in roots:
+        root = Path(root)
+        cands = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+        for p in cands:
+            rp = p.resolve()
+            if any(rp == e or e in rp.parents for e in excluded):
+                continue
+            if _inner_suffix(p) not in _TEXT_SUFFIXES and not p.name.startswith("nccl"):
+                continue
+            files.append(p)
+    split_files = []
+    for p in files:
+        if is_canonical_log(p):
+            found.logs[p.stem] = p
+            found.sources[p.stem] = [str(p)]
+        elif _holds_nccl_lines(p):
+            split_files.append(p)
+        elif _inner_suffix(p) in (".log", ".txt"):
+            found.ignored.append(p)
+    if not split_files:
+        return found
+    dest.mkdir(parents=True, exist_ok=True)
+    handles: dict[str, object] = {}
+    origin: dict[str, list[list]] = {}  # stem -> [file, first line, count] runs
+    try:
+        for p in split_files:
+            skipped = 0
+            with _open(p) as f:
+                for n, line in enumerate(f, 1):
+                    got = False
+                    for host, pid, rec in _records(line):
+                        got = True
+                        stem = f"nccl_{host.decode('utf-8', 'replace')}_{int(pid)}"
+                        if stem in found.logs and stem not in handles:
+                            raise ValueError(
+                                f"{p}:{n}: lines of process {stem[5:].replace('_', ':', 1)} are also in "
+                                f"{found.logs[stem]}: the same process's log twice; keep one of them")
+                        if stem not in handles:
+                            handles[stem] = open(dest / f"{stem}.log", "wb")
+                            found.logs[stem] = dest / f"{stem}.log"
+                            found.sources[stem] = []
+                            origin[stem] = []
+                        handles[stem].write(rec + b"\n")
+                        runs = origin[stem]
+                        if runs and runs[-1][0] == str(p) and runs[-1][1] + runs[-1][2] == n:
+                            runs[-1][2] += 1
+                        else:
+                            runs.append([str(p), n, 1])
+                        if str(p) not in found.sources[stem]:
+                            found.sources[stem].append(str(p))
+                    if not got:
+                        skipped += 1
+            if skipped:
+                found.skipped_lines[str(p)] = skipped
+    finally:
+        for h in handles.values():
+            h.close()
+    (dest / "sources.json").write_text(json.dumps(
+        {"doc": "per normalised log: runs of [source file, first source line, number of lines], in order",
+         "logs": origin}, indent=1))  # fmt: skip
+    return found
