@@ -133,7 +133,7 @@ def run_dir(tmp_path_factory) -> Path:
     """An emulated, analysed run with summary tables, figures, a trace file and its report."""
     base = tmp_path_factory.mktemp("campaign") / "run_pp2"
     emulate_run(RUN, base / "raw")
-    assert main(["analyze", str(base / "raw"), "-o", str(base), "-q"]) == 0
+    assert main(["analyze", str(base / "raw"), "-o", str(base), "-q", "--until", "ops"]) == 0
     ops = read_table(base / "ops" / "ops.parquet")
     metrics = _fake_metrics(ops)
     (base / "metrics").mkdir()

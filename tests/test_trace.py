@@ -810,7 +810,7 @@ def emulated_run(tmp_path_factory):
     }  # fmt: skip
     base = tmp_path_factory.mktemp("trace_run")
     emulate_run(config, base / "raw")
-    assert main(["analyze", str(base / "raw"), "-o", str(base / "out"), "-q"]) == 0
+    assert main(["analyze", str(base / "raw"), "-o", str(base / "out"), "-q", "--until", "ops"]) == 0
     out = base / "out"
     ops = pd.read_parquet(out / "ops" / "ops.parquet")
     (out / "metrics").mkdir()

@@ -31,6 +31,27 @@ def _snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=900)
 
 
+def _analyze_gives_the_workflows_tables(run_dir: Path, out: Path) -> None:
+    """`nccltrace analyze` on the run's raw directory writes the same tables as the workflow:
+    one implementation of each stage, two front ends."""
+    import pandas as pd
+
+    from nccltrace.cli import main
+    from nccltrace.run_layout import METRIC_TABLES, RunLayout
+
+    assert main(["analyze", str(run_dir / "raw"), "-o", str(out), "-q"]) == 0
+    wf, cli = RunLayout(run_dir), RunLayout(out)
+    pairs = [(wf.ops, cli.ops), (wf.quality, cli.quality), (wf.labels, cli.labels), (wf.volume, cli.volume),
+             *((wf.metric(n), cli.metric(n)) for n in METRIC_TABLES),
+             *((p, cli.report_tables / p.name) for p in sorted(wf.report_tables.glob("*.parquet")))]
+    for a, b in pairs:
+        x, y = read_table(a), read_table(b)
+        assert list(x.columns) == list(y.columns), a.name
+        pd.testing.assert_frame_equal(x.reset_index(drop=True), y.reset_index(drop=True), check_dtype=False,
+                                      obj=a.name)
+    assert cli.report_html.is_file() and cli.trace.is_file()
+
+
 @pytest.mark.slow
 def test_workflow_emulates_and_parses_every_run_then_has_nothing_to_do(tmp_path):
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(SMALL))
@@ -62,6 +83,7 @@ def test_workflow_emulates_and_parses_every_run_then_has_nothing_to_do(tmp_path)
         assert (base / "logs" / "acquire.log").exists() and (base / "benchmarks" / "acquire.tsv").exists()
     again = _snakemake(tmp_path, "-n")
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+    _analyze_gives_the_workflows_tables(tmp_path / "results" / "small" / runs[1], tmp_path / "analyzed")
     # A rank's log goes missing: the run's summary says so and is flagged partial.
     base = tmp_path / "results" / "small" / runs[0]
     victim = sorted((base / "raw" / "nccl").glob("nccl_*.log"))[1]

@@ -162,13 +162,15 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from .pipeline import analyze_run
 
     res = analyze_run(Path(args.raw_dir), Path(args.out), settings=_declared_settings(args) or None, mode=args.mode,
-                      progress=not args.quiet, capture_steps=args.capture_steps)
+                      progress=not args.quiet, capture_steps=args.capture_steps, until=args.until)
     share = f" ({res['matched'] / res['calls']:.1%})" if res["calls"] else ""
     reasons = ", ".join(f"{k} {v}" for k, v in res["unmatched_by_reason"].items()) or "none"
     print(f"{res['processes']} processes on {len(res['hosts'])} host(s), mode {res['mode']}: {res['calls']} calls, "
           f"{res['matched']} matched{share}; unmatched: {reasons}")
     print(f"parallelism labels: {', '.join(res['label_source']) or '-'}; "
           f"{'partial' if res['partial'] else 'complete'} -> {args.out}")
+    if res["outputs"].get("report"):
+        print(f"report: {res['outputs']['report']}")
     for note in res["notes"]:
         print(f"note: {note}", file=sys.stderr)
     for problem in res["problems"]:
@@ -359,13 +361,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_communicators)
 
     s = sub.add_parser("analyze", help="run every stage on one run's raw directory (no Snakemake)",
-                       description="Parse a run's NCCL logs (nccl/nccl_<host>_<pid>.log) and nsys exports "
-                                   "(nsys/<host>.sqlite), infer communicators, align calls with kernels per "
-                                   "process and build the enriched ops table, in the workflow's output layout "
-                                   "(parsed/, communicators/, aligned/, ops/) with manifests. RAW_DIR may also be "
-                                   "a flat directory of *.log and *.sqlite files. Declared sizes come from "
-                                   "RAW_DIR/run.yaml if present, overridden by --settings and the size flags.")
-    s.add_argument("raw_dir", metavar="RAW_DIR", help="the run's raw directory")
+                       description="Run every stage the workflow runs for one run, through the report: parse "
+                                   "the NCCL logs and nsys exports, infer communicators, align calls with kernels "
+                                   "per process, build the enriched ops table, then metrics, volume validation, "
+                                   "trace and report, in the workflow's output layout (parsed/, communicators/, "
+                                   "aligned/, ops/, metrics/, volume/, trace/, report/) with manifests. Logs are "
+                                   "found by content under RAW_DIR (or RAW_DIR/nccl): any name, .txt or .gz, one "
+                                   "per process or rank, or one combined stdout of all ranks (srun --label, "
+                                   "torchrun --tee, mpirun --tag-output); exports are the *.sqlite files under "
+                                   "RAW_DIR (or RAW_DIR/nsys), matched to nodes by their recorded host name. "
+                                   "Declared sizes come from RAW_DIR/run.yaml if present, overridden by --settings "
+                                   "and the size flags.")
+    s.add_argument("raw_dir", metavar="RAW_DIR", help="directory of the run's NCCL logs and nsys exports")
     s.add_argument("-o", "--out", required=True, help="output directory")
     s.add_argument("--mode", choices=("default", "thesis", "exact"), default="default",
                    help="alignment mode (exact needs NCCL NVTX payloads in the exports; default: %(default)s)")
@@ -378,6 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the training steps the nsys capture covers (Megatron's logged iteration numbers, both "
                         "included; e.g. 3-4 for --profile-step-start 2 --profile-step-end 4): locates a step-window "
                         "capture in logs without timestamps (overrides capture.steps of the run settings)")
+    s.add_argument("--until", choices=("ops", "metrics", "volume", "trace", "report"), default="report",
+                   help="last stage to run (default: report, every stage the workflow runs for a run)")
     s.add_argument("--strict", action="store_true", help="exit with status 2 when the result is partial")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     s.set_defaults(func=cmd_analyze)

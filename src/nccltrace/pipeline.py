@@ -285,9 +285,14 @@ def _int_or_none(v: Any) -> int | None:
         return None
 
 
+STAGES = ("ops", "metrics", "volume", "trace", "report")
+"""The stages ``analyze_run`` can stop after (``until``); parsing through the ops table always runs."""
+
+
 def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[str, Any] | None = None,
                 mode: str = "default", progress: bool = True,
-                capture_steps: tuple[int, int] | None = None) -> dict[str, Any]:  # fmt: skip
+                capture_steps: tuple[int, int] | None = None, until: str = "ops",
+                trace_options: Mapping[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """Run every analysis stage on one run (see the module docstring for inputs, outputs and
     how missing inputs are handled). ``mode``: alignment mode (``default``, ``thesis``,
     ``exact``). Returns a summary: processes, hosts, calls, matched, partial, problems,
@@ -309,6 +314,8 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
 
     if mode not in MODES:
         raise ValueError(f"unknown alignment mode {mode!r}; use one of {', '.join(MODES)}")
+    if until not in STAGES:
+        raise ValueError(f"unknown stage {until!r} to stop after; use one of {', '.join(STAGES)}")
     out = Path(out_dir)
     inputs = find_raw_inputs(raw_dir, staging=out / "inputs")
     parsed = out / "parsed"
@@ -478,6 +485,34 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
                    outputs=ops_outputs, config=run_settings, partial=partial,
                    extra={"problems": problems, "calls": n_calls, "matched": n_matched})  # fmt: skip
 
+    # 6. Metrics, volume validation, trace, report: the workflow's stages, called alike.
+    stage_outputs: dict[str, str] = {}
+    downstream = STAGES[1:STAGES.index(until) + 1]
+    if downstream:
+        from .run_layout import RunLayout
+        from .stages.metrics import run_metrics
+        from .stages.report import run_report
+        from .stages.trace import run_trace
+        from .stages.volume import run_volume
+
+        layout = RunLayout(out)
+        run_id = (run_settings or {}).get("run_id") or Path(inputs.raw_dir).resolve().name
+        calls_runs = {
+            "metrics": lambda: run_metrics(layout, [parsed / "nccl" / p for p in procs]),
+            "volume": lambda: run_volume(layout, run_id, run_settings, raw_dir=inputs.raw_dir),
+            "trace": lambda: run_trace(layout, trace_options,
+                                       nvtx=[parsed / "nsys" / st / "nvtx.parquet" for st in stems],
+                                       sessions=[parsed / "nsys" / st / "session.json" for st in stems]),
+            "report": lambda: run_report(layout, run_id),
+        }
+        with _bar(len(downstream), "metrics to report", "stage", progress) as bar:
+            for stage in downstream:
+                res = calls_runs[stage]()
+                stage_outputs[stage] = str(layout.report_html if stage == "report" else res.outputs[0]) \
+                    if res.outputs else ""
+                problems += [p for p in res.problems if p not in problems and stage != "report"]
+                bar.update(1)
+        partial = partial or bool(problems)
     out_summary: dict[str, Any] = {
         "raw_dir": str(inputs.raw_dir), "out_dir": str(out), "mode": mode,
         "processes": len(procs), "hosts": log_hosts, "exports": {h: f"{s}.sqlite" for h, s in host_export.items()},
@@ -489,7 +524,7 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
         "outputs": {"ops": str(ops_outputs[0]), "parallelism": str(ops_outputs[1]), "clock_sync": str(ops_outputs[2]),
                     "alignment_quality": str(ops_outputs[3]),
                     "communicators": str(comm_out / "communicators.parquet"),
-                    "parse_summary": str(parsed / "parse_summary.json")},
+                    "parse_summary": str(parsed / "parse_summary.json"), **stage_outputs},
     }  # fmt: skip
     raw_files = [*inputs.logs.values(), *inputs.exports.values(), *([inputs.run_yaml] if inputs.run_yaml else [])]
     write_manifest(out / "manifest.json", stage="analyze", inputs=raw_files,

@@ -5,6 +5,8 @@ import shutil
 import sys
 from pathlib import Path
 
+import yaml
+
 sys.path.insert(0, str(Path(snakemake.scriptdir)))  # noqa: F821
 from _bootstrap import setup  # noqa: E402
 
@@ -33,6 +35,11 @@ if backend == "emulate":
     shutil.rmtree(tmp, ignore_errors=True)
     result = emulate_run({k: v for k, v in settings.items() if k not in ("env", "megatron_args")}, tmp,
                          progress=True, workers=sm.threads)
+    # the run's id is the campaign's (as the other backends record it), so that `nccltrace
+    # analyze` on this raw directory names the run as the workflow does
+    record = yaml.safe_load((tmp / "run.yaml").read_text())
+    record["emulator_run_id"], record["run_id"] = record.get("run_id"), run
+    (tmp / "run.yaml").write_text(yaml.safe_dump(record, sort_keys=False))
     write_status(tmp, "ok")
     write_manifest(tmp / "manifest.json", stage="acquire:emulate", inputs=[], outputs=[tmp], config=settings,
                    extra={"run": run})

@@ -1,0 +1,30 @@
+"""Stage volume: theoretical vs observed communication volume per rank (thesis table 5.1 style)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..provenance import write_manifest
+from ..run_layout import RunLayout
+from ..tables import read_table
+from ..volume import OPS_COLUMNS, volume_validation, write_volume_validation
+from . import StageResult
+
+
+def run_volume(layout: RunLayout, run_id: str, settings: Mapping[str, Any] | None, raw_dir: Path | None = None
+               ) -> StageResult:  # fmt: skip
+    """Write the volume validation. The model is the run's own record (``run.yaml`` of the raw
+    directory) when it has one, else ``settings``."""
+    run_yaml = Path(raw_dir) / "run.yaml" if raw_dir is not None else None
+    has_record = run_yaml is not None and run_yaml.is_file()
+    model = yaml.safe_load(run_yaml.read_text()) if has_record else dict(settings or {})
+    table = volume_validation(model, read_table(layout.ops, columns=OPS_COLUMNS), run=run_id)
+    paths = write_volume_validation(table, layout.volume_dir)
+    write_manifest(layout.manifest(layout.volume_dir), stage="volume",
+                   inputs=[layout.ops, *([run_yaml] if has_record else [])], outputs=list(paths.values()),
+                   config=model)  # fmt: skip
+    return StageResult("volume", list(paths.values()), summary=f"{len(table)} rows")
