@@ -173,3 +173,29 @@ def test_campaign_figure_shows_every_configuration(tmp_path):
     assert campaign_plots(camp, tmp_path / "again")["campaign_comparison.png"].read_bytes() == \
         out["campaign_comparison.png"].read_bytes()
     assert campaign_plots({}, tmp_path / "none") == {}
+
+
+def test_campaign_figure_fits_a_page_width_as_a_grid(tmp_path):
+    """Was one 2300 x 250 px strip, unreadable in the page: now a 2 x 2 grid no wider than a page
+    at 100 dpi and not flatter than 3:1."""
+    ops, _ = synthetic_ops()
+    settings = {r: {"model": "m", "nodes": 1, "gpus_per_node": 2} for r in ("run_a", "run_b", "run_c")}
+    camp = campaign_tables({r: run_tables(ops) for r in settings}, settings)
+    w, h = Image.open(campaign_plots(camp, tmp_path)["campaign_comparison.png"]).size
+    assert w <= 1400 and w / h <= 3.0, (w, h)
+
+
+def test_bandwidth_series_have_distinct_colours_and_no_line_across_missing_sizes():
+    """Five series were drawn in one red; a line joined 8 B to 32 MiB across sizes never run."""
+    ops, _ = synthetic_ops()
+    metrics = ops[ops["status"] == "matched"][["file", "line"]].assign(
+        busbw_gbps=50.0, algbw_gbps=50.0, duration_ns=1000.0, limit_gbps=80.0, limit_link="NVL 80 GB/s")
+    tables = run_tables(ops, metrics)
+    fig = _plot_bandwidth(tables, "t")
+    lines = [c.lines[0] for c in fig.axes[0].containers]  # each errorbar series' data line
+    colours = [ln.get_color() for ln in lines]
+    assert len(colours) == len(set(colours)) >= 3
+    for ln in lines:  # consecutive points of a series lie in neighbouring size buckets, or a NaN breaks the line
+        x, y = np.asarray(ln.get_xdata(), float), np.asarray(ln.get_ydata(), float)
+        drawn = ~np.isnan(y[:-1]) & ~np.isnan(y[1:])
+        assert (np.log2(x[1:][drawn]) - np.log2(x[:-1][drawn]) <= 1.0 + 1e-9).all()

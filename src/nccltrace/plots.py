@@ -53,6 +53,13 @@ _FALLBACK = ["#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#5254a3", "
              "#a55194", "#6b6ecf", "#b5cf6b", "#e7ba52", "#d6616b", "#ce6dbd"]  # fmt: skip
 
 
+# Series colours (tab20 order: strong then light of each hue), for figures whose series are
+# combinations (function x parallelism) rather than one fixed name.
+_FALLBACK_SERIES = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+                    "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94",
+                    "#f7b6d2", "#c7c7c7", "#dbdb8d", "#9edae5"]  # fmt: skip
+
+
 def _color(name: str, table: Mapping[str, str]) -> str:
     # crc32 rather than hash(): stable across processes, so unknown names keep their colour too
     return table.get(name) or _FALLBACK[zlib.crc32(str(name).encode()) % len(_FALLBACK)]
@@ -398,18 +405,24 @@ def _plot_bandwidth(tables: Mapping[str, pd.DataFrame], title: str) -> Figure | 
     ax = fig.subplots()
     markers = ["o", "s", "^", "D", "v", "P", "X", "*"]
     pars = sorted(bw["parallelism"].astype(str).unique())
-    for (op, par), g in bw.groupby([bw["op"].astype(str), bw["parallelism"].astype(str)], sort=True):
+    series = list(bw.groupby([bw["op"].astype(str), bw["parallelism"].astype(str)], sort=True))
+    # one distinct colour per series (several parallelisms of one function must not share one)
+    palette = _FALLBACK_SERIES if len(series) > 10 else _FALLBACK_SERIES[:10]
+    for k, ((op, par), g) in enumerate(series):
         # aggregate communicators of one kind: calls-weighted mean of the per-communicator medians
         agg = g.groupby("bucket").apply(lambda d: pd.Series({
             "med": float(np.average(d["busbw_median_gbps"].astype(float), weights=d["calls"].astype(float))),
             "p10": float(d["busbw_p10_gbps"].astype(float).min()),
             "p90": float(d["busbw_p90_gbps"].astype(float).max())}), include_groups=False).sort_index()
+        # a line joins neighbouring size buckets only: a gap (no calls of a size in between)
+        # breaks it, so no line suggests a bandwidth measured at sizes that never ran
+        agg = agg.reindex(np.arange(int(agg.index.min()), int(agg.index.max()) + 1))
         x = np.exp2(agg.index.to_numpy(dtype=float))
         m = markers[pars.index(par) % len(markers)]
         # clip: a weighted mean of equal medians can exceed their p90 by a rounding error
         yerr = [(agg["med"] - agg["p10"]).clip(lower=0).fillna(0), (agg["p90"] - agg["med"]).clip(lower=0).fillna(0)]
         ax.errorbar(x, agg["med"], yerr=yerr, marker=m,
-                    color=op_color(op), label=f"{op} / {par}", capsize=2, linewidth=1)
+                    color=palette[k % len(palette)], label=f"{op} / {par}", capsize=2, linewidth=1)
     lim = bw.dropna(subset=["limit_gbps"])
     # one line per distinct limit, named by the link type (first word of the bottleneck description)
     kinds = lim["limit_link"].astype("string").fillna("link").str.split().str[0]
@@ -478,21 +491,28 @@ def campaign_plots(
     bw = campaign.get("bandwidth")
     has_bw = bw is not None and not bw.empty and (bw["busbw_median_gbps"].notna() & (bw["bucket"] >= LARGE_BUCKET)).any()
     with rc_context(_STYLE):
-        ncols = 4 if has_bw else 3
-        fig = _figure(5.0 * ncols + 3, 1.6 + 0.45 * len(order))
-        axes = fig.subplots(1, ncols, sharey=True)
+        # a 2 x 2 grid that fits a page: panels side by side in one row made a 23-inch-wide strip
+        row_h = 1.2 + 0.32 * len(order)
+        fig = _figure(13, 2 * row_h + 0.8)
+        grid = fig.subplots(2, 2, sharey=True)
+        axes = [grid[0, 0], grid[0, 1], grid[1, 0], grid[1, 1]]
         pos = np.arange(len(order))
         _campaign_op_mix(axes[0], campaign.get("op_counts"), runs, order)
         _campaign_volume(axes[1], campaign.get("volume_by_parallelism"), runs, order)
         _campaign_rank_spread(axes[2], campaign.get("rank_volume"), order)
         if has_bw:
             _campaign_bandwidth(axes[3], bw, order)
-        axes[0].set_yticks(pos, order)
+        else:
+            axes[3].set_axis_off()
+        for ax in (axes[0], axes[2]):
+            ax.set_yticks(pos, order)
+            ax.tick_params(axis="y", labelsize=8)
         axes[0].set_ylim(len(order) - 0.5, -0.5)
-        for i, run in enumerate(order):
-            if not avail[run]:
-                axes[0].annotate("no results", (0.01, i), xycoords=("axes fraction", "data"), va="center",
-                                 color="#b00020", fontsize=9)
+        for ax in (axes[0], axes[2]):
+            for i, run in enumerate(order):
+                if not avail[run]:
+                    ax.annotate("no results", (0.01, i), xycoords=("axes fraction", "data"), va="center",
+                                color="#b00020", fontsize=9)
         fig.suptitle("Campaign: configurations side by side")
         _note(fig, "Calls and payload volume exclude single-rank communicators and duplicate log lines; GiB = 2^30 B.")
         return _save(fig, out_dir, "campaign_comparison", formats)
@@ -514,7 +534,7 @@ def _campaign_op_mix(ax, counts: pd.DataFrame | None, runs: pd.DataFrame, order:
             ax.annotate(f"{_fmt_count(totals[run])} calls / {_fmt_count(kernels.get(run) or 0)} kernels", (1.01, i),
                         xycoords=("axes fraction", "data"), va="center", fontsize=8)
     ax.set_xlim(0, 1)
-    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.04), ncol=4, frameon=False, fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=6, frameon=False, fontsize=8)
 
 
 def _campaign_volume(ax, vol: pd.DataFrame | None, runs: pd.DataFrame, order: list[str]) -> None:
@@ -528,7 +548,7 @@ def _campaign_volume(ax, vol: pd.DataFrame | None, runs: pd.DataFrame, order: li
     pivot = pivot[[c for c in sorted(pivot.columns) if pivot[c].sum() > 0]]
     _stacked_bars(ax, pivot, {c: par_color(c) for c in pivot.columns}, scale=GIB, horizontal=True)
     ax.set_xlim(left=0)
-    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.04), ncol=4, frameon=False, fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), ncol=1, frameon=False, fontsize=8)
 
 
 def _campaign_rank_spread(ax, rv: pd.DataFrame | None, order: list[str]) -> None:
