@@ -360,6 +360,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--out", required=True, help="output directory")
     s.set_defaults(func=cmd_communicators)
 
+    # A light module: numpy loads only when the subcommand runs.
+    from .megatron import command as infer_layout
+
+    s = sub.add_parser("infer-layout", help=infer_layout.HELP, description=infer_layout.DESCRIPTION,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    infer_layout.add_arguments(s)
+    s.set_defaults(func=infer_layout.cmd_infer_layout)
+
     s = sub.add_parser("analyze", help="run every stage on one run's raw directory (no Snakemake)",
                        description="Run every stage the workflow runs for one run, through the report: parse "
                                    "the NCCL logs and nsys exports, infer communicators, align calls with kernels "

@@ -33,58 +33,10 @@ from typing import Iterator
 
 import numpy as np
 
+from ..megatron.groups import GROUP_KINDS, orthogonal_groups
 from .config import EmulatorConfig
 
 __all__ = ["Group", "PairComm", "MegatronLayout", "orthogonal_groups", "GROUP_KINDS"]
-
-# kind -> (PyTorch group_desc Megatron passes, what it is used for)
-GROUP_KINDS: dict[str, str] = {
-    "world": "default process group (torch.distributed.init_process_group)",
-    "dp-cp": "DATA_PARALLEL_GROUP_WITH_CP",
-    "dp": "DATA_PARALLEL_GROUP",
-    "cp": "CONTEXT_PARALLEL_GROUP",
-    "mp": "MODEL_PARALLEL_GROUP (tp-pp)",
-    "tp": "TENSOR_MODEL_PARALLEL_GROUP",
-    "pp": "PIPELINE_MODEL_PARALLEL_GROUP",
-    "embd": "EMBEDDING_GROUP",
-    "pos-embd": "POSITION_EMBEDDING_GROUP",
-    "tp-dp-cp": "TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP",
-    "tp-dp": "TENSOR_AND_DATA_PARALLEL_GROUP",
-    "tp-cp": "TENSOR_AND_CONTEXT_PARALLEL_GROUP",
-    "ep": "EXPERT_MODEL_PARALLEL_GROUP",
-    "etp": "EXPERT_TENSOR_PARALLEL_GROUP",
-    "tp-ep": "EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP",
-    "tp-ep-pp": "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP",
-    "edp": "EXPERT_DATA_PARALLEL_GROUP",
-    "intra-distopt": "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP",
-}
-
-
-def orthogonal_groups(sizes: list[int], mask: list[bool]) -> list[list[int]]:
-    """Groups of ranks that vary only along the masked dimensions.
-
-    ``sizes`` lists the parallel sizes fastest-varying first (global rank is the mixed-radix
-    number with these digits). Groups are enumerated by the mixed-radix index of the unmasked
-    digits, members by the mixed-radix index of the masked digits.
-    """
-    strides = [1]
-    for s in sizes[:-1]:
-        strides.append(strides[-1] * s)
-    m_sizes = [s for s, m in zip(sizes, mask) if m]
-    m_strides = [d for d, m in zip(strides, mask) if m]
-    u_sizes = [s for s, m in zip(sizes, mask) if not m]
-    u_strides = [d for d, m in zip(strides, mask) if not m]
-
-    def offsets(dim_sizes: list[int], dim_strides: list[int]) -> np.ndarray:
-        off = np.zeros(1, dtype=np.int64)
-        for s, d in zip(dim_sizes, dim_strides):  # fastest digit first
-            off = (off[:, None] + (np.arange(s, dtype=np.int64) * d)[None, :]).reshape(-1, order="F")
-        return off
-
-    member_off = offsets(m_sizes, m_strides)
-    group_off = offsets(u_sizes, u_strides)
-    return (group_off[:, None] + member_off[None, :]).tolist()
-
 
 @dataclass(frozen=True)
 class Group:
