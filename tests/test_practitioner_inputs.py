@@ -124,3 +124,22 @@ def test_logs_of_two_jobs_in_one_directory_are_refused_with_the_jobs_listed(smal
     err = capsys.readouterr().err
     assert "2 jobs that share no communicator" in err and "directory of its own" in err
     assert not (tmp_path / "out" / "ops" / "ops.parquet").exists()
+
+
+def test_analyze_runs_through_the_report_and_says_where_time_is_lost(small_run, tmp_path):
+    """`analyze` stopped at ops/ (no metrics, volume, trace or report); the report computed
+    stragglers, wait and skew but showed none of it."""
+    import html as htmllib
+
+    out = tmp_path / "out"
+    assert main(["analyze", str(small_run), "-o", str(out), "-q"]) == 0
+    for part in ("metrics/op_metrics.parquet", "volume/volume_validation.csv", "trace/trace.json.gz",
+                 "report/report.html", "report/tables/time_lost.parquet"):
+        assert (out / part).is_file(), part
+    t = read_table(out / "report" / "tables" / "time_lost.parquet")
+    assert len(t) and (t["wait_s"].fillna(0) <= t["comm_time_s"] + 1e-12).all()
+    assert t["comm_share_of_span"].dropna().between(0, 1).all() and t["top_straggler_rank"].notna().any()
+    page = htmllib.unescape((out / "report" / "report.html").read_text())
+    assert "Where is time lost?" in page and "top_straggler_rank" in page
+    assert main(["analyze", str(small_run), "-o", str(tmp_path / "ops_only"), "-q", "--until", "ops"]) == 0
+    assert not (tmp_path / "ops_only" / "report").exists()

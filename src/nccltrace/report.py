@@ -465,6 +465,8 @@ def render_run_report(
         "rank_volume": tables.view("rank_volume"),
         "message_sizes": table_view(msg_pivot, csv_href=tables.csv.get("message_sizes"),
                                     note="calls per bucket (rows) and NCCL function (columns)"),
+        "time_lost": tables.view("time_lost") if tables.get("time_lost") is not None
+        and not tables.get("time_lost").empty else None,
         "bandwidth": tables.view("bandwidth", bw.drop(columns=["bucket", "bucket_lo_bytes", "bucket_hi_bytes"],
                                                       errors="ignore"))
         if bw is not None and not bw.empty else None,

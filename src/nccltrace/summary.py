@@ -37,7 +37,8 @@ OPS_COLUMNS = ["bytes", "duplicate_of", "file", "global_rank", "host", "kernel_c
                "logical_id", "message_bytes", "nranks", "op", "parallelism", "reason", "row_kind", "status"]  # fmt: skip
 # The op-metrics columns run_tables reads (the report reads only these).
 OP_METRICS_COLUMNS = ["file", "line", "duration_ns", "algbw_gbps", "busbw_gbps", "wait_ns", "transfer_ns",
-                      "transfer_busbw_gbps", "limit_gbps", "limit_link", "efficiency", "algorithm", "protocol"]  # fmt: skip
+                      "transfer_busbw_gbps", "limit_gbps", "limit_link", "efficiency", "algorithm", "protocol",
+                      "arrival_skew_ns"]  # fmt: skip
 
 P2P_OPS = frozenset({"Send", "Recv"})
 UNKNOWN = "unknown"
@@ -149,6 +150,25 @@ RUN_SCHEMAS: dict[str, pa.Schema] = {
         _f("limit_link", pa.string(), "", "bottleneck link type (most frequent)"),
         _f("algorithm", pa.string(), "", "NCCL algorithm (most frequent)"),
         _f("protocol", pa.string(), "", "NCCL protocol (most frequent)"),
+    ]),
+    "time_lost": _schema("time_lost", "Where is time lost? Per parallelism: communication time on the GPUs, "
+                         "the part spent waiting for the last rank to arrive vs transferring, arrival skew, the "
+                         "communication share of the ranks' busy span, and the rank that arrives last most costly "
+                         "(from metrics/op_metrics and metrics/stragglers; complete, clock-synchronised instances).", [
+        _f("parallelism", pa.string(), "", "parallelism the communicators serve"),
+        _f("communicators", pa.int32(), "", "logical communicators"),
+        _f("calls_timed", pa.int64(), "", "multi-rank calls with a kernel duration"),
+        _f("comm_time_s", pa.float64(), "s", "sum over ranks of the kernel durations"),
+        _f("wait_s", pa.float64(), "s", "sum over ranks of the time kernels waited for the last rank"),
+        _f("transfer_s", pa.float64(), "s", "sum over ranks of duration - wait (complete instances)"),
+        _f("wait_share", pa.float64(), "fraction", "wait / (wait + transfer)"),
+        _f("median_arrival_skew_us", pa.float64(), "us", "median over calls of last start - first start of the instance"),
+        _f("comm_share_of_span", pa.float64(), "fraction", "median over ranks of this parallelism's kernel time / the "
+           "rank's span from its first to its last NCCL kernel (an upper bound of the communication share of the "
+           "iteration: compute between kernels is in the span)"),
+        _f("top_straggler_rank", pa.int32(), "", "global rank whose late arrivals cost the other ranks most wait"),
+        _f("straggler_last_share", pa.float64(), "fraction", "share of its instances that rank arrived last"),
+        _f("straggler_wait_caused_s", pa.float64(), "s", "the other ranks' wait in those instances"),
     ]),
     "alignment": _schema("alignment", "Alignment quality: rows of the ops table by kind, status and reason "
                          "(duplicate lines included, as reason 'duplicate_line').", [
@@ -453,13 +473,52 @@ def _overview(ops: pd.DataFrame, base: pd.DataFrame, dups: pd.DataFrame, kernels
     return _frame(pd.DataFrame([row]), RUN_SCHEMAS["overview"])
 
 
+def _time_lost(base: pd.DataFrame, op_metrics: pd.DataFrame | None, stragglers: pd.DataFrame | None) -> pd.DataFrame:
+    """The ``time_lost`` table (see its schema)."""
+    schema = RUN_SCHEMAS["time_lost"]
+    if op_metrics is None or op_metrics.empty or "duration_ns" not in op_metrics:
+        return _frame(pd.DataFrame(), schema)
+    cols = [c for c in ("file", "line", "duration_ns", "wait_ns", "transfer_ns", "arrival_skew_ns") if c in op_metrics]
+    multi = base[~base["single"]][["file", "line", "parallelism", "logical_id", "global_rank", "kernel_start_sync",
+                                   "kernel_end_sync"]]  # fmt: skip
+    j = multi.merge(op_metrics[cols].drop_duplicates(["file", "line"]), on=["file", "line"], how="inner")
+    for c in ("duration_ns", "wait_ns", "transfer_ns", "arrival_skew_ns", "kernel_start_sync", "kernel_end_sync"):
+        j[c] = pd.to_numeric(j[c], errors="coerce").astype("float64") if c in j else np.nan
+    j = j[j["duration_ns"].notna()]
+    if j.empty:
+        return _frame(pd.DataFrame(), schema)
+    span = j.groupby("global_rank").agg(lo=("kernel_start_sync", "min"), hi=("kernel_end_sync", "max"))
+    span = (span["hi"] - span["lo"]).where(lambda v: v > 0)
+    rows = []
+    for par, g in j.groupby("parallelism", sort=True):
+        wait, transfer = float(g["wait_ns"].sum()), float(g["transfer_ns"].sum())
+        per_rank = g.groupby("global_rank")["duration_ns"].sum() / span.reindex(g["global_rank"].unique()).to_numpy()
+        row = {"parallelism": par, "communicators": int(g["logical_id"].nunique()), "calls_timed": len(g),
+               "comm_time_s": float(g["duration_ns"].sum()) / 1e9, "wait_s": wait / 1e9, "transfer_s": transfer / 1e9,
+               "wait_share": wait / (wait + transfer) if wait + transfer > 0 else np.nan,
+               "median_arrival_skew_us": float(g["arrival_skew_ns"].median()) / 1e3,
+               "comm_share_of_span": float(per_rank.median()) if per_rank.notna().any() else np.nan}  # fmt: skip
+        if stragglers is not None and not stragglers.empty:
+            st = stragglers[(stragglers["parallelism"].astype("string") == par).fillna(False)]
+            caused = pd.to_numeric(st["wait_caused_ns"], errors="coerce").astype("float64").fillna(0.0)
+            if (caused > 0).any():
+                top = st.loc[caused.idxmax()]
+                share = pd.to_numeric(pd.Series([top["last_share"]]), errors="coerce").astype("float64").iloc[0]
+                row.update(top_straggler_rank=int(top["global_rank"]), straggler_last_share=share,
+                           straggler_wait_caused_s=float(caused.max()) / 1e9)
+        rows.append(row)
+    out = pd.DataFrame(rows).sort_values("comm_time_s", ascending=False, kind="stable")
+    return _frame(out, schema)
+
+
 def run_tables(
     ops: pd.DataFrame, op_metrics: pd.DataFrame | None = None, volume: pd.DataFrame | None = None,
-    quality: pd.DataFrame | None = None,
+    quality: pd.DataFrame | None = None, stragglers: pd.DataFrame | None = None,
 ) -> dict[str, pd.DataFrame]:
     """Summary tables of one run from its ops table (and, when given, its op metrics, volume
-    validation and alignment-quality table). Keys: the names in ``RUN_SCHEMAS`` plus
-    ``volume_validation``, ``match_checks`` and ``match_check_findings`` when given."""
+    validation, alignment-quality table and the metrics' stragglers). Keys: the names in
+    ``RUN_SCHEMAS`` plus ``volume_validation``, ``match_checks`` and ``match_check_findings``
+    when given."""
     base, dups = _prepare(ops)
     kernels = _kernels(base)
     bw_calls = None
@@ -482,6 +541,7 @@ def run_tables(
         "rank_volume_by_op": rank_volume_by_op,
         "message_sizes": _message_sizes(base, dups),
         "bandwidth": _bandwidth(base, op_metrics),
+        "time_lost": _time_lost(base, op_metrics, stragglers),
         "alignment": _alignment(ops),
     }
     if volume is not None:

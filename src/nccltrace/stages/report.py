@@ -15,8 +15,9 @@ def run_report(layout: RunLayout, run_id: str) -> StageResult:
     """Write the report's tables, plots and HTML; partial when any upstream manifest is."""
     # only the columns the tables and plots use: the run's ops table is never loaded whole
     ops = read_table(layout.ops, columns=OPS_COLUMNS)
+    stragglers = read_table(layout.metric("stragglers")) if layout.metric("stragglers").exists() else None
     tables = run_tables(ops, read_table(layout.metric("op_metrics"), columns=OP_METRICS_COLUMNS),
-                        read_table(layout.volume), read_table(layout.quality))  # fmt: skip
+                        read_table(layout.volume), read_table(layout.quality), stragglers)  # fmt: skip
     written = write_tables(tables, layout.report_tables)
     plots = run_plots(ops, tables, layout.report_plots, title=run_id)
     render_run_report(layout.root, layout.report_html, tables_dir=layout.report_tables, plots_dir=layout.report_plots,
