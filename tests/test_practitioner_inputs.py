@@ -143,3 +143,21 @@ def test_analyze_runs_through_the_report_and_says_where_time_is_lost(small_run, 
     assert "Where is time lost?" in page and "top_straggler_rank" in page
     assert main(["analyze", str(small_run), "-o", str(tmp_path / "ops_only"), "-q", "--until", "ops"]) == 0
     assert not (tmp_path / "ops_only" / "report").exists()
+
+
+def test_without_declared_sizes_the_world_is_not_labelled_dp_and_labels_are_called_guesses(small_run, tmp_path,
+                                                                                             capsys):
+    """No run.yaml, no --tp/--pp: the 4-rank world communicator was labelled 'dp' and nothing
+    said the labels were guesses. Now the sizes are inferred from the member sets where they
+    determine them, else the console says the labels are guesses and how to declare sizes."""
+    import shutil
+
+    raw = tmp_path / "raw"
+    shutil.copytree(small_run, raw, ignore=shutil.ignore_patterns("run.yaml", "ground_truth"))
+    assert main(["analyze", str(raw), "-o", str(tmp_path / "out"), "-q", "--until", "ops"]) == 0
+    err = capsys.readouterr().err
+    assert "parallelism labels are guesses" in err or "parallel sizes inferred" in err
+    assert "--tp/--pp" in err
+    labels = read_table(tmp_path / "out" / "ops" / "parallelism.parquet")
+    world = labels[labels["nranks"] == labels["nranks"].max()]
+    assert "dp" not in set(world["parallelism"].astype(str))

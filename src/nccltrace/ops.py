@@ -307,11 +307,17 @@ def stream_run_ops(
     # Labels need only which ops each communicator carries: the distinct (host, pid, comm, op).
     call_kinds = pd.concat([read_table(d / "calls.parquet", columns=["host", "pid", "op", "comm"])
                             .drop_duplicates() for d in calls_dirs], ignore_index=True)  # fmt: skip
+    sizes = settings or None
+    if not _declares_sizes(settings):
+        sizes, note = _inferred_sizes(comms)
+        notes.append(note)
     try:
-        labels = label_communicators(comms, settings or None, members=members, calls=call_kinds)
+        labels = label_communicators(comms, sizes, members=members, calls=call_kinds)
     except ValueError as e:  # declared sizes that cannot describe this run
         problems.append(f"parallelism sizes: {e}; falling back to the heuristic labels")
         labels = label_communicators(comms, None, members=members, calls=call_kinds)
+    if sizes is None:
+        labels = _world_is_not_dp(labels, comms)
     del call_kinds
     utc = {h: int(json.loads(Path(p).read_text()).get("utc_offset_ns") or 0) for h, p in sessions.items()}
 
@@ -421,6 +427,53 @@ def stream_run_ops(
     partial = bool(problems) or not len(comms)
     return RunOps(ops=None, labels=labels, clock=clock, partial=partial, problems=problems, notes=notes,
                   calls=calls_n, matched=matched_n, unmatched_by_reason=dict(by_reason), quality=quality)  # fmt: skip
+
+
+_SIZE_KEYS = ("tp", "pp", "cp", "ep", "etp", "dp", "tensor_model_parallel_size", "pipeline_model_parallel_size")
+
+
+def _declares_sizes(settings: Mapping[str, Any] | None) -> bool:
+    """Whether the run's settings say anything about its parallel sizes (also nested, as in run.yaml)."""
+    if not settings:
+        return False
+    parts = [settings, *(settings.get(k) for k in ("config", "derived") if isinstance(settings.get(k), Mapping))]
+    return any(k in part for part in parts for k in _SIZE_KEYS)
+
+
+def _inferred_sizes(comms: pd.DataFrame) -> tuple[dict[str, int] | None, str]:
+    """Sizes from the member sets of the communicators seen, when they determine them
+    (:func:`nccltrace.megatron.infer.infer_layout`), and what to tell the user."""
+    from .megatron.infer import infer_layout
+
+    remedy = "declare them (run.yaml, or --tp/--pp/--cp/--ep of nccltrace analyze) for exact labels"
+    full = comms[comms["complete"].astype(bool)] if len(comms) else comms
+    groups = [sorted(int(r) for r in m) for m, n in zip(full.get("members", []), full.get("nranks", []))
+              if int(n) > 1 and all(int(r) >= 0 for r in m)]  # fmt: skip
+    world = int(comms["nranks"].max()) if len(comms) else 0
+    if world < 2 or not groups:
+        return None, f"parallelism labels are guesses (no sizes declared, no communicator to infer them from); {remedy}"
+    res = infer_layout(world, groups)
+    if res.layout is not None and res.consistent:
+        sizes = {k: int(res.layout[k]) for k in ("tp", "pp", "cp", "ep", "etp")}
+        txt = ", ".join(f"{k}={v}" for k, v in sizes.items())
+        return {**sizes, "world_size": world}, (f"parallel sizes inferred from the communicators' member sets: {txt} "
+                                               f"(world {world}); {remedy} to check them")
+    known = ", ".join(f"{k}={v}" for k, v in res.sizes.items() if v is not None) or "none"
+    return None, (f"parallelism labels are guesses: the communicators seen do not determine Megatron's sizes "
+                  f"(determined: {known}; {len(res.candidates)} layouts fit); {remedy}")
+
+
+def _world_is_not_dp(labels: pd.DataFrame, comms: pd.DataFrame) -> pd.DataFrame:
+    """Without sizes, a communicator of every rank is the world, not data parallelism: dp is
+    a claim only the layout can make."""
+    world = int(comms["nranks"].max()) if len(comms) else 0
+    spans = (labels["nranks"].astype("Int64") == world) & (labels["parallelism"].astype(str) == "dp")
+    if world > 1 and spans.any():
+        labels = labels.copy()
+        for c in ("parallelism", "parallelism_candidates"):
+            if c in labels:
+                labels.loc[spans, c] = "world"
+    return labels
 
 
 def _lost_lines(quality_paths: Iterable[Path | str] | None) -> set[int]:

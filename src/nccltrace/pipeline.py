@@ -475,6 +475,7 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
     write_run_ops(result, None, ops_dir / "parallelism.parquet", ops_dir / "clock_sync.parquet",
                   ops_dir / QUALITY_TABLE)
     problems += [p for p in result.problems if p not in problems]
+    notes += [n for n in result.notes if n not in notes]
     n_calls, n_matched = result.calls, result.matched
     partial = bool(result.partial or summary["partial"] or no_export or problems)
     ops_outputs = [ops_dir / "ops.parquet", ops_dir / "parallelism.parquet", ops_dir / "clock_sync.parquet",
