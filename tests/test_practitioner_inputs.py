@@ -161,3 +161,16 @@ def test_without_declared_sizes_the_world_is_not_labelled_dp_and_labels_are_call
     labels = read_table(tmp_path / "out" / "ops" / "parallelism.parquet")
     world = labels[labels["nranks"] == labels["nranks"].max()]
     assert "dp" not in set(world["parallelism"].astype(str))
+
+
+def test_an_nsys_report_without_export_and_without_nsys_is_named_with_the_export_command(small_run, tmp_path,
+                                                                                          capsys, monkeypatch):
+    import shutil
+
+    d = tmp_path / "job"
+    shutil.copytree(small_run, d, ignore=shutil.ignore_patterns("ground_truth"))
+    (d / "nsys" / "node001.nsys-rep").write_bytes(b"report")  # a second node, captured but not exported
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no nsys here
+    assert main(["analyze", str(d), "-o", str(tmp_path / "out"), "-q", "--until", "ops"]) == 0
+    err = capsys.readouterr().err
+    assert "node001.nsys-rep" in err and "nsys export --type sqlite" in err

@@ -120,6 +120,8 @@ def find_raw_inputs(raw_dir: Path | str, staging: Path | str | None = None) -> R
     for stem in logs:
         process_key(stem)  # a host name the stages cannot key on fails here, with the remedy
     exports = {p.stem: p for p in sorted(nsys_dir.glob("*.sqlite"))}
+    if staging is not None:
+        exports.update(_export_reports(nsys_dir, exports, Path(staging) / "nsys", notes))
     if not logs:
         found_txt = f" (found {', '.join(p.name for p in ignored[:5])}, without NCCL lines)" if ignored else ""
         raise FileNotFoundError(f"no NCCL debug lines in any file of {log_dir}{found_txt}: expected the NCCL logs "
@@ -132,6 +134,34 @@ def find_raw_inputs(raw_dir: Path | str, staging: Path | str | None = None) -> R
                                 f"{raw / 'nsys'} or directly in {raw}); {_EXPORT_HINT}")
     run_yaml = raw / "run.yaml"
     return RawInputs(raw, logs, exports, run_yaml if run_yaml.is_file() else None, ignored, notes)
+
+
+def _export_reports(nsys_dir: Path, exports: Mapping[str, Path], dest: Path, notes: list[str]) -> dict[str, Path]:
+    """nsys reports (``.nsys-rep``/``.qdrep``) without a ``.sqlite`` beside them, exported into
+    ``dest`` with the installed nsys; without nsys, a note says how (the run then lacks them)."""
+    import shutil as _shutil
+
+    reports = [p for p in sorted({*nsys_dir.glob("*.nsys-rep"), *nsys_dir.glob("*.qdrep")}) if p.stem not in exports]
+    if not reports:
+        return {}
+    if _shutil.which("nsys") is None:
+        notes.append(f"{len(reports)} nsys report(s) without an export ({', '.join(p.name for p in reports[:3])}) and "
+                     f"no nsys here to export them: {_EXPORT_HINT}")
+        return {}
+    from .acquisition.nsys_export import NsysExportError, export_report
+
+    out: dict[str, Path] = {}
+    for rep in reports:
+        target = dest / f"{rep.stem}.sqlite"
+        try:
+            if not target.is_file():
+                export_report(rep, target)
+            out[rep.stem] = target
+        except NsysExportError as e:
+            notes.append(f"{rep.name}: not exported ({e})")
+    if out:
+        notes.append(f"exported {len(out)} nsys report(s) with the installed nsys into {dest}")
+    return out
 
 
 def _flatten(settings: Mapping[str, Any]) -> dict[str, Any]:
