@@ -141,6 +141,8 @@ def test_analyze_runs_through_the_report_and_says_where_time_is_lost(small_run, 
     assert t["comm_share_of_span"].dropna().between(0, 1).all() and t["top_straggler_rank"].notna().any()
     page = htmllib.unescape((out / "report" / "report.html").read_text())
     assert "Where is time lost?" in page and "top_straggler_rank" in page
+    inferred = page[page.index("What was inferred, what was declared"):page.index("Where is time lost?")]
+    assert "declared (run.yaml or the command line)" in inferred and "megatron-groups" in inferred
     assert main(["analyze", str(small_run), "-o", str(tmp_path / "ops_only"), "-q", "--until", "ops"]) == 0
     assert not (tmp_path / "ops_only" / "report").exists()
 
@@ -154,9 +156,12 @@ def test_without_declared_sizes_the_world_is_not_labelled_dp_and_labels_are_call
 
     raw = tmp_path / "raw"
     shutil.copytree(small_run, raw, ignore=shutil.ignore_patterns("run.yaml", "ground_truth"))
-    assert main(["analyze", str(raw), "-o", str(tmp_path / "out"), "-q", "--until", "ops"]) == 0
+    assert main(["analyze", str(raw), "-o", str(tmp_path / "out"), "-q"]) == 0
     err = capsys.readouterr().err
     assert "parallelism labels are guesses" in err or "parallel sizes inferred" in err
+    page = (tmp_path / "out" / "report" / "report.html").read_text()
+    section = page[page.index("What was inferred, what was declared"):page.index("Where is time lost?")]
+    assert "guesses" in section or "inferred from the communicators" in section
     assert "--tp/--pp" in err
     labels = read_table(tmp_path / "out" / "ops" / "parallelism.parquet")
     world = labels[labels["nranks"] == labels["nranks"].max()]

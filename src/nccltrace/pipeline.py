@@ -514,7 +514,8 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
                    inputs=[*aligned.values(), comm_out / "communicators.parquet",
                            comm_out / "communicator_members.parquet", *dict.fromkeys(session_paths.values())],
                    outputs=ops_outputs, config=run_settings, partial=partial,
-                   extra={"problems": problems, "calls": n_calls, "matched": n_matched})  # fmt: skip
+                   extra={"problems": problems, "notes": result.notes, "calls": n_calls,
+                          "matched": n_matched})  # fmt: skip
 
     # 6. Metrics, volume validation, trace, report: the workflow's stages, called alike.
     stage_outputs: dict[str, str] = {}

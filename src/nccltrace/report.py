@@ -401,6 +401,31 @@ def _overview(tables: Tables) -> dict[str, Any]:
     return {} if ov is None or ov.empty else {k: (None if _na(v) else v) for k, v in ov.iloc[0].items()}
 
 
+def _inferred_vs_declared(run_dir: Path, ops_manifest: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+    """What the run's labels and communicators rest on: declared sizes, sizes inferred from the
+    communicators, or guesses; communicators from init lines or from call sequences."""
+    import pyarrow.parquet as pq
+
+    rows: list[tuple[str, str]] = []
+    labels = run_dir / "ops" / "parallelism.parquet"
+    if labels.is_file():
+        src = pq.read_table(labels, columns=["label_source"]).column(0).to_pylist()
+        counts = {k: src.count(k) for k in sorted(set(map(str, src)))}
+        rows.append(("parallelism labels", ", ".join(f"{k}: {v} communicator(s)" for k, v in counts.items())
+                     + (" (megatron-groups: matched to the groups of the run's sizes; heuristic: guesses)"
+                        if "heuristic" in counts else "")))  # fmt: skip
+    notes = [str(n) for n in (ops_manifest or {}).get("notes") or []]
+    sizes = [n for n in notes if n.startswith(("parallel sizes inferred", "parallelism labels are guesses"))]
+    rows.append(("parallel sizes", sizes[0] if sizes else "declared (run.yaml or the command line)"))
+    comms = run_dir / "communicators" / "communicators.parquet"
+    if comms.is_file():
+        kinds = pq.read_table(comms, columns=["kind"]).column(0).to_pylist()
+        inferred = sum(1 for k in kinds if k == "sequence")
+        rows.append(("communicators", f"{len(kinds) - inferred} from init/split lines, {inferred} inferred from "
+                     "call sequences (no init lines)" if inferred else f"{len(kinds)} from init/split lines"))
+    return rows
+
+
 def render_run_report(
     run_dir: Path | str,
     out_html: Path | str,
@@ -444,6 +469,7 @@ def render_run_report(
             msg_pivot = msg_pivot.drop(columns=["bucket"]).rename(columns={"bucket_label": "size bucket"})
     bw = tables.get("bandwidth")
     vv = tables.get("volume_validation")
+    provenance_of_labels = _inferred_vs_declared(run_dir, ops_manifest)
     context = {
         "title": f"NCCL communication report: {run_id}",
         "run_id": run_id,
@@ -465,6 +491,7 @@ def render_run_report(
         "rank_volume": tables.view("rank_volume"),
         "message_sizes": table_view(msg_pivot, csv_href=tables.csv.get("message_sizes"),
                                     note="calls per bucket (rows) and NCCL function (columns)"),
+        "inferred": provenance_of_labels,
         "time_lost": tables.view("time_lost") if tables.get("time_lost") is not None
         and not tables.get("time_lost").empty else None,
         "bandwidth": tables.view("bandwidth", bw.drop(columns=["bucket", "bucket_lo_bytes", "bucket_hi_bytes"],
