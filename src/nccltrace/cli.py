@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
+from .stages import STAGES
 
 
 def _progress_bar(total: int, desc: str, enabled: bool):
@@ -393,7 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the training steps the nsys capture covers (Megatron's logged iteration numbers, both "
                         "included; e.g. 3-4 for --profile-step-start 2 --profile-step-end 4): locates a step-window "
                         "capture in logs without timestamps (overrides capture.steps of the run settings)")
-    s.add_argument("--until", choices=("ops", "metrics", "volume", "trace", "report"), default="report",
+    s.add_argument("--until", choices=STAGES, default="report",
                    help="last stage to run (default: report, every stage the workflow runs for a run)")
     s.add_argument("--strict", action="store_true", help="exit with status 2 when the result is partial")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bars")

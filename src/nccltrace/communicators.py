@@ -264,15 +264,14 @@ def _refuse_mixed_jobs(comms: pd.DataFrame) -> None:
 def _from_call_sequences(parsed_dirs: list[Path], settings: Mapping[str, Any] | None) -> CommunicatorTables:
     """Communicators of logs without init lines, from the processes' call sequences."""
     from .communicators_fallback import infer_communicators_from_calls
+    from .parallelism import declares_sizes
     from .tables import read_table
 
     calls = [read_table(d / "calls.parquet") for d in parsed_dirs if (d / "calls.parquet").exists()]
     info = [read_table(d / "comm_info.parquet") for d in parsed_dirs if (d / "comm_info.parquet").exists()]
     calls_df = pd.concat([c for c in calls if len(c)], ignore_index=True) if any(len(c) for c in calls) else None
     info_df = pd.concat([c for c in info if len(c)], ignore_index=True) if any(len(c) for c in info) else None
-    sizes = None
-    if settings and any(k in settings for k in ("tp", "pp", "dp", "ep", "cp")):
-        sizes = settings
+    sizes = settings if declares_sizes(settings) else None
     return infer_communicators_from_calls(calls_df, sizes=sizes, comm_info=info_df)
 
 

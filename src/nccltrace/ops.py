@@ -194,8 +194,7 @@ def _p2p_check(p2p: pd.DataFrame, ranks: pd.DataFrame, model: Any, processes: li
         t = p2p.loc[has, ["clock_domain", "start_ns", "end_ns"]].astype({"start_ns": "int64", "end_ns": "int64"})
         if model is not None:
             t = add_sync_columns(t, model).rename(columns={"start_ns_sync": "s", "end_ns_sync": "e"})
-            rms = model.domains["residual_rms_ns"].astype("Float64").fillna(0.0)
-            slack = {str(d): 5.0 * float(v) for d, v in rms.items()}
+            slack = _sync_slack(model)
         else:
             t = t.assign(s=t["start_ns"], e=t["end_ns"])
         p2p.loc[has, "start_sync"] = t["s"].astype("float64").to_numpy()
@@ -228,6 +227,13 @@ def _demote(ops: pd.DataFrame, rows: np.ndarray, reason: str) -> None:
             ops.loc[idx, c] = pd.NA
 
 
+def _sync_slack(model: Any) -> dict[str, float]:
+    """Extra tolerance per clock domain for checks on synchronised time: five times the clock
+    model's residual."""
+    rms = model.domains["residual_rms_ns"].astype("Float64").fillna(0.0)
+    return {str(d): 5.0 * float(v) for d, v in rms.items()}
+
+
 def _cross_rank(frame: pd.DataFrame, model: Any, processes: list[str]) -> tuple[dict[int, np.ndarray], pd.DataFrame]:
     """Run the cross-rank check on the instance rows: per process position the ops rows to
     demote, and the per-process summary (confirmed, contradicted, not checkable)."""
@@ -240,8 +246,7 @@ def _cross_rank(frame: pd.DataFrame, model: Any, processes: list[str]) -> tuple[
     else:
         synced = add_sync_columns(frame[["clock_domain", "start_ns", "end_ns"]], model)
         start, end = synced["start_ns_sync"], synced["end_ns_sync"]
-        rms = model.domains["residual_rms_ns"].astype("Float64").fillna(0.0)
-        slack = {str(d): 5.0 * float(v) for d, v in rms.items()}
+        slack = _sync_slack(model)
     comm, opc = instance_parts(frame["instance"])
     rows = pd.DataFrame({
         "instance": frame["instance"].to_numpy(), "member": frame["global_rank"].to_numpy(),
@@ -291,11 +296,15 @@ def stream_run_ops(
     import pyarrow.parquet as pq
 
     from .clocksync import add_sync_columns, estimate_clock_model
-    from .parallelism import label_communicators
+    from .parallelism import declares_sizes, label_communicators
 
     alignment_paths = [Path(p) for p in alignment_paths]
     calls_dirs = [Path(d) for d in calls_dirs]
-    quality_paths = list(quality_paths) if quality_paths is not None else None
+    from .align.quality import read_quality
+
+    # each process's own quality record, read once (lost lines gate the P2P check; all go in the table)
+    records = [read_quality(q) for q in quality_paths] if quality_paths is not None else [{"checks": []}] * len(
+        alignment_paths)
     processes = [p.parent.name for p in alignment_paths]  # aligned/<process>/alignment.parquet
     if len(alignment_paths) != len(calls_dirs):
         raise ValueError(f"{len(alignment_paths)} alignment tables but {len(calls_dirs)} parsed call directories")
@@ -308,7 +317,7 @@ def stream_run_ops(
     call_kinds = pd.concat([read_table(d / "calls.parquet", columns=["host", "pid", "op", "comm"])
                             .drop_duplicates() for d in calls_dirs], ignore_index=True)  # fmt: skip
     sizes = settings or None
-    if not _declares_sizes(settings):
+    if not declares_sizes(settings):
         sizes, note = _inferred_sizes(comms)
         notes.append(note)
     try:
@@ -377,7 +386,7 @@ def stream_run_ops(
         # P2P pairing: the k-th Recv on a channel cannot end before its k-th Send started.
         demote_p2p, p2p_summary = _p2p_check(pd.concat(p2p, ignore_index=True) if p2p else pd.DataFrame(),
                                              pd.concat(ranks, ignore_index=True) if ranks else pd.DataFrame(),
-                                             model, processes, _lost_lines(quality_paths))  # fmt: skip
+                                             model, processes, _lost_lines(records))  # fmt: skip
         del p2p, ranks
         # Pass 2: synchronised times, appended process by process to the one output file.
         tmp = atomic_path(ops_path)
@@ -410,7 +419,7 @@ def stream_run_ops(
             raise
     finally:
         shutil.rmtree(parts_dir, ignore_errors=True)
-    quality = _quality_table(processes, quality_paths, cross, p2p_summary)
+    quality = _quality_table(processes, records, cross, p2p_summary)
     for msg in quality["message"].dropna():
         if msg not in problems:
             problems.append(str(msg))
@@ -427,17 +436,6 @@ def stream_run_ops(
     partial = bool(problems) or not len(comms)
     return RunOps(ops=None, labels=labels, clock=clock, partial=partial, problems=problems, notes=notes,
                   calls=calls_n, matched=matched_n, unmatched_by_reason=dict(by_reason), quality=quality)  # fmt: skip
-
-
-_SIZE_KEYS = ("tp", "pp", "cp", "ep", "etp", "dp", "tensor_model_parallel_size", "pipeline_model_parallel_size")
-
-
-def _declares_sizes(settings: Mapping[str, Any] | None) -> bool:
-    """Whether the run's settings say anything about its parallel sizes (also nested, as in run.yaml)."""
-    if not settings:
-        return False
-    parts = [settings, *(settings.get(k) for k in ("config", "derived") if isinstance(settings.get(k), Mapping))]
-    return any(k in part for part in parts for k in _SIZE_KEYS)
 
 
 def _inferred_sizes(comms: pd.DataFrame) -> tuple[dict[str, int] | None, str]:
@@ -476,31 +474,23 @@ def _world_is_not_dp(labels: pd.DataFrame, comms: pd.DataFrame) -> pd.DataFrame:
     return labels
 
 
-def _lost_lines(quality_paths: Iterable[Path | str] | None) -> set[int]:
+def _lost_lines(records: list[Mapping[str, Any]]) -> set[int]:
     """Positions of the processes whose alignment found lines missing from the log (the
     ``log_gaps`` check of their quality record)."""
-    from .align.quality import read_quality
-
-    out = set()
-    for i, qp in enumerate(quality_paths or []):
-        checks = read_quality(qp).get("checks", [])
-        if any(c.get("check") == "log_gaps" and int(c.get("not_checkable") or 0) > 0 for c in checks):
-            out.add(i)
-    return out
+    return {i for i, q in enumerate(records)
+            if any(c.get("check") == "log_gaps" and int(c.get("not_checkable") or 0) > 0 for c in q.get("checks", []))}
 
 
-def _quality_table(processes: list[str], quality_paths: Iterable[Path | str] | None,
+def _quality_table(processes: list[str], records: list[Mapping[str, Any]],
                    cross: pd.DataFrame, p2p: pd.DataFrame | None = None) -> pd.DataFrame:  # fmt: skip
-    """The run's alignment-quality table (``QUALITY_SCHEMA``): each process's own checks and
-    the run-level ones (cross-rank instances, P2P pairing)."""
-    from .align.quality import QUALITY_SCHEMA, quality_rows, read_quality
+    """The run's alignment-quality table (``QUALITY_SCHEMA``): each process's own checks
+    (``records``, one per process) and the run-level ones (cross-rank instances, P2P pairing)."""
+    from .align.quality import QUALITY_SCHEMA, quality_rows
 
-    qpaths = list(quality_paths) if quality_paths is not None else [None] * len(processes)
     run_checks = [(name, t.set_index("process") if t is not None and len(t) else None)
                   for name, t in (("cross_rank", cross), ("p2p_pairing", p2p))]
     rows: list[dict] = []
-    for proc, qp in zip(processes, qpaths):
-        q = read_quality(qp) if qp is not None else {"checks": []}
+    for proc, q in zip(processes, records):
         host, pid = q.get("host"), q.get("pid")
         checks = list(q.get("checks", []))
         for name, t in run_checks:

@@ -63,6 +63,7 @@ __all__ = [
     "P2P_OPS",
     "PAIR_DIMS",
     "ParallelSizes",
+    "declares_sizes",
     "expected_member_sets",
     "kind_description",
     "label_communicators",
@@ -250,6 +251,19 @@ class ParallelSizes:
     def layout(self) -> MegatronLayout:
         """Megatron's groups for these sizes (cached per sizes)."""
         return _layout(self)
+
+
+_SIZE_KEYS = ("tp", "pp", "cp", "ep", "etp", "dp", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+              "context_parallel_size", "expert_model_parallel_size")
+
+
+def declares_sizes(settings: Mapping[str, Any] | None) -> bool:
+    """Whether run settings say anything about the parallel sizes (top level, or nested under
+    ``config``/``derived`` as in run.yaml): what :meth:`ParallelSizes.from_settings` reads."""
+    if not settings:
+        return False
+    parts = [settings, *(settings.get(k) for k in ("config", "derived") if isinstance(settings.get(k), Mapping))]
+    return any(k in part for part in parts for k in _SIZE_KEYS)
 
 
 @lru_cache(maxsize=32)

@@ -50,6 +50,7 @@ from typing import Any
 import pandas as pd
 
 from .align.correlate import NO_EXPORT_REASON, NOT_IN_EXPORT_REASON
+from .stages import STAGES
 
 __all__ = [
     "NO_EXPORT_REASON",
@@ -313,10 +314,6 @@ def _int_or_none(v: Any) -> int | None:
         return int(v) if v is not None else None
     except (TypeError, ValueError):
         return None
-
-
-STAGES = ("ops", "metrics", "volume", "trace", "report")
-"""The stages ``analyze_run`` can stop after (``until``); parsing through the ops table always runs."""
 
 
 def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[str, Any] | None = None,

@@ -121,7 +121,7 @@ def import_closure(entries: tuple[str, ...]) -> list[str]:
             continue
         seen.add(f)
         rel = f.relative_to(pkg).with_suffix("").parts
-        here = list(rel[:-1]) if f.name != "__init__.py" else list(rel[:-1])
+        here = list(rel[:-1])  # the package a relative import starts from (a package's own for __init__)
         for parent in range(1, len(here) + 1):  # packages on the way
             todo += resolve(here[:parent])
         for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):

@@ -291,8 +291,7 @@ def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kerne
         window["confirmed"] = int((res.kernel >= 0).sum())
         checks = [window, *res.checks, nvtx_check, _log_gaps(units, _process_name(calls))]
         if len(replayed) or captured.any():
-            n_cap = int(captured[pd.isna(units.calls["duplicate_of"]).to_numpy()].sum()) if "duplicate_of" in \
-                units.calls else int(captured.sum())
+            n_cap = int(captured.sum())  # duplicate lines have no launch unit, so none is counted twice
             checks.append({"check": "cuda_graph", "applicable": True, "confirmed": 0, "contradicted": 0,
                            "not_checkable": int(len(replayed)), "message": (
                 f"{_process_name(calls)}: {n_cap} call(s) were captured into CUDA graphs (their launches lie "

@@ -8,7 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["StageResult"]
+__all__ = ["STAGES", "StageResult"]
+
+STAGES = ("ops", "metrics", "volume", "trace", "report")
+"""The stages ``nccltrace analyze`` can stop after (``--until``); parsing through the ops table
+always runs."""
 
 
 @dataclass
