@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -179,3 +180,30 @@ def test_an_nsys_report_without_export_and_without_nsys_is_named_with_the_export
     assert main(["analyze", str(d), "-o", str(tmp_path / "out"), "-q", "--until", "ops"]) == 0
     err = capsys.readouterr().err
     assert "node001.nsys-rep" in err and "nsys export --type sqlite" in err
+
+
+FIXTURE_LOGS = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nccl-logs"
+
+
+@pytest.mark.skipif(not FIXTURE_LOGS.is_dir(), reason="real NCCL log excerpts (shared/fixtures) not beside this checkout")
+def test_finding_real_logs_by_content_loses_no_call_or_says_which_lines_it_could_not_attribute(tmp_path):
+    """Real NCCL log excerpts of other projects (several processes per file, torn lines, lines
+    whose prefix was cut): after discovery the log reader finds every call it finds in the
+    original file, or discovery names the NCCL lines it could not give to a process."""
+    from nccltrace.log_discovery import discover_logs
+    from nccltrace.nccl.log_reader import parse_logs
+
+    checked = 0
+    for log in sorted(FIXTURE_LOGS.glob("*.log")):
+        work = tmp_path / log.stem
+        (work / "in").mkdir(parents=True)
+        (work / "in" / log.name).write_bytes(log.read_bytes())
+        found = discover_logs([work / "in"], work / "norm")
+        before = parse_logs([log], work / "a").counts["call"]
+        after = sum(parse_logs([p], work / f"b_{p.stem}").counts["call"] for p in found.logs.values())
+        assert after <= before, log.name
+        if after < before:
+            assert found.unattributed.get(str(work / "in" / log.name), 0) >= before - after, log.name
+            assert found.problems(), log.name
+        checked += before > 0
+    assert checked >= 5  # excerpts with call lines (most of the others are init-only)

@@ -35,6 +35,8 @@ LAUNCHER_PREFIX = re.compile(
     rb"|\[\d+,\d+\]<std(?:out|err)>:\s?)"  # Open MPI --tag-output
 )
 """The per-line prefixes launchers add to a combined stdout/stderr."""
+NCCL_BODY = re.compile(rb"NCCL (?:INFO|WARN)|^\s*[A-Za-z]+: opCount ")
+"""NCCL text on a line whose process prefix is missing (a line torn by another writer, or cut)."""
 CANONICAL = re.compile(r"^nccl_(?P<host>.+)_(?P<pid>\d+)$")
 _TEXT_SUFFIXES = {".log", ".txt", ".out", ".err", ""}
 _SAMPLE = 1 << 16  # bytes read to decide whether a file holds NCCL lines
@@ -52,6 +54,7 @@ class DiscoveredLogs:
     logs: dict[str, Path] = field(default_factory=dict)
     sources: dict[str, list[str]] = field(default_factory=dict)  # stem -> the files its lines came from
     skipped_lines: dict[str, int] = field(default_factory=dict)  # file -> non-NCCL lines skipped
+    unattributed: dict[str, int] = field(default_factory=dict)  # file -> NCCL lines no process prefix names
     ignored: list[Path] = field(default_factory=list)  # files without NCCL lines
 
     def notes(self) -> list[str]:
@@ -67,6 +70,14 @@ class DiscoveredLogs:
         if skipped:
             out.append(f"{skipped} application line(s) without an NCCL prefix skipped")
         return out
+
+    def problems(self) -> list[str]:
+        """What makes the run partial: NCCL lines of a file holding several processes that name
+        no process (torn or cut prefixes), so their records are missing from the analysis."""
+        return [f"{path}: {n} NCCL line(s) without a process prefix (torn by another writer, or cut) cannot be "
+                "given to one of the file's processes and are not analysed; write one log per process "
+                "(NCCL_DEBUG_FILE=nccl_%h_%p.log) to keep every record"
+                for path, n in sorted(self.unattributed.items())]
 
 
 def _open(path: Path):
@@ -85,16 +96,19 @@ def _holds_nccl_lines(path: Path) -> bool:
         return False
     if b"\x00" in head[:4096]:
         return False  # binary (an export, a report)
-    return NCCL_PREFIX.search(head) is not None
+    return NCCL_PREFIX.search(head) is not None or NCCL_BODY.search(head) is not None
 
 
-def _records(line: bytes) -> Iterator[tuple[bytes, bytes, bytes]]:
+def _records(line: bytes) -> Iterator[tuple[bytes | None, bytes | None, bytes]]:
     """(host, pid, record) of each NCCL record in a line (a line torn by two writers can hold
-    two), launcher prefix removed; nothing for application output."""
+    two), launcher prefix removed; nothing for application output; (None, None, text) for NCCL
+    text whose process prefix is missing."""
     m = LAUNCHER_PREFIX.match(line)
     body = line[m.end():] if m else line
     first = NCCL_PREFIX.match(body)  # NCCL's prefix begins the line (elsewhere it is quoted text)
     if first is None:
+        if NCCL_BODY.search(body):
+            yield None, None, body.rstrip(b"\r\n")
         return
     starts = [first, *NCCL_PREFIX.finditer(body, first.end())]
     for i, x in enumerate(starts):
@@ -137,6 +151,8 @@ def discover_logs(roots: Iterable[Path], dest: Path, *, exclude: Iterable[Path] 
     dest.mkdir(parents=True, exist_ok=True)
     handles: dict[str, object] = {}
     origin: dict[str, list[list]] = {}  # stem -> [file, first line, count] runs
+    orphans: dict[str, int] = {}  # file -> NCCL lines without a process prefix
+    stems_of: dict[str, set[str]] = {}  # file -> processes whose records it holds
     try:
         for p in split_files:
             skipped = 0
@@ -145,6 +161,9 @@ def discover_logs(roots: Iterable[Path], dest: Path, *, exclude: Iterable[Path] 
                     got = False
                     for host, pid, rec in _records(line):
                         got = True
+                        if host is None:
+                            orphans[str(p)] = orphans.get(str(p), 0) + 1
+                            continue
                         stem = f"nccl_{host.decode('utf-8', 'replace')}_{int(pid)}"
                         if stem in found.logs and stem not in handles:
                             raise ValueError(
@@ -163,6 +182,7 @@ def discover_logs(roots: Iterable[Path], dest: Path, *, exclude: Iterable[Path] 
                             runs.append([str(p), n, 1])
                         if str(p) not in found.sources[stem]:
                             found.sources[stem].append(str(p))
+                        stems_of.setdefault(str(p), set()).add(stem)
                     if not got:
                         skipped += 1
             if skipped:
@@ -170,6 +190,18 @@ def discover_logs(roots: Iterable[Path], dest: Path, *, exclude: Iterable[Path] 
     finally:
         for h in handles.values():
             h.close()
+    for path, stems in stems_of.items():
+        (stem,) = stems if len(stems) == 1 else (None,)
+        if stem is not None and found.sources[stem] == [path]:
+            # a file of one process is kept whole (application output included), so the log
+            # reader's own recoveries (torn lines, records whose prefix was cut) still apply
+            n = 0
+            with _open(Path(path)) as src, open(dest / f"{stem}.log", "wb") as out:
+                for n, chunk in enumerate(src, 1):
+                    out.write(chunk)
+            origin[stem] = [[path, 1, n]]
+            orphans.pop(path, None)
+    found.unattributed = orphans
     (dest / "sources.json").write_text(json.dumps(
         {"doc": "per normalised log: runs of [source file, first source line, number of lines], in order",
          "logs": origin}, indent=1))  # fmt: skip

@@ -81,6 +81,7 @@ class RawInputs:
     run_yaml: Path | None
     ignored_logs: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what finding the logs by content did
+    problems: list[str] = field(default_factory=list)  # NCCL lines finding them could not attribute
 
     def host_of(self, proc: str) -> str:
         from .align.correlate import process_key
@@ -106,11 +107,12 @@ def find_raw_inputs(raw_dir: Path | str, staging: Path | str | None = None) -> R
     logs: dict[str, Path] = {}
     ignored: list[Path] = []
     notes: list[str] = []
+    problems: list[str] = []
     if staging is not None:
         staging = Path(staging)
         skip = [staging, raw / "ground_truth", nsys_dir] if nsys_dir != raw else [staging, raw / "ground_truth"]
         found = discover_logs([log_dir], staging / "nccl", exclude=skip)
-        logs, ignored, notes = dict(sorted(found.logs.items())), found.ignored, found.notes()
+        logs, ignored, notes, problems = dict(sorted(found.logs.items())), found.ignored, found.notes(), found.problems()
     else:
         for p in sorted(log_dir.glob("*.log")):
             # Only the NCCL_DEBUG_FILE naming ties a log to its node (job_7.log would parse as host 'job').
@@ -134,7 +136,7 @@ def find_raw_inputs(raw_dir: Path | str, staging: Path | str | None = None) -> R
         raise FileNotFoundError(f"no nsys exports in {nsys_dir}{found}: expected one <host>.sqlite per node (in "
                                 f"{raw / 'nsys'} or directly in {raw}); {_EXPORT_HINT}")
     run_yaml = raw / "run.yaml"
-    return RawInputs(raw, logs, exports, run_yaml if run_yaml.is_file() else None, ignored, notes)
+    return RawInputs(raw, logs, exports, run_yaml if run_yaml.is_file() else None, ignored, notes, problems)
 
 
 def _export_reports(nsys_dir: Path, exports: Mapping[str, Path], dest: Path, notes: list[str]) -> dict[str, Path]:
@@ -358,6 +360,7 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
     problems: list[str] = []  # anything that makes the result partial
     notes: list[str] = []  # worth saying, not a gap in the result
     notes += inputs.notes
+    problems += inputs.problems
     if inputs.ignored_logs:
         notes.append(f"ignored {len(inputs.ignored_logs)} text file(s) without NCCL lines: "
                      f"{', '.join(p.name for p in inputs.ignored_logs[:5])}")
