@@ -7,7 +7,9 @@ decoder ``rank = tp + TP*(cp + CP*(dp + DP*pp))``, expert ``rank = etp + ETP*(ep
 from __future__ import annotations
 
 from nccltrace.emulator.config import EmulatorConfig
-from nccltrace.emulator.layout import MegatronLayout, orthogonal_groups
+from nccltrace.emulator.layout import layout_of
+from nccltrace.megatron.groups import orthogonal_groups
+from nccltrace.megatron.layout import MegatronLayout
 
 
 def _ranks(layout: MegatronLayout, kind: str) -> list[list[int]]:
@@ -26,14 +28,14 @@ def test_generate_masked_orthogonal_groups_docstring_example():
 def test_initialize_model_parallel_docstring_example_tp2_pp4_16gpus():
     # initialize_model_parallel docstring: 16 GPUs, tp=2, pp=4 -> dp groups [g0,g2],[g1,g3],...;
     # tp groups [g0,g1],...; pp groups [g0,g4,g8,g12],[g1,g5,g9,g13],...
-    L = MegatronLayout(EmulatorConfig.from_dict({"nodes": 2, "gpus_per_node": 8, "tp": 2, "pp": 4}))
+    L = layout_of(EmulatorConfig.from_dict({"nodes": 2, "gpus_per_node": 8, "tp": 2, "pp": 4}))
     assert _ranks(L, "dp") == [[0, 2], [1, 3], [4, 6], [5, 7], [8, 10], [9, 11], [12, 14], [13, 15]]
     assert _ranks(L, "tp") == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11], [12, 13], [14, 15]]
     assert _ranks(L, "pp") == [[0, 4, 8, 12], [1, 5, 9, 13], [2, 6, 10, 14], [3, 7, 11, 15]]
 
 
 def test_tp2_pp2_dp2_all_groups_in_creation_order():
-    L = MegatronLayout(EmulatorConfig.from_dict({"nodes": 2, "gpus_per_node": 4, "tp": 2, "pp": 2}))
+    L = layout_of(EmulatorConfig.from_dict({"nodes": 2, "gpus_per_node": 4, "tp": 2, "pp": 2}))
     assert L.dp == 2
     assert _ranks(L, "world") == [list(range(8))]
     assert _ranks(L, "dp-cp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
@@ -67,7 +69,7 @@ def test_tp2_pp2_dp2_all_groups_in_creation_order():
 def test_tp2_ep2_pp2_world16_expert_groups():
     cfg = EmulatorConfig.from_dict({"nodes": 2, "gpus_per_node": 8, "tp": 2, "pp": 2, "ep": 2, "num_experts": 4,
                                     "precision": "bf16", "sequence_parallel": True})  # fmt: skip
-    L = MegatronLayout(cfg)
+    L = layout_of(cfg)
     assert (L.dp, L.etp, L.ep, L.edp) == (4, 2, 2, 2)
     assert _ranks(L, "dp") == [[0, 2, 4, 6], [1, 3, 5, 7], [8, 10, 12, 14], [9, 11, 13, 15]]
     assert _ranks(L, "pp") == [[r, r + 8] for r in range(8)]
@@ -85,7 +87,7 @@ def test_tp2_ep2_pp2_world16_expert_groups():
 
 
 def test_nodes_local_ranks_pairs_and_stage_representatives():
-    L = MegatronLayout(EmulatorConfig.from_dict({"nodes": 4, "gpus_per_node": 4, "tp": 2, "pp": 2}))
+    L = layout_of(EmulatorConfig.from_dict({"nodes": 4, "gpus_per_node": 4, "tp": 2, "pp": 2}))
     assert [L.node_of(r) for r in (0, 3, 4, 15)] == [0, 0, 1, 3]
     assert [L.local_rank(r) for r in (0, 3, 4, 15)] == [0, 3, 0, 3]
     assert L.nodes_of(L.group_of("pp", 0).ranks) == 2

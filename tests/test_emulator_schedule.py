@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 import pytest
 
 from nccltrace.emulator.config import EmulatorConfig
-from nccltrace.emulator.layout import MegatronLayout
+from nccltrace.emulator.layout import layout_of
 from nccltrace.emulator.params import chunk_params
 from nccltrace.emulator.schedule import RankProgram, count_kernels, kernel_op_of_unit
 from nccltrace.emulator.thesis import (
@@ -46,7 +46,7 @@ def test_print_thesis_comparison_table(capsys):
 
 
 def _per_rank(cfg: EmulatorConfig) -> dict[int, tuple[Counter, Counter]]:
-    L = MegatronLayout(cfg)
+    L = layout_of(cfg)
     out = {}
     for r in range(cfg.world_size):
         calls, kernels = Counter(), Counter()
@@ -84,7 +84,7 @@ def test_thesis_chapter4_per_rank_log_and_kernel_counts(table):
 def test_one_f_one_b_groups_per_stage():
     """1F1B with pp=4, 16 microbatches: batched p2p groups per stage per iteration."""
     cfg = thesis_config("PP=4", iterations=1)
-    L = MegatronLayout(cfg)
+    L = layout_of(cfg)
     per_stage = []
     for r in range(4):
         per_stage.append(sum(1 for u in RankProgram(cfg, L, r).units() if u.phase.startswith("pp/")))
@@ -92,7 +92,7 @@ def test_one_f_one_b_groups_per_stage():
 
 
 def _all_ops(cfg: EmulatorConfig):
-    L = MegatronLayout(cfg)
+    L = layout_of(cfg)
     return L, [o for r in range(cfg.world_size) for o in RankProgram(cfg, L, r).ops()]
 
 
@@ -139,7 +139,7 @@ def test_instances_are_consistent_across_ranks(cfg):
 def test_message_sizes_follow_megatron_shapes():
     cfg = EmulatorConfig.from_dict({"nodes": 2, "tp": 2, "pp": 2, "sequence_parallel": True, "iterations": 1,
                                     "global_batch_size": 8, "micro_batch_size": 2})  # fmt: skip
-    L = MegatronLayout(cfg)
+    L = layout_of(cfg)
     ops = list(RankProgram(cfg, L, 0).ops())
     b, s, h = 2, 1024, 512
     ag = [o for o in ops if o.op == "AllGather" and o.comm.kind == "tp"]
@@ -164,7 +164,7 @@ def test_fp16_overflow_skips_grad_norm_and_param_gather():
 
 def test_single_rank_comm_ops_budget():
     cfg = EmulatorConfig.from_dict({"iterations": 1})
-    L = MegatronLayout(cfg)
+    L = layout_of(cfg)
     assert not any(o.comm.size == 1 for o in RankProgram(cfg, L, 0).ops())
     all_ = [o for o in RankProgram(cfg.replace(imperfections={"single_rank_comm_ops": -1}), L, 0).ops()
             if o.comm.size == 1]  # fmt: skip
@@ -176,7 +176,7 @@ def test_single_rank_comm_ops_budget():
 
 def test_program_is_deterministic_and_moe_splits_balance():
     cfg = thesis_config("EP=4, alltoall dispatcher", iterations=1)
-    L = MegatronLayout(cfg)
+    L = layout_of(cfg)
     a = [(o.op, o.count, o.root, o.instance) for o in RankProgram(cfg, L, 2).ops()]
     b = [(o.op, o.count, o.root, o.instance) for o in RankProgram(cfg, L, 2).ops()]
     assert a == b
@@ -195,7 +195,7 @@ def test_1024_rank_layout_and_schedule_generation_is_fast():
         "num_attention_heads": 8, "seq_length": 128, "micro_batch_size": 1, "global_batch_size": 128,
         "iterations": 1, "sequence_parallel": True, "vocab_size": 1000,
     })  # fmt: skip
-    L = MegatronLayout(cfg)
+    L = layout_of(cfg)
     n = 0
     per_kind = Counter()
     for r in range(cfg.world_size):

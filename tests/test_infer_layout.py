@@ -21,16 +21,16 @@ import pytest
 from nccltrace.campaign import expand_campaign, load_campaign
 from nccltrace.cli import main
 from nccltrace.emulator.config import EmulatorConfig
-from nccltrace.emulator.layout import MegatronLayout
+from nccltrace.emulator.layout import layout_of
 from nccltrace.emulator.layout import orthogonal_groups as layout_orthogonal_groups
 from nccltrace.megatron.groups import (
     DEFAULT_ORDER,
-    MegatronSizes,
     megatron_groups,
     order_problem,
     orthogonal_groups,
 )
 from nccltrace.megatron.infer import KIND_LABEL, SIZE_NAMES, infer_layout, kind_of_desc
+from nccltrace.megatron.sizes import ParallelSizes
 
 REPO = Path(__file__).resolve().parents[1]
 FR = Path(__file__).resolve().parents[2] / "shared" / "realdata" / "flight_recorder_megatron16"
@@ -87,7 +87,7 @@ def _oracle(world: int, groups, descs=None, orders=(DEFAULT_ORDER,)) -> set[tupl
                     pp = world // tp // cp // dp
                     for etp in _divisors(world // pp):
                         for ep in _divisors(world // pp // etp):
-                            s = MegatronSizes(world, tp, cp, dp, pp, ep, etp)
+                            s = ParallelSizes(world_size=world, tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, etp=etp)
                             if order_problem(s, order):
                                 continue
                             kinds_of: dict[tuple[int, ...], set[str]] = {}
@@ -143,7 +143,7 @@ def test_a_all_pg_config_groups_with_megatron_names_give_the_exact_layout(scenar
     # Every group is labelled with the kind its Megatron name says, under every candidate, and
     # its labels are exactly the kinds Megatron creates with these members under the truth.
     truth_kinds: dict[tuple[int, ...], set[str]] = {}
-    for kind, gs in megatron_groups(MegatronSizes(16, **TRUTH[scenario])).items():
+    for kind, gs in megatron_groups(ParallelSizes(world_size=16, **TRUTH[scenario])).items():
         for g in gs:
             truth_kinds.setdefault(tuple(g), set()).add(KIND_LABEL[kind])
     assert len(res.groups) == len(names)
@@ -181,7 +181,7 @@ def test_member_sets_alone_cannot_tell_tp_cp_dp_ep_apart():
     for other in ({"tp": 2, "cp": 2, "dp": 1, "pp": 4, "ep": 4, "etp": 1},   # cp and dp swap
                   {"tp": 2, "cp": 1, "dp": 2, "pp": 4, "ep": 2, "etp": 2},   # etp*ep split differently
                   {"tp": 1, "cp": 2, "dp": 2, "pp": 4, "ep": 1, "etp": 2}):  # tp-pp set is expert tp-ep-pp
-        generated = {tuple(g) for gs in megatron_groups(MegatronSizes(16, **other)).values() for g in gs}
+        generated = {tuple(g) for gs in megatron_groups(ParallelSizes(world_size=16, **other)).values() for g in gs}
         assert observed <= generated, other
 
 
@@ -226,7 +226,7 @@ EXTRA = [  # larger layouts, every dimension > 1 somewhere
 @pytest.mark.parametrize("cfg", [c for _, c in _campaign_configs()] + [EmulatorConfig.from_dict(e) for e in EXTRA],
                          ids=[n for n, _ in _campaign_configs()] + [f"extra{i}" for i in range(len(EXTRA))])
 def test_c_round_trip_through_the_emulator_layout(cfg):
-    layout = MegatronLayout(cfg)
+    layout = layout_of(cfg)
     truth = {"tp": cfg.tp, "cp": cfg.cp, "dp": cfg.dp, "pp": cfg.pp, "ep": cfg.ep, "etp": cfg.expert_tp}
     ranks = [list(g.ranks) for g in layout.groups]
     # All group kinds, each with its kind: the exact sizes.
@@ -243,8 +243,9 @@ def test_c_round_trip_through_the_emulator_layout(cfg):
 
 def test_megatron_groups_equal_the_emulator_layout():
     for cfg in [c for _, c in _campaign_configs()[:8]] + [EmulatorConfig.from_dict(e) for e in EXTRA]:
-        layout = MegatronLayout(cfg)
-        gen = megatron_groups(MegatronSizes(cfg.world_size, cfg.tp, cfg.cp, cfg.dp, cfg.pp, cfg.ep, cfg.expert_tp))
+        layout = layout_of(cfg)
+        gen = megatron_groups(ParallelSizes(world_size=cfg.world_size, tp=cfg.tp, cp=cfg.cp, pp=cfg.pp, ep=cfg.ep,
+                                            etp=cfg.expert_tp))
         for kind, gs in layout.by_kind.items():
             assert [list(g.ranks) for g in gs] == gen[kind], kind
 
@@ -258,8 +259,8 @@ def test_orthogonal_groups_has_one_home_and_the_analysis_no_emulator():
 
 # --------------------------------------------------------------------------- rules
 def test_cp_and_dp_swap_is_reported_unknown_with_the_product():
-    truth = MegatronSizes(32, tp=2, cp=1, dp=4, pp=4, ep=2, etp=2)
-    swapped = MegatronSizes(32, tp=2, cp=4, dp=1, pp=4, ep=2, etp=2)
+    truth = ParallelSizes(world_size=32, tp=2, cp=1, dp=4, pp=4, ep=2, etp=2)
+    swapped = ParallelSizes(world_size=32, tp=2, cp=4, dp=1, pp=4, ep=2, etp=2)
     gen = megatron_groups(truth)
     ranks = [g for gs in gen.values() for g in gs]
     assert {tuple(g) for g in ranks} == {tuple(g) for gs in megatron_groups(swapped).values() for g in gs}
@@ -287,7 +288,7 @@ def test_single_ranks_and_the_world_carry_no_evidence():
 
 
 def test_a_group_megatron_never_creates_is_unexplained():
-    gen = megatron_groups(MegatronSizes(16, tp=2, dp=2, pp=4))
+    gen = megatron_groups(ParallelSizes(world_size=16, tp=2, dp=2, pp=4, etp=1))
     ranks = gen["tp"] + gen["pp"] + gen["embd"] + [[0, 3, 5]]
     res = infer_layout(16, ranks)
     assert not res.consistent
@@ -307,7 +308,7 @@ def test_a_group_megatron_never_creates_is_unexplained():
 
 def test_orders():
     # Dense (ep = 1): tp-cp-dp-pp is the default order; candidates merge, sizes unchanged.
-    gen = megatron_groups(MegatronSizes(16, tp=2, cp=2, dp=2, pp=2))
+    gen = megatron_groups(ParallelSizes(world_size=16, tp=2, cp=2, dp=2, pp=2, etp=1))
     ranks = [g for gs in gen.values() for g in gs]
     kinds = [k for k, gs in gen.items() for _ in gs]
     one = infer_layout(16, ranks, descs=kinds)
@@ -315,7 +316,7 @@ def test_orders():
     assert one.sizes == two.sizes == {"tp": 2, "cp": 2, "dp": 2, "pp": 2, "ep": 1, "etp": 1}
     assert two.layout["orders"] == [DEFAULT_ORDER, "tp-cp-dp-pp"]
     # --use-tp-pp-dp-mapping (tp-cp-ep-pp-dp): found under its order, refuted under the default.
-    s = MegatronSizes(16, tp=2, cp=1, dp=2, pp=4, ep=2, etp=1)
+    s = ParallelSizes(world_size=16, tp=2, cp=1, dp=2, pp=4, ep=2, etp=1)
     gen = megatron_groups(s, "tp-cp-ep-pp-dp")
     ranks = [g for gs in gen.values() for g in gs]
     kinds = [k for k, gs in gen.items() for _ in gs]
@@ -341,7 +342,7 @@ def test_agrees_with_brute_force_on_random_layouts():
             etp = rng.choice(_divisors(w // pp))
             ep = rng.choice(_divisors(w // pp // etp))
             order = rng.choice(orders_pool)
-            s = MegatronSizes(w, tp, cp, dp, pp, ep, etp)
+            s = ParallelSizes(world_size=w, tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, etp=etp)
             if not order_problem(s, order):
                 break
         gen = megatron_groups(s, order)
@@ -361,7 +362,7 @@ def test_agrees_with_brute_force_on_random_layouts():
 
 
 def test_world_4096_is_fast():
-    s = MegatronSizes(4096, tp=8, cp=2, dp=16, pp=16, ep=8, etp=2)
+    s = ParallelSizes(world_size=4096, tp=8, cp=2, dp=16, pp=16, ep=8, etp=2)
     gen = megatron_groups(s)
     ranks = [g for gs in gen.values() for g in gs]
     t0 = time.perf_counter()

@@ -11,7 +11,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from nccltrace.emulator.layout import MegatronLayout
+from nccltrace.emulator.layout import layout_of
 from nccltrace.emulator.run import emulate_run
 from nccltrace.emulator.schedule import RankProgram
 from nccltrace.emulator.thesis import thesis_config
@@ -338,7 +338,7 @@ def _thesis_run(label: str) -> tuple[dict, pd.DataFrame]:
 
 def _program_ops(cfg) -> pd.DataFrame:
     """Every call each rank of an emulated run issues (the emulator's schedule), as ops rows."""
-    layout = MegatronLayout(cfg)
+    layout = layout_of(cfg)
     rows = [(r, o.op, o.nbytes, o.comm.size, o.comm.kind.removeprefix("p2p:"), o.root, o.comm.rank_of(r))
             for r in range(cfg.world_size) for o in RankProgram(cfg, layout, r).ops()]  # fmt: skip
     return pd.DataFrame(rows, columns=["global_rank", "op", "bytes", "nranks", "parallelism", "root", "rank_in_comm"])

@@ -1,7 +1,7 @@
 """Which Megatron-LM parallelism each logical communicator serves.
 
 With the run's declared sizes (:class:`ParallelSizes`) the groups Megatron creates are known
-exactly: :class:`~nccltrace.emulator.layout.MegatronLayout` generates them (core_r0.13 rank
+exactly: :class:`~nccltrace.megatron.layout.MegatronLayout` generates them (core_r0.13 rank
 ordering ``tp-cp-ep-dp-pp``) and every observed communicator is matched to them by its member
 set (global ranks). Labels are the layout's group kinds: ``world``, ``dp-cp``, ``dp``, ``cp``,
 ``mp`` (tp-pp), ``tp``, ``pp``, ``embd`` (embedding), ``pos-embd`` (position embedding),
@@ -43,19 +43,17 @@ with ``label_source = 'unmatched'``.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from .emulator.config import ConfigError, EmulatorConfig
-from .emulator.layout import GROUP_KINDS, Group, MegatronLayout
+from .megatron.groups import GROUP_KINDS
+from .megatron.layout import Group, MegatronLayout
+from .megatron.sizes import ParallelSizes, declares_sizes
 
 __all__ = [
     "KIND_PREFERENCE",
@@ -107,168 +105,6 @@ LABEL_SCHEMA = pa.schema(
                    "unknown), 'no-match'; heuristic: 'p2p-only', 'largest', 'other', 'no-calls'"}),
     ]
 )
-
-
-# --------------------------------------------------------------------------- sizes
-
-
-def _int(settings: Mapping[str, Any], *names: str) -> int | None:
-    for n in names:
-        v = settings.get(n)
-        if v is None:
-            continue
-        if isinstance(v, bool) or not isinstance(v, (int, float, str)):
-            raise ConfigError(n, f"expected an integer, got {v!r}")
-        try:
-            f = float(v)
-        except ValueError:
-            raise ConfigError(n, f"expected an integer, got {v!r}") from None
-        if not f.is_integer():
-            raise ConfigError(n, f"expected an integer, got {v!r}")
-        return int(f)
-    return None
-
-
-def _bool(settings: Mapping[str, Any], *names: str) -> bool:
-    for n in names:
-        v = settings.get(n)
-        if v is None:
-            continue
-        if isinstance(v, str):
-            return v.strip().lower() in ("1", "true", "yes", "on")
-        return bool(v)
-    return False
-
-
-@dataclass(frozen=True)
-class ParallelSizes:
-    """Declared parallel sizes of a Megatron-LM run.
-
-    ``world_size`` or ``dp`` must be given (the other is derived: dp = world / (tp·pp·cp)).
-    ``etp`` defaults to ``tp`` (Megatron's default); expert dp = world / (etp·ep·pp). Invalid
-    combinations raise :class:`~nccltrace.emulator.config.ConfigError` (a ``ValueError``) naming
-    the field.
-    """
-
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    ep: int = 1
-    etp: int | None = None
-    vpp: int = 1
-    dp: int | None = None
-    world_size: int | None = None
-    distributed_optimizer: bool = False
-    gpus_per_node: int | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("tp", "pp", "cp", "ep", "vpp"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(name, f"must be a positive integer, got {v!r}")
-        for name in ("etp", "dp", "world_size", "gpus_per_node"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise ConfigError(name, f"must be a positive integer (or omitted), got {v!r}")
-        mp = self.tp * self.pp * self.cp
-        world, dp = self.world_size, self.dp
-        if world is None and dp is None:
-            raise ConfigError("world_size", "give the world size (or nodes and gpus_per_node) or dp")
-        if world is None:
-            world = dp * mp
-        if world % mp:
-            raise ConfigError("world_size", f"world size {world} is not divisible by tp*pp*cp = "
-                                            f"{self.tp}*{self.pp}*{self.cp} = {mp}")
-        if dp is not None and dp != world // mp:
-            raise ConfigError("dp", f"dp={dp} does not match world size {world} / (tp*pp*cp = {mp}) = {world // mp}")
-        emp = self.expert_tp * self.ep * self.pp
-        if world % emp:
-            raise ConfigError("ep", f"world size {world} is not divisible by etp*ep*pp = {emp} "
-                                    "(expert parallelism is carved out of dp*cp*tp)")
-        if self.vpp > 1 and self.pp == 1:
-            raise ConfigError("vpp", "virtual pipeline stages (vpp > 1) need pp > 1")
-        object.__setattr__(self, "world_size", world)
-        object.__setattr__(self, "dp", world // mp)
-
-    @property
-    def expert_tp(self) -> int:
-        return self.tp if self.etp is None else self.etp
-
-    @property
-    def expert_dp(self) -> int:
-        return int(self.world_size) // (self.expert_tp * self.ep * self.pp)
-
-    @classmethod
-    def from_settings(cls, settings: Mapping[str, Any]) -> ParallelSizes:
-        """Sizes from run settings: an emulator config dict, a campaign run's settings, a
-        ``run.yaml`` mapping (``config`` + ``derived``), or Megatron argument names
-        (``tensor_model_parallel_size``, ...). Unrelated keys are ignored."""
-        s: dict[str, Any] = {}
-        if isinstance(settings.get("derived"), Mapping):
-            s.update(settings["derived"])
-        if isinstance(settings.get("config"), Mapping):
-            s.update(settings["config"])
-        s.update({k: v for k, v in settings.items() if k not in ("config", "derived")})
-        world = _int(s, "world_size", "world")
-        nodes, gpn = _int(s, "nodes", "num_nodes"), _int(s, "gpus_per_node", "nproc_per_node")
-        if nodes is not None and gpn is not None:
-            if world is not None and world != nodes * gpn:
-                raise ConfigError("world_size", f"world_size={world} but nodes*gpus_per_node = {nodes}*{gpn}")
-            world = nodes * gpn
-        return cls(
-            tp=_int(s, "tp", "tensor_model_parallel_size") or 1,
-            pp=_int(s, "pp", "pipeline_model_parallel_size") or 1,
-            cp=_int(s, "cp", "context_parallel_size") or 1,
-            ep=_int(s, "ep", "expert_model_parallel_size") or 1,
-            etp=_int(s, "etp", "expert_tp", "expert_tensor_parallel_size"),
-            vpp=_int(s, "vpp", "virtual_pipeline_model_parallel_size") or 1,
-            dp=_int(s, "dp", "data_parallel_size"),
-            world_size=world,
-            distributed_optimizer=_bool(s, "distributed_optimizer", "use_distributed_optimizer"),
-            gpus_per_node=gpn,
-        )
-
-    def emulator_config(self) -> EmulatorConfig:
-        """A minimal valid :class:`EmulatorConfig` with these sizes (model dimensions are chosen
-        only to satisfy Megatron's divisibility rules; the layout depends on the sizes alone)."""
-        world = int(self.world_size)
-        gpn = self.gpus_per_node if self.gpus_per_node and world % self.gpus_per_node == 0 else world
-        etp = self.expert_tp
-        moe = self.ep > 1 or etp != self.tp
-        width = math.lcm(self.tp, etp)
-        d: dict[str, Any] = {
-            "name": "layout", "nodes": world // gpn, "gpus_per_node": gpn, "tp": self.tp, "pp": self.pp,
-            "cp": self.cp, "ep": self.ep, "etp": self.etp, "vpp": self.vpp,
-            "num_layers": self.pp * self.vpp, "num_attention_heads": self.tp, "hidden_size": 64 * self.tp,
-            "ffn_hidden_size": 64 * width, "seq_length": 2 * self.cp * self.tp * width, "micro_batch_size": 1,
-            "global_batch_size": int(self.dp) * self.pp, "iterations": 1,
-            "distributed_optimizer": self.distributed_optimizer,
-        }  # fmt: skip
-        if moe:
-            d.update(num_experts=self.ep, precision="bf16", sequence_parallel=self.tp > 1)
-        return EmulatorConfig.from_dict(d)
-
-    def layout(self) -> MegatronLayout:
-        """Megatron's groups for these sizes (cached per sizes)."""
-        return _layout(self)
-
-
-_SIZE_KEYS = ("tp", "pp", "cp", "ep", "etp", "dp", "tensor_model_parallel_size", "pipeline_model_parallel_size",
-              "context_parallel_size", "expert_model_parallel_size")
-
-
-def declares_sizes(settings: Mapping[str, Any] | None) -> bool:
-    """Whether run settings say anything about the parallel sizes (top level, or nested under
-    ``config``/``derived`` as in run.yaml): what :meth:`ParallelSizes.from_settings` reads."""
-    if not settings:
-        return False
-    parts = [settings, *(settings.get(k) for k in ("config", "derived") if isinstance(settings.get(k), Mapping))]
-    return any(k in part for part in parts for k in _SIZE_KEYS)
-
-
-@lru_cache(maxsize=32)
-def _layout(sizes: ParallelSizes) -> MegatronLayout:
-    return MegatronLayout(sizes.emulator_config())
 
 
 # --------------------------------------------------------------------------- expected groups

@@ -32,10 +32,9 @@ table 5.1.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from .megatron.model import MODEL_DEFAULTS, ModelShape, chunk_params, padded_vocab_size
 from .tables import atomic_path, coerce_to_schema, write_table_atomic
 from .tables import documented_field as _f
 
@@ -177,15 +177,6 @@ def call_volumes(ops: pd.DataFrame) -> pd.DataFrame:
 # --------------------------------------------------------------------------- run inputs
 
 
-def _defaults() -> dict[str, Any]:
-    """Megatron/emulator defaults for settings a run does not state (EmulatorConfig fields)."""
-    from .emulator.config import EmulatorConfig
-
-    # the cluster shape is never defaulted: a wrong world size would silently scale every mean
-    return {f.name: f.default for f in fields(EmulatorConfig)
-            if f.default is not MISSING and f.name not in ("nodes", "gpus_per_node")}
-
-
 def _flatten(settings: Mapping[str, Any]) -> dict[str, Any]:
     """A flat or run.yaml-like (``config``/``derived``) mapping as one flat mapping: top level over
     config over derived, a null never hiding a value from a lower level."""
@@ -238,7 +229,6 @@ class _Run:
     beta_grad: int
     optimizer_steps: int | None  # iterations with an optimizer step, when the settings say
     run_id: str | None
-    raw: dict[str, Any] = field(default_factory=dict)
 
     @property
     def dp(self) -> int:
@@ -272,7 +262,9 @@ class _Run:
 
 def _resolve(settings: Mapping[str, Any], world_hint: int | None = None) -> _Run:
     """Inputs from the settings; ``world_hint`` (ranks seen in the ops) when they give no world size."""
-    s = {**_defaults(), **_flatten(settings)}
+    # Unstated model settings take the one table of defaults; the cluster shape is not in it (a
+    # wrong world size would silently scale every mean).
+    s = {**MODEL_DEFAULTS, **_flatten(settings)}
 
     def i(*keys: str, default: Any = None) -> Any:
         for k in keys:
@@ -288,9 +280,9 @@ def _resolve(settings: Mapping[str, Any], world_hint: int | None = None) -> _Run
         dp = i("dp", "data_parallel_size")
         world = tp * pp * cp * dp if dp is not None else (world_hint or tp * pp * cp)
     V = i("vocab_size")
-    div = i("make_vocab_size_divisible_by", default=128) * tp
+    div = i("make_vocab_size_divisible_by")
     h = i("hidden_size")
-    precision = str(s.get("precision", "fp16"))
+    precision = str(s["precision"])
     beta_act = 4 if precision == "fp32" else 2
     # Megatron reduces bf16 gradients in fp32 (it forces accumulate_allreduce_grads_in_fp32 for
     # bf16); fp16 gradients are reduced in fp16 unless asked otherwise.
@@ -301,16 +293,15 @@ def _resolve(settings: Mapping[str, Any], world_hint: int | None = None) -> _Run
         steps = max(i("iterations") - int(s["fp16_overflow_iterations"]), 0)
     return _Run(
         L=i("num_layers"), h=h, ffn=i("ffn_hidden_size", default=4 * h), V=V,
-        V_pad=i("padded_vocab_size", default=int(math.ceil(V / div) * div)), s=i("seq_length"),
-        learned_pos=str(s.get("position_embedding_type", "learned_absolute")) == "learned_absolute",
+        V_pad=i("padded_vocab_size", default=padded_vocab_size(V, tp, div) if div else padded_vocab_size(V, tp)),
+        s=i("seq_length"), learned_pos=str(s["position_embedding_type"]) == "learned_absolute",
         untie=_flag(s.get("untie_embeddings")), b=i("micro_batch_size"), B=i("global_batch_size"),
         iterations=i("iterations", "train_iters"), tp=tp, pp=pp, cp=cp, ep=i("ep"),
-        etp=i("etp", "expert_tp", default=tp), vpp=i("vpp", default=1), sp=_flag(s.get("sequence_parallel")),
+        etp=i("etp", "expert_tp", default=tp), vpp=i("vpp"), sp=_flag(s.get("sequence_parallel")),
         distopt=_flag(s.get("distributed_optimizer")), zero_stage=i("zero_stage", default=0),
-        recompute=str(s.get("recompute") or "none"), E=i("num_experts", default=0), k=i("moe_router_topk", default=1),
-        moe_freq=i("moe_layer_freq", default=1), dispatcher=str(s.get("moe_token_dispatcher", "alltoall")),
-        alltoall=str(s.get("moe_alltoall", "p2p")), precision=precision, world=world, beta_act=beta_act,
-        beta_grad=4 if fp32_grads else 2, optimizer_steps=steps, run_id=s.get("run_id"), raw=s,
+        recompute=str(s["recompute"]), E=i("num_experts"), k=i("moe_router_topk"), moe_freq=i("moe_layer_freq"),
+        dispatcher=str(s["moe_token_dispatcher"]), alltoall=str(s["moe_alltoall"]), precision=precision, world=world,
+        beta_act=beta_act, beta_grad=4 if fp32_grads else 2, optimizer_steps=steps, run_id=s.get("run_id"),
     )  # fmt: skip
 
 
@@ -383,17 +374,16 @@ def _stage_params(r: _Run, stage: int) -> tuple[float, float]:
 
 
 def _megatron_params(r: _Run, stage: int) -> int | None:
-    """Dense grad-buffer elements of a stage in Megatron-core's layout (emulator), for the notes."""
-    from .emulator.config import EmulatorConfig
-    from .emulator.params import chunk_params
-
-    keys = {f.name for f in fields(EmulatorConfig)} - {"imperfections", "nodes", "gpus_per_node"}
+    """Dense grad-buffer elements of a stage in Megatron-core's layout, for the notes (None when
+    Megatron would refuse the model's shape)."""
     try:
-        cfg = EmulatorConfig.from_dict({**{k: v for k, v in r.raw.items() if k in keys}, "nodes": 1,
-                                        "gpus_per_node": r.world})  # fmt: skip
+        shape = ModelShape(num_layers=r.L, hidden_size=r.h, ffn_hidden_size=r.ffn, padded_vocab_size=r.V_pad,
+                           seq_length=r.s, position_embedding_type="learned_absolute" if r.learned_pos else "rope",
+                           untie_embeddings=r.untie, num_experts=r.E, moe_layer_freq=r.moe_freq, tp=r.tp, pp=r.pp,
+                           vpp=r.vpp, ep=r.ep, etp=r.etp)  # fmt: skip
     except (ValueError, TypeError):
         return None
-    return sum(chunk_params(cfg, stage, c).dense for c in range(cfg.vpp))
+    return sum(chunk_params(shape, stage, c).dense for c in range(r.vpp))
 
 
 def _dp_components(r: _Run, stage: int, thesis: bool) -> list[_Component]:

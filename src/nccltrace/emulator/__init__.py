@@ -6,7 +6,7 @@ nsys SQLite exports and ground-truth tables. See ``docs/emulator.md``.
 """
 
 from .config import ConfigError, CudaGraphs, DuplicateLines, EmulatorConfig, Imperfections, KernelNaming
-from .layout import Group, MegatronLayout, PairComm
+from .layout import Group, MegatronLayout, PairComm, layout_of
 from .run import EmulationResult, emulate_run
 from .schedule import Op, RankProgram, Unit, count_kernels
 
@@ -20,6 +20,7 @@ __all__ = [
     "Group",
     "MegatronLayout",
     "PairComm",
+    "layout_of",
     "EmulationResult",
     "emulate_run",
     "Op",

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -24,6 +23,9 @@ from typing import Any, Mapping
 import yaml
 
 from ..capture import CaptureError, CaptureWindow, capture_run_id_tag
+from ..errors import ConfigError
+from ..megatron.model import MODEL_DEFAULTS as _D
+from ..megatron.model import padded_vocab_size
 from ..nccl.versions import NcclVersion
 
 __all__ = [
@@ -37,15 +39,6 @@ __all__ = [
     "HARDWARE_PRESETS",
     "HardwarePreset",
 ]
-
-
-class ConfigError(ValueError):
-    """An invalid configuration value. ``field`` names the option, ``message`` says how to fix it."""
-
-    def __init__(self, field: str, message: str) -> None:
-        self.field = field
-        self.message = message
-        super().__init__(f"{field}: {message}")
 
 
 # nsys release -> SQLite export schema version (see reference/nsys/sqlite-schema.md).
@@ -279,41 +272,42 @@ def _check_keys(data: Mapping[str, Any], cls: type, prefix: str = "") -> None:
 class EmulatorConfig:
     """A Megatron-LM GPT pretraining run to emulate. Defaults: the thesis "dense" model (16
     layers, hidden 512, 8 heads, seq 1024, global batch 64, micro batch 4, 10 iterations, fp16)
-    on one 4-GPU node with pure data parallelism."""
+    on one 4-GPU node with pure data parallelism. The Megatron settings' defaults (and what their
+    values mean) are :data:`nccltrace.megatron.model.MODEL_DEFAULTS`, shared with the analysis."""
 
+    name: str = "dense"  # model label (run id)
     # model
-    name: str = "dense"
-    num_layers: int = 16
-    hidden_size: int = 512
-    num_attention_heads: int = 8
-    ffn_hidden_size: int | None = None  # default 4 * hidden_size
-    vocab_size: int = 50257  # GPT-2 tokenizer; padded Megatron-style (multiple of 128 * tp)
-    seq_length: int = 1024
-    position_embedding_type: str = "learned_absolute"  # or "rope"
-    untie_embeddings: bool = False
+    num_layers: int = _D["num_layers"]
+    hidden_size: int = _D["hidden_size"]
+    num_attention_heads: int = _D["num_attention_heads"]
+    ffn_hidden_size: int | None = _D["ffn_hidden_size"]
+    vocab_size: int = _D["vocab_size"]
+    seq_length: int = _D["seq_length"]
+    position_embedding_type: str = _D["position_embedding_type"]
+    untie_embeddings: bool = _D["untie_embeddings"]
     # batch / run length
-    micro_batch_size: int = 4
-    global_batch_size: int = 64
-    iterations: int = 10
+    micro_batch_size: int = _D["micro_batch_size"]
+    global_batch_size: int = _D["global_batch_size"]
+    iterations: int = _D["iterations"]
     # parallelism
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    ep: int = 1
-    etp: int | None = None  # expert tensor parallel size; default tp (Megatron's default)
-    vpp: int = 1  # virtual pipeline stages per pp rank (1 = no interleaving)
-    sequence_parallel: bool = False
-    distributed_optimizer: bool = False
-    recompute: str = "none"  # none | selective | full
-    overlap_p2p_comm: bool | None = None  # Megatron default: on with the interleaved schedule
+    tp: int = _D["tp"]
+    pp: int = _D["pp"]
+    cp: int = _D["cp"]
+    ep: int = _D["ep"]
+    etp: int | None = _D["etp"]
+    vpp: int = _D["vpp"]
+    sequence_parallel: bool = _D["sequence_parallel"]
+    distributed_optimizer: bool = _D["distributed_optimizer"]
+    recompute: str = _D["recompute"]
+    overlap_p2p_comm: bool | None = _D["overlap_p2p_comm"]
     # MoE
-    num_experts: int = 0  # 0 = dense
-    moe_router_topk: int = 2
-    moe_layer_freq: int = 1
-    moe_token_dispatcher: str = "alltoall"  # alltoall | allgather
-    moe_alltoall: str = "p2p"  # p2p (PyTorch all_to_all_single -> grouped Send/Recv) | native (ncclAlltoAll, NCCL >= 2.28)
+    num_experts: int = _D["num_experts"]
+    moe_router_topk: int = _D["moe_router_topk"]
+    moe_layer_freq: int = _D["moe_layer_freq"]
+    moe_token_dispatcher: str = _D["moe_token_dispatcher"]
+    moe_alltoall: str = _D["moe_alltoall"]
     # numerics
-    precision: str = "fp16"  # fp16 | bf16 | fp32
+    precision: str = _D["precision"]
     fp16_overflow_iterations: int | None = None  # None: loss-scaler model (see docs/emulator.md)
     # cluster and software
     nodes: int = 1
@@ -427,8 +421,7 @@ class EmulatorConfig:
     @property
     def padded_vocab_size(self) -> int:
         """Megatron pads the vocabulary to a multiple of make-vocab-size-divisible-by (128) x tp."""
-        m = 128 * self.tp
-        return int(math.ceil(self.vocab_size / m) * m)
+        return padded_vocab_size(self.vocab_size, self.tp)
 
     @property
     def is_moe(self) -> bool:

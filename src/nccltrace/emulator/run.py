@@ -50,7 +50,7 @@ from ..nccl.versions import NcclVersion
 from ..nsys.writer import NsysExportWriter, encode_global_pid
 from ..tables import atomic_path
 from .config import EmulatorConfig
-from .layout import Group, MegatronLayout, PairComm
+from .layout import Group, MegatronLayout, PairComm, layout_of
 from .schedule import _DT_SIZE, P2P_OPS, Op, RankProgram, Unit, hash_ints, kernel_op_of_unit
 from .timing import KernelSpec, LinkModel, RankTimer, Skeleton, TimingParams, UnitTimes, u01
 
@@ -546,7 +546,7 @@ class _Context:
     def __init__(self, cfg: EmulatorConfig, out_dir: Path) -> None:
         self.cfg = cfg
         self.out_dir = out_dir
-        self.layout = MegatronLayout(cfg)
+        self.layout = layout_of(cfg)
         self.link = LinkModel(cfg, self.layout)
         self.tparams = TimingParams()
         self.skel = Skeleton(cfg, self.layout, self.link, self.tparams)

@@ -29,7 +29,7 @@ from typing import Iterator
 import numpy as np
 
 from .config import EmulatorConfig
-from .layout import Group, MegatronLayout, PairComm
+from .layout import Group, MegatronLayout, PairComm, layout_of
 from .params import chunk_layers, chunk_params, is_moe_layer, layer_flops
 
 __all__ = [
@@ -961,7 +961,7 @@ def count_kernels(cfg: EmulatorConfig, layout: MegatronLayout | None = None) -> 
     ``kernels`` as an nsys trace counts them with realistic NCCL behaviour: one kernel per
     NCCL group (grouped P2P as ``SendRecv``), none for single-rank communicators. This is the
     convention of the thesis's chapter-5 operation counts."""
-    layout = layout or MegatronLayout(cfg)
+    layout = layout or layout_of(cfg)
     calls: Counter = Counter()
     kernels: Counter = Counter()
     for r in range(cfg.world_size):

@@ -1,5 +1,6 @@
-"""Megatron-LM's process-group layout: generating it (:mod:`.groups`) and inferring the
-parallel sizes from observed communicator member sets (:mod:`.infer`).
+"""Knowledge of Megatron-LM: the parallel sizes (:mod:`.sizes`), the process groups they give
+(:mod:`.groups`, :mod:`.layout`), inferring the sizes from observed communicator member sets
+(:mod:`.infer`), and the model's defaults and parameter counts (:mod:`.model`).
 
 Kept free of the emulator: the analysis may use it. Attributes are imported lazily so that
 ``nccltrace --help`` does not pay for numpy.
@@ -9,16 +10,26 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["LayoutInference", "MegatronSizes", "infer_layout", "megatron_groups", "orthogonal_groups"]
+__all__ = ["LayoutInference", "MegatronLayout", "ParallelSizes", "infer_layout", "megatron_groups",
+           "orthogonal_groups"]  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:
+    # Explicit imports (not importlib): provenance.import_closure follows them statically.
     if name in ("LayoutInference", "infer_layout"):
         from . import infer
 
         return getattr(infer, name)
-    if name in ("MegatronSizes", "megatron_groups", "orthogonal_groups"):
+    if name in ("megatron_groups", "orthogonal_groups"):
         from . import groups
 
         return getattr(groups, name)
+    if name == "MegatronLayout":
+        from . import layout
+
+        return layout.MegatronLayout
+    if name == "ParallelSizes":
+        from . import sizes
+
+        return sizes.ParallelSizes
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

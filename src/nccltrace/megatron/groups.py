@@ -1,6 +1,6 @@
 """Megatron-LM's process groups: rank orderings and the member sets of every group kind.
 
-The one home of Megatron's group generation in nccltrace (the emulator's layout and the layout
+The one home of Megatron's group generation in nccltrace (:mod:`.layout` and the layout
 inference both use it). Source, read and re-expressed here: NVIDIA/Megatron-LM
 ``megatron/core/parallel_state.py`` (core_r0.13 and main): ``RankGenerator``,
 ``generate_masked_orthogonal_rank_groups``, ``initialize_model_parallel``,
@@ -21,9 +21,10 @@ inference both use it). Source, read and re-expressed here: NVIDIA/Megatron-LM
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
+
+from .sizes import ParallelSizes
 
 __all__ = [
     "DECODER_KINDS",
@@ -33,7 +34,6 @@ __all__ = [
     "KIND_ORDER",
     "MEGATRON_DESC",
     "TOKENS",
-    "MegatronSizes",
     "complete_order",
     "grid_strides",
     "megatron_groups",
@@ -139,38 +139,6 @@ def complete_order(order: str, sizes: Mapping[str, int]) -> list[str]:
     return tokens
 
 
-@dataclass(frozen=True)
-class MegatronSizes:
-    """The parallel sizes of a Megatron-LM job (edp follows from the others)."""
-
-    world: int
-    tp: int = 1
-    cp: int = 1
-    dp: int = 1
-    pp: int = 1
-    ep: int = 1
-    etp: int = 1
-
-    def __post_init__(self) -> None:
-        if self.tp * self.cp * self.dp * self.pp != self.world:
-            raise ValueError(f"tp*cp*dp*pp = {self.tp * self.cp * self.dp * self.pp} != world {self.world}")
-        if self.world % (self.etp * self.ep * self.pp):
-            raise ValueError(f"world {self.world} is not divisible by etp*ep*pp = {self.etp * self.ep * self.pp}")
-
-    @property
-    def edp(self) -> int:
-        """Expert data-parallel size: world / (etp * ep * pp)."""
-        return self.world // (self.etp * self.ep * self.pp)
-
-    def decoder_grid(self) -> dict[str, int]:
-        """Token -> size of the decoder rank grid."""
-        return {"tp": self.tp, "cp": self.cp, "ep": 1, "dp": self.dp, "pp": self.pp}
-
-    def expert_grid(self) -> dict[str, int]:
-        """Token -> size of the expert rank grid."""
-        return {"tp": self.etp, "cp": 1, "ep": self.ep, "dp": self.edp, "pp": self.pp}
-
-
 def grid_strides(tokens: Sequence[str], grid: Mapping[str, int]) -> dict[str, int]:
     """Token -> stride (rank distance between neighbours along it) in a grid of ``tokens`` order."""
     out, acc = {}, 1
@@ -180,7 +148,7 @@ def grid_strides(tokens: Sequence[str], grid: Mapping[str, int]) -> dict[str, in
     return out
 
 
-def order_problem(sizes: MegatronSizes, order: str) -> str | None:
+def order_problem(sizes: ParallelSizes, order: str) -> str | None:
     """Why Megatron would refuse ``sizes`` under ``order`` (None when it accepts them).
 
     Checks what ``initialize_model_parallel`` asserts: each grid's order is complete (left-out
@@ -192,14 +160,14 @@ def order_problem(sizes: MegatronSizes, order: str) -> str | None:
         exp = complete_order(order, sizes.expert_grid())
     except ValueError as exc:
         return str(exc)
-    if not (order.lower().endswith("pp") or sizes.pp == 1 or sizes.edp == sizes.dp):
-        return f"order {order!r} does not end with pp, so edp ({sizes.edp}) must equal dp ({sizes.dp})"
+    if not (order.lower().endswith("pp") or sizes.pp == 1 or sizes.expert_dp == sizes.dp):
+        return f"order {order!r} does not end with pp, so edp ({sizes.expert_dp}) must equal dp ({sizes.dp})"
     if grid_strides(dec, sizes.decoder_grid())["pp"] != grid_strides(exp, sizes.expert_grid())["pp"]:
         return f"order {order!r}: decoder and expert grids would have different pipeline groups"
     return None
 
 
-def megatron_groups(sizes: MegatronSizes, order: str = DEFAULT_ORDER) -> dict[str, list[list[int]]]:
+def megatron_groups(sizes: ParallelSizes, order: str = DEFAULT_ORDER) -> dict[str, list[list[int]]]:
     """Member sets (sorted global ranks) of every group kind Megatron creates for ``sizes``.
 
     Keys are the kinds of :data:`GROUP_KINDS`; one distributed-optimizer instance is assumed
@@ -208,7 +176,8 @@ def megatron_groups(sizes: MegatronSizes, order: str = DEFAULT_ORDER) -> dict[st
     problem = order_problem(sizes, order)
     if problem:
         raise ValueError(problem)
-    out: dict[str, list[list[int]]] = {"world": [list(range(sizes.world))]}
+    world = int(sizes.world_size)
+    out: dict[str, list[list[int]]] = {"world": [list(range(world))]}
     for grid, kinds in ((sizes.decoder_grid(), DECODER_KINDS), (sizes.expert_grid(), EXPERT_KINDS)):
         tokens = complete_order(order, grid)
         dims = [grid[t] for t in tokens]
@@ -218,5 +187,5 @@ def megatron_groups(sizes: MegatronSizes, order: str = DEFAULT_ORDER) -> dict[st
     pp_groups = out["pp"]
     out["embd"] = [[g[0]] if len(g) == 1 else [g[0], g[-1]] for g in pp_groups]
     out["pos-embd"] = [[g[0]] for g in pp_groups]
-    out["intra-distopt"] = [list(range(sizes.world))]
+    out["intra-distopt"] = [list(range(world))]
     return {k: out[k] for k in KIND_ORDER}

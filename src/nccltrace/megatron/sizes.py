@@ -1,0 +1,173 @@
+"""The parallel sizes of a Megatron-LM job: the one sizes class of nccltrace.
+
+:class:`ParallelSizes` is what a run declares (or what the layout inference finds): it is read
+from run settings of any origin, validated with Megatron's divisibility rules, and gives the
+rank grids :mod:`.groups` generates the process groups from and the :mod:`.layout` of a run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:  # layout.py imports this module; the method below imports it when called
+    from .layout import MegatronLayout
+
+__all__ = ["ParallelSizes", "declares_sizes"]
+
+
+def _int(settings: Mapping[str, Any], *names: str) -> int | None:
+    """The first of ``names`` set in ``settings`` as an integer (None if none is set)."""
+    for n in names:
+        v = settings.get(n)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+            raise ConfigError(n, f"expected an integer, got {v!r}")
+        try:
+            f = float(v)
+        except ValueError:
+            raise ConfigError(n, f"expected an integer, got {v!r}") from None
+        if not f.is_integer():
+            raise ConfigError(n, f"expected an integer, got {v!r}")
+        return int(f)
+    return None
+
+
+def _bool(settings: Mapping[str, Any], *names: str) -> bool:
+    """The first of ``names`` set in ``settings`` as a flag (strings like 'true'/'1' count)."""
+    for n in names:
+        v = settings.get(n)
+        if v is None:
+            continue
+        if isinstance(v, str):
+            return v.strip().lower() in ("1", "true", "yes", "on")
+        return bool(v)
+    return False
+
+
+@dataclass(frozen=True)
+class ParallelSizes:
+    """Parallel sizes of a Megatron-LM run.
+
+    ``world_size`` or ``dp`` must be given (the other is derived: dp = world / (tp·pp·cp)).
+    ``etp`` defaults to ``tp`` (Megatron's default); expert dp = world / (etp·ep·pp). Invalid
+    combinations raise :class:`~nccltrace.errors.ConfigError` (a ``ValueError``) naming the
+    field. ``gpus_per_node`` only places ranks on nodes (None: unknown).
+    """
+
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    etp: int | None = None
+    vpp: int = 1
+    dp: int | None = None
+    world_size: int | None = None
+    distributed_optimizer: bool = False
+    gpus_per_node: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "cp", "ep", "vpp"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(name, f"must be a positive integer, got {v!r}")
+        for name in ("etp", "dp", "world_size", "gpus_per_node"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ConfigError(name, f"must be a positive integer (or omitted), got {v!r}")
+        mp = self.tp * self.pp * self.cp
+        world, dp = self.world_size, self.dp
+        if world is None and dp is None:
+            raise ConfigError("world_size", "give the world size (or nodes and gpus_per_node) or dp")
+        if world is None:
+            world = dp * mp
+        if world % mp:
+            raise ConfigError("world_size", f"world size {world} is not divisible by tp*pp*cp = "
+                                            f"{self.tp}*{self.pp}*{self.cp} = {mp}")
+        if dp is not None and dp != world // mp:
+            raise ConfigError("dp", f"dp={dp} does not match world size {world} / (tp*pp*cp = {mp}) = {world // mp}")
+        emp = self.expert_tp * self.ep * self.pp
+        if world % emp:
+            raise ConfigError("ep", f"world size {world} is not divisible by etp*ep*pp = {emp} "
+                                    "(expert parallelism is carved out of dp*cp*tp)")
+        if self.vpp > 1 and self.pp == 1:
+            raise ConfigError("vpp", "virtual pipeline stages (vpp > 1) need pp > 1")
+        # Both are set from here on: readers may take world_size and dp as ints.
+        object.__setattr__(self, "world_size", world)
+        object.__setattr__(self, "dp", world // mp)
+
+    @property
+    def expert_tp(self) -> int:
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert data-parallel size: world / (etp * ep * pp)."""
+        return int(self.world_size) // (self.expert_tp * self.ep * self.pp)
+
+    def decoder_grid(self) -> dict[str, int]:
+        """Token -> size of the decoder rank grid (tp, cp, ep = 1, dp, pp)."""
+        return {"tp": self.tp, "cp": self.cp, "ep": 1, "dp": int(self.dp), "pp": self.pp}
+
+    def expert_grid(self) -> dict[str, int]:
+        """Token -> size of the expert rank grid (etp, cp = 1, ep, edp, pp)."""
+        return {"tp": self.expert_tp, "cp": 1, "ep": self.ep, "dp": self.expert_dp, "pp": self.pp}
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> ParallelSizes:
+        """Sizes from run settings: an emulator config dict, a campaign run's settings, a
+        ``run.yaml`` mapping (``config`` + ``derived``), or Megatron argument names
+        (``tensor_model_parallel_size``, ...). Unrelated keys are ignored."""
+        s: dict[str, Any] = {}
+        if isinstance(settings.get("derived"), Mapping):
+            s.update(settings["derived"])
+        if isinstance(settings.get("config"), Mapping):
+            s.update(settings["config"])
+        s.update({k: v for k, v in settings.items() if k not in ("config", "derived")})
+        world = _int(s, "world_size", "world")
+        nodes, gpn = _int(s, "nodes", "num_nodes"), _int(s, "gpus_per_node", "nproc_per_node")
+        if nodes is not None and gpn is not None:
+            if world is not None and world != nodes * gpn:
+                raise ConfigError("world_size", f"world_size={world} but nodes*gpus_per_node = {nodes}*{gpn}")
+            world = nodes * gpn
+        return cls(
+            tp=_int(s, "tp", "tensor_model_parallel_size") or 1,
+            pp=_int(s, "pp", "pipeline_model_parallel_size") or 1,
+            cp=_int(s, "cp", "context_parallel_size") or 1,
+            ep=_int(s, "ep", "expert_model_parallel_size") or 1,
+            etp=_int(s, "etp", "expert_tp", "expert_tensor_parallel_size"),
+            vpp=_int(s, "vpp", "virtual_pipeline_model_parallel_size") or 1,
+            dp=_int(s, "dp", "data_parallel_size"),
+            world_size=world,
+            distributed_optimizer=_bool(s, "distributed_optimizer", "use_distributed_optimizer"),
+            gpus_per_node=gpn,
+        )
+
+    def layout(self) -> MegatronLayout:
+        """Megatron's groups for these sizes (cached per sizes)."""
+        return _layout(self)
+
+
+@lru_cache(maxsize=32)
+def _layout(sizes: ParallelSizes) -> MegatronLayout:
+    from .layout import MegatronLayout  # here, not at the top: layout.py builds on this module
+
+    return MegatronLayout(sizes)
+
+
+_SIZE_KEYS = ("tp", "pp", "cp", "ep", "etp", "dp", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+              "context_parallel_size", "expert_model_parallel_size")
+
+
+def declares_sizes(settings: Mapping[str, Any] | None) -> bool:
+    """Whether run settings say anything about the parallel sizes (top level, or nested under
+    ``config``/``derived`` as in run.yaml): what :meth:`ParallelSizes.from_settings` reads."""
+    if not settings:
+        return False
+    parts = [settings, *(settings.get(k) for k in ("config", "derived") if isinstance(settings.get(k), Mapping))]
+    return any(k in part for part in parts for k in _SIZE_KEYS)
