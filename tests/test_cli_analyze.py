@@ -112,7 +112,7 @@ def test_host_without_export_is_unmatched_and_partial(analyzed, tmp_path, capsys
     # Flat directory, no run.yaml: sizes from the flags, world size from the init lines.
     assert main(["analyze", str(flat), "-o", str(out), "-q", "--tp", "2", "--pp", "2"]) == 0
     err = capsys.readouterr().err
-    assert "no nsys export for host(s) node001" in err and "slurm-17.log" in err
+    assert "node node001: no nsys export" in err and "slurm-17.log" in err
     for d in (out / "aligned").iterdir():
         table = read_table(d / "alignment.parquet")
         calls = table[table["row_kind"] == "call"]
@@ -155,7 +155,7 @@ def test_missing_rank_log_flags_the_run_partial(analyzed, tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["analyze", str(copy), "-o", str(out), "-q"]) == 0
     err = capsys.readouterr().err
-    assert "1 of 4 rank logs are missing" in err and f"pid(s) {victim.stem.rsplit('_', 1)[1]} without a log" in err
+    assert "1 of 4 rank logs are missing" in err and f"pid(s) {victim.stem.rsplit('_', 1)[1]} have no NCCL log" in err
     summary = json.loads((out / "parsed" / "parse_summary.json").read_text())
     assert summary["partial"] and summary["processes"] == 3 and summary["expected_processes"] == 4
     assert json.loads((out / "manifest.json").read_text())["partial"]
@@ -193,3 +193,28 @@ def test_validate_quick_alignment_prints_table_4_5(capsys, tmp_path):
     assert "Easy 1:1" in out and "Both Drop 20%" in out and "paper NW" in out
     assert "dense_moe_A100" in out
     assert len(list(tmp_path.glob("*.csv"))) == 2
+
+
+def test_trace_and_report_read_only_the_processes_and_nodes_they_are_given(analyzed, tmp_path):
+    """A stage reads the paths it was given, never what else lies in the run directory: a
+    damaged stray process and node beside the run's own change nothing."""
+    from nccltrace.run_layout import RunLayout
+    from nccltrace.stages.report import run_report
+    from nccltrace.stages.trace import run_trace
+
+    raw, out = analyzed
+    until_volume = tmp_path / "run"
+    assert main(["analyze", str(raw), "-o", str(until_volume), "-q", "--until", "volume"]) == 0
+    layout = RunLayout(until_volume)
+    procs = sorted(p.name for p in (until_volume / "parsed" / "nccl").iterdir() if p.is_dir())
+    hosts = sorted(p.name for p in (until_volume / "parsed" / "nsys").iterdir() if p.is_dir())
+    for stray in (layout.parsed_nccl("nccl_ghost_1"), layout.parsed_nsys("ghost")):
+        stray.mkdir(parents=True)
+        for name in ("calls.parquet", "kernels.parquet", "nvtx.parquet", "session.json", "manifest.json"):
+            (stray / name).write_bytes(b"not a table")
+    trace = run_trace(layout, None, procs, hosts)
+    report = run_report(layout, "r", procs, hosts, run_yaml=raw / "run.yaml")
+    assert trace.outputs and not report.partial
+    manifest = json.loads(layout.manifest(layout.trace_dir).read_text())
+    assert not any("ghost" in p for p in manifest["inputs"])
+    assert "ghost" not in layout.report_html.read_text()

@@ -270,6 +270,23 @@ def test_straggler_attribution_counts_last_arrivals_and_the_wait_they_cause():
     assert set(s["parallelism"]) == {"dp"} and set(s["nranks"]) == {4}
 
 
+def test_instances_a_step_window_capture_left_out_are_not_captured_not_incomplete():
+    outside = _instance("0:0", [0, 10, 20, 30], [100] * 4)
+    for r in outside:
+        r.update(status="unmatched", reason="outside_capture")
+    # one rank's call outside the window while the others were captured: a real gap
+    straddling = _instance("0:1", [0, 10, 20, 30], [100] * 4)
+    straddling[3].update(status="unmatched", reason="outside_capture")
+    good = _instance("0:2", [0, 10, 20, 30], [100] * 4)
+    m = compute_run_metrics(_ops(outside + straddling + good), [])
+    inst = m.instances.set_index("instance")
+    assert inst["status"].to_dict() == {"0:0": "not_captured", "0:1": "incomplete", "0:2": "complete"}
+    assert inst.loc["0:0", "reason"] == "outside the capture window"
+    # only the real gap is a problem
+    assert [p for p in m.problems if "instances" in p] == [
+        "1 of 3 collective instances incomplete: no wait/transfer figures for them (see instances.reason)"]
+
+
 def test_incomplete_and_unsynchronised_instances_are_excluded_with_a_reason():
     missing = _instance("0:0", [0, 10, 20], [100] * 3, ranks=[0, 1, 2])
     for r in missing:

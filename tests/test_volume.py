@@ -169,6 +169,12 @@ def test_tp_eq_5_5_and_osu_eq_5_with_recomputation_and_sp():
     assert set(_comp(sp, "wire")["op"]) == {"AllGather+ReduceScatter"}
 
 
+def test_megatron_argument_names_give_the_same_theory_as_the_short_names():
+    short = theoretical_volume({**SMALL, "tp": 4})
+    megatron = theoretical_volume({**{k: v for k, v in SMALL.items() if k != "tp"}, "tensor_model_parallel_size": 4})
+    assert _total(megatron, "wire") == pytest.approx(_total(short, "wire")) and _total(short, "wire") > 0
+
+
 def test_pp_eq_5_4_edges_middles_and_vpp():
     s = {**SMALL, "num_layers": 8, "pp": 4, "global_batch_size": 16}  # dp = 1, 8 microbatches
     v, m, it = 2 * 128 * 64 * 2, 8, 3

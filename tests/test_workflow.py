@@ -93,8 +93,12 @@ def test_workflow_emulates_and_parses_every_run_then_has_nothing_to_do(tmp_path)
     summary = json.loads((base / "parsed" / "parse_summary.json").read_text())
     assert summary["partial"] and summary["processes"] == 3 and summary["expected_processes"] == 4
     assert any("1 of 4 rank logs are missing" in i["message"] for i in summary["issues"])
+    # the node of the missing log still has that process's kernels: named, with the pid
+    victim_pid = victim.stem.rsplit("_", 1)[1]
+    assert any(f"pid(s) {victim_pid} have no NCCL log" in i["message"] for i in summary["issues"])
     manifest = json.loads((base / "parsed" / "manifest.json").read_text())
-    assert manifest["partial"] and manifest["config_hash"] and len(manifest["inputs"]) == 3 + 2
+    # 3 parse reports and their manifests, 2 sessions, and the kernels table that showed the orphan pid
+    assert manifest["partial"] and manifest["config_hash"] and len(manifest["inputs"]) == 3 * 2 + 2 + 1
 
 
 @pytest.mark.slow

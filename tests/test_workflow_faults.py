@@ -378,3 +378,24 @@ def test_partial_propagates_through_manifests_with_its_reasons(tmp_path):
     d = write_manifest(tmp_path / "d.json", stage="x", inputs=[tmp_path / "b" / "u.parquet"], outputs=[],
                        propagate=False)
     assert not d["partial"] and d["partial_reasons"] == []
+
+
+def test_import_splits_one_combined_stdout_of_all_ranks_into_per_process_logs(two_nodes, tmp_path):
+    # What `srun --label` leaves: every rank's lines in one file, prefixed, with application output between.
+    src = tmp_path / "src"
+    shutil.copytree(two_nodes, src)
+    originals = {p.name: p.read_bytes().splitlines() for p in sorted((src / "nccl").glob("nccl_*.log"))}
+    combined = []
+    for rank, lines in enumerate(originals.values()):
+        combined += [f"{rank}: ".encode() + line for line in lines] + [f"{rank}: iteration 1 loss 2.3".encode()]
+    for p in (src / "nccl").glob("nccl_*.log"):
+        p.unlink()
+    (src / "nccl" / "slurm-4242.out").write_bytes(b"\n".join(combined) + b"\n")
+    record = _import(src, tmp_path)
+    raw = tmp_path / "raw"
+    assert record["processes"] == len(originals)
+    for name, lines in originals.items():
+        got = (raw / "nccl" / name).read_bytes().splitlines()
+        assert [g.split(b"NCCL", 1)[1] for g in got] == [x.split(b"NCCL", 1)[1] for x in lines if b"NCCL" in x], name
+    status = read_status(raw)
+    assert not status.get("problems") and any("found by content" in w for w in status["warnings"])

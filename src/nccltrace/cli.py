@@ -195,7 +195,7 @@ def cmd_align(args: argparse.Namespace) -> int:
     import pyarrow.parquet as pq
 
     from .align.correlate import align_files
-    from .pipeline import alignment_summary
+    from .stages.align import alignment_summary
     from .provenance import write_manifest
 
     calls = _table_in(args.calls, "calls.parquet")

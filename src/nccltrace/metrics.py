@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from .align.correlate import OUTSIDE_CAPTURE_REASON
 from .tables import SCHEMA_VERSION, coerce_to_schema, read_table, write_table_atomic
 from .tables import documented_field as _f
 
@@ -42,6 +43,9 @@ OPS_COLUMNS = ["bytes", "comm", "count", "duplicate_of", "file", "global_rank", 
                "kernel_correlation_id", "kernel_end", "kernel_end_sync", "kernel_global_pid", "kernel_name",
                "kernel_start", "kernel_start_sync", "line", "logical_id", "message_bytes", "nranks", "op", "op_count",
                "parallelism", "pid", "rank_in_comm", "reason", "root", "row_kind", "status"]  # fmt: skip
+
+# The tables of each process's parse (parsed/nccl/<proc>/) that compute_run_metrics reads.
+PARSED_TABLES = ("tuning", "topology_links", "topology_systems", "comms")
 
 GB = 1e9  # nccl-tests reports GB/s with 1 GB = 1e9 bytes
 
@@ -139,8 +143,9 @@ INSTANCE_SCHEMA = _schema(
         _f("rows", pa.int32(), "", "call rows of the instance in ops (all ranks)"),
         _f("ranks_matched", pa.int32(), "", "distinct ranks whose call is matched to a kernel"),
         _f("status", pa.string(), "", "'complete' (every rank matched, clocks synchronised: cross-rank figures "
-           "computed), 'incomplete' (ranks missing: excluded from wait/transfer) or 'not_synced' (a member's clock "
-           "is not related to the reference)"),
+           "computed), 'incomplete' (ranks missing: excluded from wait/transfer), 'not_synced' (a member's clock "
+           "is not related to the reference) or 'not_captured' (every rank's call lies outside the capture window "
+           "of a step-window capture: not a gap, the capture chose it)"),
         _f("reason", pa.string(), "", "why the instance is not complete (null when complete)"),
         _f("first_start_ns", pa.int64(), "ns", "first kernel start (synchronised clock)"),
         _f("last_start_ns", pa.int64(), "ns", "last kernel start = arrival of the last rank"),
@@ -681,7 +686,7 @@ def _transition_table(om: pd.DataFrame, keep: np.ndarray) -> pd.DataFrame:
 _OPS_COLUMNS = ["file", "line", "host", "pid", "op", "comm", "op_count", "kernel_global_pid", "kernel_correlation_id",
                 "kernel_name", "kernel_start", "kernel_end", "status", "duplicate_of", "nranks", "root", "bytes",
                 "message_bytes", "logical_id", "global_rank", "rank_in_comm", "parallelism", "instance",
-                "kernel_start_sync", "kernel_end_sync"]  # fmt: skip
+                "kernel_start_sync", "kernel_end_sync", "reason"]  # fmt: skip
 
 
 def compute_run_metrics(
@@ -817,7 +822,9 @@ def _instance_metrics(calls: pd.DataFrame, timed: np.ndarray, dur: np.ndarray, k
     dur = np.maximum(np.where(timed, dur, s_end - s_start), 0)
     rank, rank_ok = _i64(calls["global_rank"])
 
-    rows = pd.DataFrame({"code": codes[has], "matched": matched[has], "synced": synced[has],
+    # calls a step-window capture left out by design (their kernels were never recorded)
+    outside = (calls["reason"] == OUTSIDE_CAPTURE_REASON).fillna(False).to_numpy(dtype=bool)
+    rows = pd.DataFrame({"code": codes[has], "matched": matched[has], "synced": synced[has], "outside": outside[has],
                          "rank": np.where(matched & rank_ok, rank, -1)[has],
                          "host": calls["host"].astype("string")[has].to_numpy()})  # fmt: skip
     rows["unsynced_host"] = rows["host"].where(rows["matched"] & ~rows["synced"])
@@ -826,7 +833,7 @@ def _instance_metrics(calls: pd.DataFrame, timed: np.ndarray, dur: np.ndarray, k
     inst = pd.DataFrame({
         "rows": g.size(), "matched_rows": g["matched"].sum(), "ranks_matched": g["rank"].nunique(),
         "synced_rows": g["synced"].sum(), "unsynced_host": g["unsynced_host"].first(),
-        "unsynced_hosts": g["unsynced_host"].nunique(),
+        "unsynced_hosts": g["unsynced_host"].nunique(), "outside_rows": g["outside"].sum(),
     })  # fmt: skip
     first = pd.DataFrame({"code": codes[has], "logical_id": calls["logical_id"][has].to_numpy(),
                           "op": calls["op"][has].to_numpy(), "parallelism": calls["parallelism"][has].to_numpy(),
@@ -838,12 +845,15 @@ def _instance_metrics(calls: pd.DataFrame, timed: np.ndarray, dur: np.ndarray, k
     complete = ((nr >= 2) & (inst["ranks_matched"] == nr) & (inst["matched_rows"] == nr)
                 & (inst["synced_rows"] == nr))  # fmt: skip
     incomplete = ~complete & ((inst["ranks_matched"] < nr) | (inst["matched_rows"] != nr) | (nr < 2))
-    inst["status"] = np.where(complete, "complete", np.where(incomplete, "incomplete", "not_synced"))
+    not_captured = (inst["outside_rows"] == inst["rows"]).to_numpy()
+    inst["status"] = np.where(complete, "complete", np.where(not_captured, "not_captured",
+                                                             np.where(incomplete, "incomplete", "not_synced")))
     extra = np.where(inst["matched_rows"] > inst["ranks_matched"], " (several rows of one rank)", "")
     reason_inc = (inst["ranks_matched"].astype(str) + " of " + nr.astype(str) + " ranks matched to a kernel" + extra)
     others = np.where(inst["unsynced_hosts"] > 1, " and others", "")
     reason_ns = "no synchronised clock for " + inst["unsynced_host"].astype(str) + others
-    inst["reason"] = np.where(complete, None, np.where(incomplete, reason_inc, reason_ns))
+    inst["reason"] = np.where(complete, None, np.where(not_captured, "outside the capture window",
+                                                       np.where(incomplete, reason_inc, reason_ns)))
 
     # per-row cross-rank figures, complete instances only (every row matched and synced)
     comp_codes = inst.index[complete.to_numpy()].to_numpy()

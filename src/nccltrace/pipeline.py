@@ -1,33 +1,26 @@
 """Analyse one run without Snakemake: the workflow's stages in order, into the workflow's layout.
 
-:func:`analyze_run` takes a run's raw directory and runs, in one process, what the workflow's
-rules run per run: NCCL logs parsed per process, nsys exports per node, the parse summary,
-logical communicators, the call <-> kernel alignment per process and the enriched ops table.
-Outputs and manifests land where the workflow puts them under ``results/<campaign>/<run>/``::
+:func:`analyze_run` finds a run's NCCL logs and nsys exports in a directory and runs, in one
+process, the stages of :mod:`nccltrace.stages` that the workflow's rules run: each log parsed,
+each export parsed, the parse summary, the logical communicators, the alignment per process, the
+ops table, then (``until``) metrics, volume validation, trace and report. The stages are the
+workflow's own, so tables, manifests, problems and their messages are the same; the results
+follow :class:`~nccltrace.run_layout.RunLayout` below ``out_dir`` (plus ``inputs/``: logs as
+found by content, exports made here, and ``manifest.json`` of stage ``analyze``).
 
-    parsed/nccl/<proc>/       calls.parquet, comms.parquet, ..., parse_report.json, manifest.json
-    parsed/nsys/<export>/     kernels.parquet, nvtx.parquet, ..., session.json, manifest.json
-    parsed/parse_summary.json (+ parsed/manifest.json)
-    communicators/            communicators.parquet, communicator_members.parquet, manifest.json
-    aligned/<proc>/           alignment.parquet, manifest.json
-    ops/                      ops.parquet, parallelism.parquet, clock_sync.parquet, manifest.json
-    manifest.json             stage 'analyze': raw inputs, settings, partial, problems
+Inputs. ``raw_dir`` is either the workflow's ``raw/`` layout (``nccl/``, ``nsys/``, optional
+``run.yaml``) or a flat directory. Logs are found by content
+(:func:`nccltrace.log_discovery.discover_logs`: any name, ``.gz``, one file per process or per
+rank, or one combined stdout of all ranks with launcher prefixes); other text files are skipped
+and listed. Exports (``*.sqlite`` of any name; ``.nsys-rep`` reports are exported when nsys is
+installed) are named after the host recorded in them, as the workflow's import names them
+(:func:`nccltrace.acquisition.raw.assign_exports`).
 
-Inputs. ``raw_dir`` is either the workflow's ``raw/`` layout (``nccl/nccl_<host>_<pid>.log``,
-``nsys/<host>.sqlite``, optional ``run.yaml``) or a flat directory holding the ``*.log`` and
-``*.sqlite`` files. Logs must be named ``nccl_<host>_<pid>.log`` (``NCCL_DEBUG_FILE=nccl_%h_%p.log``):
-the name is what ties a process to its node's export. In a flat directory other ``*.log`` files
-(job stdout, SLURM logs) are skipped and listed in the result. An export belongs to the host of
-its file name, or else to the hostname recorded in the export (also its part before the first dot).
-
-Missing inputs. No NCCL log, no export, or no process whose host has an export: an error (a
-``FileNotFoundError`` naming what is missing and how to produce it). A process whose host has no
-export still gets ``aligned/<proc>/alignment.parquet``: every call line that needed a kernel is
-``unmatched`` with reason ``'no_export'`` (duplicate lines and calls on single-rank communicators
-keep their own reasons, which hold without an export); its manifest, the ops manifest and the
-run manifest are flagged ``partial``. Fewer logs than the world size, fewer exports than nodes
-(when the settings know the node count), and NCCL kernels of pids that have no log also flag the
-run partial.
+Missing inputs. No NCCL log, no export, or no export of a host of the logs: an error naming what
+is missing and how to produce it. A host of the logs without an export gets the workflow's
+'no export' tables: its calls are ``unmatched`` with reason ``'no_export'`` and the run is
+partial, as are runs with fewer logs than the world size, fewer exports than nodes (when the
+settings know the node count) or NCCL kernels of pids without a log.
 
 Settings. Declared parallel sizes label the communicators (``nccltrace.parallelism``). They come
 from ``run.yaml`` in ``raw_dir`` (the emulator writes one), overridden key by key by
@@ -38,10 +31,8 @@ thesis's heuristic labels are used (``label_source = 'heuristic'``).
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,14 +40,13 @@ from typing import Any
 
 import pandas as pd
 
-from .align.correlate import NO_EXPORT_REASON, NOT_IN_EXPORT_REASON
+from .align.correlate import NO_EXPORT_REASON
 from .stages import STAGES
 
 __all__ = [
     "NO_EXPORT_REASON",
     "VALIDATION_SECTIONS",
     "RawInputs",
-    "alignment_summary",
     "analyze_run",
     "default_campaign_path",
     "find_raw_inputs",
@@ -229,88 +219,6 @@ def _remove_stale(stage_dir: Path, keep: set[str]) -> None:
             shutil.rmtree(d)
 
 
-def _map_hosts(inputs: RawInputs, sessions: dict[str, dict[str, Any]]) -> dict[str, str]:
-    """Log host -> export stem: the export named after the host, else the one whose recorded
-    hostname (or its short form) is the host."""
-    by_name: dict[str, str] = {}
-    for stem, info in sessions.items():
-        hn = info.get("hostname")
-        if hn:
-            by_name.setdefault(str(hn), stem)
-            by_name.setdefault(str(hn).split(".")[0], stem)
-    out: dict[str, str] = {}
-    for proc in inputs.logs:
-        host = inputs.host_of(proc)
-        if host in inputs.exports:
-            out[host] = host
-        elif host in by_name:
-            out[host] = by_name[host]
-    return out
-
-
-def _align_without_export(calls_path: Path, kernel_schema_from: Path, out_path: Path) -> pd.DataFrame:
-    """Alignment table of a process whose node has no export: no kernel can be matched."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from .align.correlate import ALIGNMENT_SCHEMA, align_process
-    from .tables import read_table, write_table_atomic
-
-    calls = read_table(calls_path)
-    # An empty kernels frame with the parsed kernels' columns and dtypes (as align_files reads them).
-    no_kernels = pq.read_schema(kernel_schema_from).empty_table().to_pandas(
-        types_mapper={pa.int64(): pd.Int64Dtype(), pa.uint64(): pd.UInt64Dtype()}.get)
-    # Default mode on an empty kernel sequence keeps the reasons that need no export
-    # (duplicate lines, single-rank communicators); every other call lacked its kernel only
-    # because nothing was exported.
-    table = align_process(calls, no_kernels, mode="default")
-    need = (table["row_kind"] == "call") & table["reason"].isin(["no_kernel", NOT_IN_EXPORT_REASON])
-    table.loc[need, "reason"] = NO_EXPORT_REASON
-    write_table_atomic(pa.Table.from_pandas(table, schema=ALIGNMENT_SCHEMA, preserve_index=False), out_path)
-    return table
-
-
-def alignment_summary(table: pd.DataFrame, mode: str) -> dict[str, Any]:
-    """Counts of an alignment table (as the workflow's align manifests record them)."""
-    calls = table[table["row_kind"] == "call"]
-    return {
-        "mode": mode,
-        "calls": len(calls),
-        "matched": int((calls["status"] == "matched").sum()),
-        "unmatched_by_reason": {str(k): int(v) for k, v in calls["reason"].value_counts().items()},
-        "kernels_without_call": int((table["row_kind"] == "kernel").sum()),
-    }
-
-
-def _parse_summary(parsed: Path, procs: list[str], stems: list[str], expected_procs: int | None,
-                   expected_nodes: int | None) -> dict[str, Any]:
-    """The workflow's parse summary (per-process totals, issues, missing ranks/nodes)."""
-    totals: Counter = Counter()
-    per_process, per_node, issues = [], [], []
-    for proc in procs:
-        data = json.loads((parsed / "nccl" / proc / "parse_report.json").read_text())
-        totals.update(data["totals"])
-        per_process.append({"process": proc, "partial": data["partial"], "totals": data["totals"]})
-        for f in data["files"]:
-            issues += [{"process": proc, **i} for i in f["issues"]]
-    for stem in stems:
-        per_node.append({"host": stem, **json.loads((parsed / "nsys" / stem / "session.json").read_text())})
-    missing_p = max(0, (expected_procs or 0) - len(procs))
-    missing_n = max(0, (expected_nodes or 0) - len(stems))
-    if missing_p:
-        issues.append({"severity": "error", "line": None,
-                       "message": f"{missing_p} of {expected_procs} rank logs are missing"})
-    if missing_n:
-        issues.append({"severity": "error", "line": None,
-                       "message": f"{missing_n} of {expected_nodes} node exports are missing"})
-    return {
-        "processes": len(procs), "expected_processes": expected_procs, "nodes": len(stems),
-        "expected_nodes": expected_nodes, "totals": dict(sorted(totals.items())),
-        "partial": any(p["partial"] for p in per_process) or bool(missing_p or missing_n),
-        "issues": issues, "per_process": per_process, "per_node": per_node,
-    }  # fmt: skip
-
-
 def _int_or_none(v: Any) -> int | None:
     try:
         return int(v) if v is not None else None
@@ -318,38 +226,48 @@ def _int_or_none(v: Any) -> int | None:
         return None
 
 
+def _say(result: Any, problems: list[str], notes: list[str]) -> None:
+    """Collect a stage's problems and notes once each (several stages may name one gap)."""
+    problems += [p for p in result.problems if p not in problems]
+    notes += [n for n in result.notes if n not in notes and n not in problems]
+
+
 def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[str, Any] | None = None,
                 mode: str = "default", progress: bool = True,
                 capture_steps: tuple[int, int] | None = None, until: str = "ops",
                 trace_options: Mapping[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
-    """Run every analysis stage on one run (see the module docstring for inputs, outputs and
-    how missing inputs are handled). ``mode``: alignment mode (``default``, ``thesis``,
-    ``exact``). Returns a summary: processes, hosts, calls, matched, partial, problems,
-    ignored logs, the resolved settings and the output paths. ``capture_steps``: the captured
-    steps of a step-window capture (logged, 1-based, inclusive; overrides the settings'
-    ``capture.steps``)."""
-    import pyarrow.parquet as pq
-
-    from .align.quality import QUALITY_FILE, QUALITY_TABLE, quality_problems, read_quality
+    """Run the analysis stages (:mod:`nccltrace.stages`, the workflow's own) on one run, in order,
+    through ``until`` (see the module docstring for inputs, outputs and how missing inputs are
+    handled). ``mode``: alignment mode (``default``, ``thesis``, ``exact``). Returns a summary:
+    processes, hosts, calls, matched, partial, problems, notes, ignored logs, the resolved
+    settings and the output paths. ``capture_steps``: the captured steps of a step-window
+    capture (logged, 1-based, inclusive; overrides the settings' ``capture.steps``)."""
+    from .acquisition.raw import ANALYZE_REMEDY, RawImportError, assign_exports
+    from .align.correlate import MODES
     from .capture import CaptureWindow
-
-    from .align.correlate import MODES, align_files, process_key
-    from .communicators import INFERRED_NOTE, communicator_problems, infer_run_communicators
-    from .nccl.log_reader import parse_logs
-    from .nsys.reader import NsysExport
-    from .ops import stream_run_ops, write_run_ops
+    from .parallelism import ParallelSizes
     from .provenance import write_manifest
-    from .tables import write_json_atomic
+    from .run_layout import RunLayout
+    from .stages.align import run_align
+    from .stages.communicators import run_communicators
+    from .stages.metrics import run_metrics
+    from .stages.ops import run_ops
+    from .stages.parse_nccl import run_parse_nccl
+    from .stages.parse_nsys import run_parse_nsys
+    from .stages.parse_summary import run_parse_summary
+    from .stages.report import run_report
+    from .stages.trace import run_trace
+    from .stages.volume import run_volume
 
     if mode not in MODES:
         raise ValueError(f"unknown alignment mode {mode!r}; use one of {', '.join(MODES)}")
     if until not in STAGES:
         raise ValueError(f"unknown stage {until!r} to stop after; use one of {', '.join(STAGES)}")
     out = Path(out_dir)
+    layout = RunLayout(out)
     inputs = find_raw_inputs(raw_dir, staging=out / "inputs")
-    parsed = out / "parsed"
     procs = sorted(inputs.logs)
-    stems = sorted(inputs.exports)
+    log_hosts = sorted({inputs.host_of(p) for p in procs})
     source = " + ".join(s for s, v in (("run.yaml", inputs.run_yaml), ("given settings", settings)) if v)
     run_settings = resolve_settings(inputs.run_yaml, settings)
     if capture_steps is not None:
@@ -358,224 +276,118 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
         window = CaptureWindow.of_settings(run_settings) if run_settings and run_settings.get("capture") else None
         steps = window.loop_indices if window is not None else None
     problems: list[str] = []  # anything that makes the result partial
-    notes: list[str] = []  # worth saying, not a gap in the result
-    notes += inputs.notes
-    problems += inputs.problems
+    notes: list[str] = list(inputs.notes)  # worth saying, not a gap in the result
     if inputs.ignored_logs:
         notes.append(f"ignored {len(inputs.ignored_logs)} text file(s) without NCCL lines: "
                      f"{', '.join(p.name for p in inputs.ignored_logs[:5])}")
-    for stage_dir, keep in ((parsed / "nccl", set(procs)), (parsed / "nsys", set(stems)), (out / "aligned", set(procs))):
+    # Exports are named after the host they were captured on, as the workflow's import names them.
+    try:
+        assigned = assign_exports(list(inputs.exports.values()), set(log_hosts))
+    except RawImportError as e:
+        raise ValueError(str(e)) from None
+    hosts = sorted(assigned.exports)
+    if not set(hosts) & set(log_hosts):
+        raise FileNotFoundError(
+            f"no nsys export belongs to a host of the NCCL logs (log hosts: {', '.join(log_hosts)}; exports: "
+            f"{', '.join(f'{p.name} (host {h})' for h, p in sorted(assigned.exports.items()))}); each export must "
+            f"be captured on a host of the logs; {_EXPORT_HINT}")
+    no_export = [h for h in log_hosts if h not in assigned.exports]
+    for stage_dir, keep in ((out / "parsed" / "nccl", set(procs)), (out / "parsed" / "nsys", {*hosts, *no_export}),
+                            (out / "aligned", set(procs))):
         _remove_stale(stage_dir, keep)
 
     # 1. NCCL logs, one process at a time (as the workflow's per-process jobs).
     with _bar(len(procs), "parse NCCL logs", "proc", progress) as bar:
         for proc in procs:
-            log = inputs.logs[proc]
-            dest = parsed / "nccl" / proc
-            report = parse_logs([log], dest, base=log.parent)
-            counts = report.counts
-            if not (counts["call"] or counts["init"] or counts["split"]):
-                notes.append(f"{log.name} has no NCCL call or init lines (NCCL_DEBUG=INFO not set, or a rank "
-                             "that never reached NCCL?)")
-            write_manifest(dest / "manifest.json", stage="parse_nccl", inputs=[log], outputs=[dest],
-                           partial=report.partial, config=run_settings)
+            _say(run_parse_nccl(inputs.logs[proc], layout.parsed_nccl(proc), run_settings), problems, notes)
             bar.update(1)
-
-    # 2. nsys exports, one node at a time.
-    sessions: dict[str, dict[str, Any]] = {}
-    with _bar(len(stems), "parse nsys exports", "node", progress) as bar:
-        for stem in stems:
-            dest = parsed / "nsys" / stem
-            with NsysExport.open(inputs.exports[stem]) as export:
-                written = export.export_tables(dest)
-            write_manifest(dest / "manifest.json", stage="parse_nsys", inputs=[inputs.exports[stem]],
-                           outputs=list(written.values()), config=run_settings)
-            sessions[stem] = json.loads((dest / "session.json").read_text())
+    # 2. nsys exports, one node at a time; a log host without one gets the workflow's empty
+    #    'no export' tables, so its calls are aligned as 'no_export'.
+    with _bar(len(hosts) + len(no_export), "parse nsys exports", "node", progress) as bar:
+        for host in [*hosts, *no_export]:
+            res = run_parse_nsys(assigned.exports.get(host), layout.parsed_nsys(host), host, run_settings,
+                                 unusable=assigned.unusable.get(host), remedy=ANALYZE_REMEDY)
+            _say(res, problems, notes)
             bar.update(1)
-    host_export = _map_hosts(inputs, sessions)
-    log_hosts = sorted({inputs.host_of(p) for p in procs})
-    if not host_export:
-        raise FileNotFoundError(
-            f"no nsys export belongs to a host of the NCCL logs (log hosts: {', '.join(log_hosts)}; exports: "
-            f"{', '.join(f'{s}.sqlite' for s in stems)}); name each export <host>.sqlite after the host in its "
-            f"logs' names, or {_EXPORT_HINT}")
-    no_export = [h for h in log_hosts if h not in host_export]
-    if no_export:
-        problems.append(f"no nsys export for host(s) {', '.join(no_export)}: their calls are unmatched "
-                        f"({NO_EXPORT_REASON!r}); {_EXPORT_HINT}")
 
     # 3. Communicators (exact, from init/split lines); their world size completes the settings.
-    comm_out = out / "communicators"
-    comm = infer_run_communicators([parsed / "nccl" / p for p in procs], comm_out, run_settings)
-    comm_problems = communicator_problems(comm)
-    write_manifest(comm_out / "manifest.json", stage="communicators",
-                   inputs=[parsed / "nccl" / p / "comms.parquet" for p in procs],
-                   outputs=[comm_out / "communicators.parquet", comm_out / "communicator_members.parquet"],
-                   partial=bool(comm_problems), reasons=comm_problems)  # fmt: skip
-    if len(comm.communicators) == 0:
+    comm = run_communicators(layout, procs, run_settings)
+    tables = comm.details["tables"]
+    if len(tables.communicators) == 0:
         raise ValueError(f"no communicator init or call lines in the NCCL logs of {inputs.raw_dir}: the analysis "
                          f"needs them to relate processes; {_LOG_HINT}")
-    problems += [p for p in comm_problems if p.startswith(INFERRED_NOTE)]
-    run_settings = _check_sizes(run_settings, comm.world_size, source)
-    expected_procs = _int_or_none(comm.world_size)
+    # (its notes list every incomplete communicator: the problems say it in one line each)
+    problems += [p for p in comm.problems if p not in problems]
+    run_settings = _check_sizes(run_settings, tables.world_size, source)
+    expected_procs = _int_or_none(tables.world_size)
     expected_nodes = None
     if run_settings is not None:
-        from .parallelism import ParallelSizes
-
         expected_procs = ParallelSizes.from_settings(run_settings).world_size
         expected_nodes = _int_or_none(run_settings.get("nodes"))
-    if expected_procs and len(procs) < expected_procs:
-        problems.append(f"{expected_procs - len(procs)} of {expected_procs} rank logs are missing")
-    if expected_nodes and len(stems) < expected_nodes:
-        problems.append(f"{expected_nodes - len(stems)} of {expected_nodes} node exports are missing")
-    incomplete = comm.communicators[~comm.communicators["complete"].astype(bool)
-                                    & (comm.communicators["kind"].astype(str) != "sequence")]
-    if len(incomplete):
-        problems.append(f"{len(incomplete)} of {len(comm.communicators)} communicators incomplete "
-                        "(ranks without a log)")
-
-    summary = _parse_summary(parsed, procs, stems, expected_procs, expected_nodes)
-    summary["run"] = run_settings.get("run_id") if run_settings else None
-    # the damage the parse found is named on the console too, not only in the JSON: as problems
-    # when it made the parse partial, else as notes
-    said = problems if summary["partial"] else notes
-    for issue in summary["issues"]:
-        if issue.get("severity") in ("error", "warning"):
-            where = ":".join(str(x) for x in (issue.get("process"), issue.get("line")) if x is not None)
-            msg = f"{where}: {issue['message']}" if where else str(issue["message"])
-            if msg not in said:
-                said.append(msg)
-    write_json_atomic(parsed / "parse_summary.json", summary)
-    write_manifest(parsed / "manifest.json", stage="parse_summary",
-                   inputs=[parsed / "nccl" / p / "parse_report.json" for p in procs]
-                   + [parsed / "nsys" / s / "session.json" for s in stems],
-                   outputs=[parsed / "parse_summary.json"], config=run_settings, partial=summary["partial"])
-
-    # NCCL kernels of processes that left no log: their calls cannot be in the ops table.
-    logged = {process_key(p) for p in procs}
-    for host, stem in sorted(host_export.items()):
-        pids = pq.read_table(parsed / "nsys" / stem / "kernels.parquet", columns=["pid"]).column("pid")
-        orphan = sorted({int(x) for x in pids.drop_null().to_pylist()} - {pid for h, pid in logged if h == host})
-        if orphan:
-            problems.append(f"host {host}: NCCL kernels of pid(s) {', '.join(map(str, orphan[:8]))} without a log")
+    run_id = (run_settings or {}).get("run_id") or Path(inputs.raw_dir).resolve().name
+    summary = run_parse_summary(layout, procs, hosts, run_id=run_id, expected_processes=expected_procs,
+                                expected_nodes=expected_nodes, settings=run_settings,
+                                warnings=assigned.warnings, input_problems=inputs.problems,
+                                remedy=ANALYZE_REMEDY)  # fmt: skip
+    _say(summary, problems, notes)
 
     # 4. Alignment per process.
     if mode == "exact":
-        _require_payloads(parsed, sorted(set(host_export.values())))
-    aligned: dict[str, Path] = {}
-    align_summary: dict[str, dict[str, Any]] = {}
+        _require_payloads(layout, [h for h in hosts if h in log_hosts])
     with _bar(len(procs), f"align ({mode})", "proc", progress) as bar:
         for proc in procs:
-            host = inputs.host_of(proc)
-            calls_path = parsed / "nccl" / proc / "calls.parquet"
-            dest = out / "aligned" / proc / "alignment.parquet"
-            stem = host_export.get(host)
-            if stem is None:
-                table = _align_without_export(calls_path, parsed / "nsys" / stems[0] / "kernels.parquet", dest)
-                inputs_used = [calls_path]
-                partial, note = True, f"no nsys export for host {host}"
-            else:
-                nd = parsed / "nsys" / stem
-                # A log without call lines carries no pid in its calls: take it from the file name.
-                pid = None if pq.read_metadata(calls_path).num_rows else process_key(proc)[1]
-                table = align_files(calls_path, nd / "kernels.parquet", nd / "session.json", dest, mode=mode,
-                                    launches_path=nd / "launches_without_kernel.parquet",
-                                    nvtx_path=nd / "nvtx.parquet", pid=pid,
-                                    capture_steps=steps)  # fmt: skip
-                inputs_used = [calls_path, nd / "kernels.parquet", nd / "session.json"]
-                found = quality_problems(proc, read_quality(dest.parent / QUALITY_FILE))
-                partial, note = bool(found), "; ".join(found) or None
-            align_summary[proc] = alignment_summary(table, mode)
-            extra = {"summary": align_summary[proc], **({"problem": note} if note else {})}
-            write_manifest(dest.parent / "manifest.json", stage="align", inputs=inputs_used, outputs=[dest],
-                           config={"mode": mode}, partial=partial, extra=extra)
-            aligned[proc] = dest
+            _say(run_align(layout, proc, inputs.host_of(proc), mode=mode, capture_steps=steps), problems, notes)
             bar.update(1)
 
-    # 5. The run's enriched ops (labels, instances, clock sync).
-    ops_dir = out / "ops"
-    session_paths = {stem: parsed / "nsys" / stem / "session.json" for stem in stems}
-    # ops joins sessions on the calls' host; exports found by recorded hostname need that key too.
-    session_paths.update({host: parsed / "nsys" / stem / "session.json" for host, stem in host_export.items()})
-    ops_dir.mkdir(parents=True, exist_ok=True)
-    result = stream_run_ops([aligned[p] for p in procs], [parsed / "nccl" / p for p in procs],
-                            comm_out / "communicators.parquet", comm_out / "communicator_members.parquet",
-                            session_paths, run_settings, ops_dir / "ops.parquet",
-                            quality_paths=[aligned[p].parent / QUALITY_FILE for p in procs])  # fmt: skip
-    write_run_ops(result, None, ops_dir / "parallelism.parquet", ops_dir / "clock_sync.parquet",
-                  ops_dir / QUALITY_TABLE)
-    problems += [p for p in result.problems if p not in problems]
-    notes += [n for n in result.notes if n not in notes]
-    n_calls, n_matched = result.calls, result.matched
-    partial = bool(result.partial or summary["partial"] or no_export or problems)
-    ops_outputs = [ops_dir / "ops.parquet", ops_dir / "parallelism.parquet", ops_dir / "clock_sync.parquet",
-                   ops_dir / QUALITY_TABLE]
-    write_manifest(ops_dir / "manifest.json", stage="ops",
-                   inputs=[*aligned.values(), comm_out / "communicators.parquet",
-                           comm_out / "communicator_members.parquet", *dict.fromkeys(session_paths.values())],
-                   outputs=ops_outputs, config=run_settings, partial=partial,
-                   extra={"problems": problems, "notes": result.notes, "calls": n_calls,
-                          "matched": n_matched})  # fmt: skip
-
-    # 6. Metrics, volume validation, trace, report: the workflow's stages, called alike.
+    # 5. The run's enriched ops (labels, instances, clock sync), then metrics through the report.
+    ops = run_ops(layout, procs, hosts, run_settings)
+    _say(ops, problems, notes)
+    result = ops.details["run_ops"]
     stage_outputs: dict[str, str] = {}
     downstream = STAGES[1:STAGES.index(until) + 1]
-    if downstream:
-        from .run_layout import RunLayout
-        from .stages.metrics import run_metrics
-        from .stages.report import run_report
-        from .stages.trace import run_trace
-        from .stages.volume import run_volume
-
-        layout = RunLayout(out)
-        run_id = (run_settings or {}).get("run_id") or Path(inputs.raw_dir).resolve().name
-        calls_runs = {
-            "metrics": lambda: run_metrics(layout, [parsed / "nccl" / p for p in procs]),
-            "volume": lambda: run_volume(layout, run_id, run_settings, raw_dir=inputs.raw_dir),
-            "trace": lambda: run_trace(layout, trace_options,
-                                       nvtx=[parsed / "nsys" / st / "nvtx.parquet" for st in stems],
-                                       sessions=[parsed / "nsys" / st / "session.json" for st in stems]),
-            "report": lambda: run_report(layout, run_id),
-        }
-        with _bar(len(downstream), "metrics to report", "stage", progress) as bar:
-            for stage in downstream:
-                res = calls_runs[stage]()
-                stage_outputs[stage] = str(layout.report_html if stage == "report" else res.outputs[0]) \
-                    if res.outputs else ""
-                problems += [p for p in res.problems if p not in problems and stage != "report"]
-                bar.update(1)
-        partial = partial or bool(problems)
+    stage_runs = {
+        "metrics": lambda: run_metrics(layout, [layout.parsed_nccl(p) for p in procs]),
+        "volume": lambda: run_volume(layout, run_id, run_settings, run_yaml=inputs.run_yaml),
+        "trace": lambda: run_trace(layout, trace_options, procs, hosts),
+        "report": lambda: run_report(layout, run_id, procs, hosts, run_yaml=inputs.run_yaml),
+    }
+    with _bar(len(downstream), "metrics to report", "stage", progress) as bar:
+        for stage in downstream:
+            res = stage_runs[stage]()
+            stage_outputs[stage] = str(layout.report_html if stage == "report" else res.outputs[0]) if res.outputs else ""
+            if stage != "report":  # the report repeats its inputs' reasons
+                _say(res, problems, notes)
+            bar.update(1)
+    partial = bool(problems)
     out_summary: dict[str, Any] = {
         "raw_dir": str(inputs.raw_dir), "out_dir": str(out), "mode": mode,
-        "processes": len(procs), "hosts": log_hosts, "exports": {h: f"{s}.sqlite" for h, s in host_export.items()},
+        "processes": len(procs), "hosts": log_hosts,
+        "exports": {h: p.name for h, p in sorted(assigned.exports.items())},
         "hosts_without_export": no_export, "ignored_logs": [str(p) for p in inputs.ignored_logs],
-        "calls": n_calls, "matched": n_matched,
-        "unmatched_by_reason": result.unmatched_by_reason,
+        "calls": result.calls, "matched": result.matched, "unmatched_by_reason": result.unmatched_by_reason,
         "partial": partial, "problems": problems, "notes": notes, "settings": run_settings,
         "label_source": sorted(set(result.labels["label_source"].astype(str))) if len(result.labels) else [],
-        "outputs": {"ops": str(ops_outputs[0]), "parallelism": str(ops_outputs[1]), "clock_sync": str(ops_outputs[2]),
-                    "alignment_quality": str(ops_outputs[3]),
-                    "communicators": str(comm_out / "communicators.parquet"),
-                    "parse_summary": str(parsed / "parse_summary.json"), **stage_outputs},
+        "outputs": {"ops": str(layout.ops), "parallelism": str(layout.labels), "clock_sync": str(layout.clock),
+                    "alignment_quality": str(layout.quality), "communicators": str(layout.communicators),
+                    "parse_summary": str(layout.parse_summary), **stage_outputs},
     }  # fmt: skip
     raw_files = [*inputs.logs.values(), *inputs.exports.values(), *([inputs.run_yaml] if inputs.run_yaml else [])]
-    write_manifest(out / "manifest.json", stage="analyze", inputs=raw_files,
-                   outputs=[*ops_outputs, parsed / "parse_summary.json"], config=run_settings, partial=partial,
+    write_manifest(out / "manifest.json", stage="analyze", inputs=raw_files, outputs=ops.outputs + [layout.parse_summary],
+                   config=run_settings, partial=partial, reasons=problems,
                    extra={"summary": {k: v for k, v in out_summary.items() if k not in ("settings", "outputs")}})
     return out_summary
 
 
-def _require_payloads(parsed: Path, stems: list[str]) -> None:
+def _require_payloads(layout: Any, hosts: list[str]) -> None:
     """Exact mode needs NCCL NVTX payloads in every export used; say which one lacks them."""
     from .align.exact import has_nccl_payloads
     from .tables import read_table
 
-    lacking = [s for s in stems if not has_nccl_payloads(read_table(parsed / "nsys" / s / "nvtx.parquet"))]
+    lacking = [h for h in hosts if not has_nccl_payloads(read_table(layout.parsed_nsys_table(h, "nvtx")))]
     if lacking:
         raise ValueError(
-            f"exact mode: export(s) {', '.join(f'{s}.sqlite' for s in lacking)} carry no NCCL NVTX payloads (needs "
-            "NCCL >= 2.16.2 and `nsys export --type sqlite` with payloads kept, e.g. --include-blobs=true); "
-            "use --mode default")
+            f"exact mode: the export(s) of {', '.join(lacking)} carry no NCCL NVTX payloads (needs NCCL >= 2.16.2 "
+            "and `nsys export --type sqlite` with payloads kept, e.g. --include-blobs=true); use --mode default")
 
 
 # --------------------------------------------------------------------------- accuracy figures
@@ -630,7 +442,13 @@ def _alignment_tables(work: Path, quick: bool, campaign: Path | None, progress: 
 
     from .campaign import expand_campaign, load_campaign
     from .emulator.run import emulate_run
-    from .validation.alignment import ALL_KNOBS, align_run, load_emulated, score_alignment, table_4_5
+    from .validation.alignment import (
+        ALL_KNOBS,
+        align_run,
+        load_emulated,
+        score_alignment,
+        table_4_5,
+    )
 
     t0 = time.perf_counter()
     t = table_4_5(("thesis", "default"), workdir=work / "table_4_5")
@@ -719,7 +537,12 @@ def _clock_tables(work: Path, quick: bool, progress: bool) -> dict[str, pd.DataF
 def _exact_tables(work: Path, quick: bool, progress: bool) -> dict[str, pd.DataFrame]:
     from .align.exact import compare_alignment
     from .emulator.run import emulate_run
-    from .validation.alignment import ALL_KNOBS, align_run, load_emulated, score_alignment
+    from .validation.alignment import (
+        ALL_KNOBS,
+        align_run,
+        load_emulated,
+        score_alignment,
+    )
 
     scenarios = dict(list(_EXACT_SCENARIOS.items())[:1]) if quick else _EXACT_SCENARIOS
     rows = []

@@ -81,17 +81,12 @@ def code_version() -> dict[str, Any]:
 # covered without editing this table. (This module itself is left out: it only writes manifests.)
 STAGE_ENTRIES: dict[str, tuple[str, ...]] = {
     "emulate": ("emulator/run.py",),
-    "parse_nccl": ("nccl/log_reader.py",),
-    "parse_nsys": ("nsys/reader.py", "nsys/nccl_api.py", "acquisition/raw.py"),
-    "communicators": ("communicators.py",),
-    "align": ("align/correlate.py", "align/quality.py", "capture.py", "acquisition/raw.py"),
-    "ops": ("ops.py", "align/quality.py", "acquisition/raw.py"),
-    "metrics": ("metrics.py",),
-    "volume": ("volume.py",),
-    "trace": ("trace.py",),
-    "report": ("report.py", "summary.py", "plots.py"),
+    **{stage: (f"stages/{stage}.py",) for stage in (
+        "parse_nccl", "parse_nsys", "parse_summary", "communicators", "align", "ops", "metrics", "volume", "trace",
+        "report", "campaign_report")},
 }
-STAGE_DATA: dict[str, tuple[str, ...]] = {"emulate": ("nsys/ddl",), "report": ("templates",)}
+STAGE_DATA: dict[str, tuple[str, ...]] = {"emulate": ("nsys/ddl",), "report": ("templates",),
+                                          "campaign_report": ("templates",)}
 _EXCLUDED = {"provenance.py"}
 
 

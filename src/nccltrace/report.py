@@ -15,7 +15,7 @@ import base64
 import functools
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,8 +27,9 @@ import yaml
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
 from .provenance import code_version
+from .run_layout import RunLayout
 from .summary import CONFIG_FIELDS, LARGE_MESSAGE_BYTES
-from .tables import atomic_path, read_table
+from .tables import atomic_output, read_table
 
 MAX_ROWS = 200
 MAX_STATUS_REASONS = 4  # reasons of a partial run in the campaign's status table
@@ -290,10 +291,15 @@ def partial_flags(manifests: Sequence[Mapping[str, Any]]) -> tuple[list[str], li
     return flags, marked
 
 
-def run_manifests(run_dir: Path, exclude: Path | None = None) -> list[dict[str, Any]]:
-    """Every stage manifest of a run directory (one level and two levels down), ops first;
-    ``exclude``: a directory whose manifest is not read (the report's own, being rewritten)."""
-    paths = sorted(set(run_dir.glob("*/manifest.json")) | set(run_dir.glob("*/*/manifest.json")))
+def run_manifests(run_dir: Path, exclude: Path | None = None, paths: Iterable[Path] | None = None
+                  ) -> list[dict[str, Any]]:  # fmt: skip
+    """The stage manifests of a run, ops first: ``paths`` when given (what the report stage was
+    given), else every manifest of the run directory one and two levels down; ``exclude``: a
+    directory whose manifest is not read (the report's own, being rewritten)."""
+    if paths is not None:
+        paths = sorted({Path(p) for p in paths if Path(p).is_file()})
+    else:
+        paths = sorted(set(run_dir.glob("*/manifest.json")) | set(run_dir.glob("*/*/manifest.json")))
     if exclude is not None:
         paths = [p for p in paths if p.parent.resolve() != Path(exclude).resolve()]
     paths.sort(key=lambda p: (p.parent.name != "ops", len(p.relative_to(run_dir).parts), str(p)))
@@ -311,9 +317,10 @@ def _flatten(d: Mapping[str, Any], prefix: str = "") -> list[tuple[str, str]]:
     return out
 
 
-def _run_config(run_dir: Path) -> tuple[dict[str, Any], list[tuple[str, str]]]:
-    """(run.yaml content, flattened key/value rows)."""
-    path = run_dir / "raw" / "run.yaml"
+def _run_config(path: Path | None) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """(run.yaml content, flattened key/value rows); empty without one."""
+    if path is None:
+        return {}, []
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError):
@@ -333,13 +340,8 @@ def _env() -> Environment:
 
 
 def _write_html(out_html: Path, text: str) -> Path:
-    out_html.parent.mkdir(parents=True, exist_ok=True)
-    tmp = atomic_path(out_html)
-    try:
+    with atomic_output(out_html) as tmp:
         tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, out_html)
-    finally:
-        tmp.unlink(missing_ok=True)
     return out_html
 
 
@@ -407,7 +409,7 @@ def _inferred_vs_declared(run_dir: Path, ops_manifest: Mapping[str, Any] | None)
     import pyarrow.parquet as pq
 
     rows: list[tuple[str, str]] = []
-    labels = run_dir / "ops" / "parallelism.parquet"
+    labels = RunLayout(run_dir).labels
     if labels.is_file():
         src = pq.read_table(labels, columns=["label_source"]).column(0).to_pylist()
         counts = {k: src.count(k) for k in sorted(set(map(str, src)))}
@@ -417,7 +419,7 @@ def _inferred_vs_declared(run_dir: Path, ops_manifest: Mapping[str, Any] | None)
     notes = [str(n) for n in (ops_manifest or {}).get("notes") or []]
     sizes = [n for n in notes if n.startswith(("parallel sizes inferred", "parallelism labels are guesses"))]
     rows.append(("parallel sizes", sizes[0] if sizes else "declared (run.yaml or the command line)"))
-    comms = run_dir / "communicators" / "communicators.parquet"
+    comms = RunLayout(run_dir).communicators
     if comms.is_file():
         kinds = pq.read_table(comms, columns=["kind"]).column(0).to_pylist()
         inferred = sum(1 for k in kinds if k == "sequence")
@@ -433,15 +435,20 @@ def render_run_report(
     tables_dir: Path | str,
     plots_dir: Path | str,
     run_id: str | None = None,
+    manifests: Iterable[Path] | None = None,
+    run_yaml: Path | str | None = None,
 ) -> Path:
-    """Render the report of one run into ``out_html`` (written atomically) and return its path."""
+    """Render the report of one run into ``out_html`` (written atomically) and return its path.
+    ``manifests``: the stage manifests to show (default: every one in ``run_dir``);
+    ``run_yaml``: the run's settings record (default: ``run_dir/raw/run.yaml``)."""
     run_dir, out_html = Path(run_dir), Path(out_html)
+    layout = RunLayout(run_dir)
     out_dir = out_html.parent
     tables = load_tables(tables_dir, out_dir)
     figures = load_figures(plots_dir, RUN_FIGURES)
-    config, config_rows = _run_config(run_dir)
-    ops_manifest = _json(run_dir / "ops" / "manifest.json")
-    manifests = run_manifests(run_dir, exclude=out_dir)
+    config, config_rows = _run_config(Path(run_yaml) if run_yaml is not None else layout.run_yaml)
+    ops_manifest = _json(layout.manifest(layout.ops_dir))
+    manifests = run_manifests(run_dir, exclude=out_dir, paths=manifests)
     run_id = run_id or run_dir.name
 
     flags: list[str] = []
@@ -452,7 +459,7 @@ def render_run_report(
     if marked:
         flags.append(f"Marked PARTIAL by: {'; '.join(marked)}.")
     ov = _overview(tables)
-    trace = run_dir / "trace" / "trace.json.gz"
+    trace = layout.trace
     settings = config.get("config", config) if isinstance(config, Mapping) else {}
     key_settings = [(f.name, settings.get(f.name)) for f in CONFIG_FIELDS if settings.get(f.name) is not None]
     derived = config.get("derived", {}) if isinstance(config, Mapping) else {}
@@ -501,7 +508,7 @@ def render_run_report(
         "volume_validation_compact": _compact_view(tables, vv, None),
         "trace_href": _rel(trace, out_dir) if trace.exists() else None,
         "trace_size": fmt_bytes(trace.stat().st_size) if trace.exists() else None,
-        "has_metrics": (run_dir / "metrics" / "op_metrics.parquet").exists(),
+        "has_metrics": layout.metric("op_metrics").exists(),
         "manifests": manifests,
         "renderer": _renderer(),
     }  # fmt: skip
@@ -524,7 +531,8 @@ def _run_status(run: str, run_dir: Path | None, available: bool, missing: Mappin
     if run_dir is not None:
         # the run report's manifest carries every stage's causes (partial propagates); older
         # runs without one are judged by their ops stage
-        manifest = _json(run_dir / "report" / "manifest.json") or _json(run_dir / "ops" / "manifest.json")
+        layout = RunLayout(run_dir)
+        manifest = _json(layout.manifest(layout.report_dir)) or _json(layout.manifest(layout.ops_dir))
     problems = [str(p) for p in (manifest or {}).get("problems") or []]
     if manifest and manifest.get("partial"):
         problems = list(dict.fromkeys([*(str(r) for r in manifest.get("partial_reasons") or []), *problems]))

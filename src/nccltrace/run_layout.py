@@ -4,7 +4,7 @@ The workflow's rules, the stages and ``nccltrace analyze`` all name a run's file
 :class:`RunLayout`, so the layout is written once. Paths are plain joins, so a layout built on a
 wildcard pattern (``RunLayout("results/c/{run}")``) gives the rules their output patterns::
 
-    <run>/raw/                                  acquired inputs (nccl/, nsys/, run.yaml)
+    <run>/raw/                                  acquired inputs (nccl/<proc>.log, nsys/<host>.sqlite, run.yaml)
     <run>/parsed/nccl/<proc>/                   per-process log tables
     <run>/parsed/nsys/<host>/                   per-node export tables
     <run>/communicators/                        communicators.parquet, communicator_members.parquet
@@ -14,6 +14,7 @@ wildcard pattern (``RunLayout("results/c/{run}")``) gives the rules their output
     <run>/volume/                               volume_validation (.parquet, .csv)
     <run>/trace/                                trace.json.gz, trace.summary.json.gz
     <run>/report/                               tables/, plots/, report.html
+    <run>/logs/, <run>/benchmarks/              the workflow's job logs and benchmark records
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["METRIC_TABLES", "RunLayout"]
+__all__ = ["ALIGNMENT_QUALITY_FILE", "METRIC_TABLES", "RunLayout"]
 
 METRIC_TABLES = ("op_metrics", "instances", "stragglers", "limits", "algorithms")
 """The tables of the metrics stage, in the order it writes them."""
+ALIGNMENT_QUALITY_FILE = "alignment_quality.json"
+"""A process's alignment-quality record, beside its alignment table."""
 
 
 @dataclass(frozen=True)
@@ -39,10 +42,53 @@ class RunLayout:
     def _p(self, *parts: str) -> Path:
         return self.root.joinpath(*parts)
 
+    @classmethod
+    def of_raw(cls, raw: Path | str) -> RunLayout:
+        """The layout of the run whose raw directory is ``raw``."""
+        return cls(Path(raw).parent)
+
     # inputs and per-process / per-node stages
     @property
     def raw(self) -> Path:
         return self._p("raw")
+
+    def raw_log(self, proc: str) -> Path:
+        """A process's NCCL log as acquired (``NCCL_DEBUG_FILE=nccl_%h_%p.log``)."""
+        return self._p("raw", "nccl", f"{proc}.log")
+
+    def raw_export(self, host: str) -> Path:
+        """A node's nsys SQLite export as acquired."""
+        return self._p("raw", "nsys", f"{host}.sqlite")
+
+    @property
+    def run_yaml(self) -> Path:
+        return self._p("raw", "run.yaml")
+
+    def parsed_nccl_table(self, proc: str, table: str) -> Path:
+        return self._p("parsed", "nccl", proc, f"{table}.parquet")
+
+    def parsed_nsys_table(self, host: str, table: str) -> Path:
+        return self._p("parsed", "nsys", host, f"{table}.parquet")
+
+    def parse_report(self, proc: str) -> Path:
+        return self._p("parsed", "nccl", proc, "parse_report.json")
+
+    def session(self, host: str) -> Path:
+        return self._p("parsed", "nsys", host, "session.json")
+
+    def alignment(self, proc: str) -> Path:
+        return self._p("aligned", proc, "alignment.parquet")
+
+    def alignment_quality(self, proc: str) -> Path:
+        return self._p("aligned", proc, ALIGNMENT_QUALITY_FILE)
+
+    def log(self, stage: str, unit: str | None = None) -> Path:
+        """A workflow job's log: ``logs/<stage>.log`` or, per process/node, ``logs/<stage>/<unit>.log``."""
+        return self._p("logs", stage, f"{unit}.log") if unit else self._p("logs", f"{stage}.log")
+
+    def benchmark(self, stage: str, unit: str | None = None) -> Path:
+        """A workflow job's benchmark record (same naming as :meth:`log`)."""
+        return self._p("benchmarks", stage, f"{unit}.tsv") if unit else self._p("benchmarks", f"{stage}.tsv")
 
     def parsed_nccl(self, proc: str) -> Path:
         return self._p("parsed", "nccl", proc)

@@ -8,12 +8,14 @@ stage never leaves a truncated table where a complete one is expected.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -258,18 +260,30 @@ def atomic_path(path: Path) -> Path:
     return Path(tmp)
 
 
+@contextlib.contextmanager
+def atomic_output(path: Path | str) -> Iterator[Path]:
+    """Yield a temporary sibling of ``path`` to write; it replaces ``path`` when the block
+    succeeds and is removed when it fails, so ``path`` is always either the old file or the
+    whole new one (an interrupted run never leaves a torn output)."""
+    path = Path(path)
+    tmp = atomic_path(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON via a temporary file and rename."""
-    tmp = atomic_path(path)
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
+    with atomic_output(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def write_table_atomic(table: pa.Table, path: Path) -> None:
     """Write a whole table to Parquet atomically."""
-    tmp = atomic_path(path)
-    pq.write_table(table, tmp, compression="zstd")
-    os.replace(tmp, path)
+    with atomic_output(path) as tmp:
+        pq.write_table(table, tmp, compression="zstd")
 
 
 class TableSink:

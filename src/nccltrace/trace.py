@@ -37,7 +37,6 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -49,7 +48,8 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from .tables import atomic_path, read_table, read_table_batch
+from .run_layout import RunLayout
+from .tables import atomic_output, read_table, read_table_batch
 
 __all__ = [
     "SUMMARY_MAX_EVENTS", "TRACE_FORMAT_VERSION", "TraceSummary", "load_run_inputs", "write_chrome_trace",
@@ -1006,8 +1006,7 @@ def _write(prep: _Prepared, out_path: Path, *, ranks: Iterable[int] | None, wind
     if len(shown_list) == 1 and len(prep.procs) > 1:
         notes.append("single-process file: cross-rank flow arrows are only in the full trace")
 
-    tmp = atomic_path(out_path)
-    try:
+    with atomic_output(out_path) as tmp:
         with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=_GZIP_LEVEL, mtime=0) as gz:
             gz.write(b'{"traceEvents":[\n')
             sink = _Sink(gz, max_events - 1 if max_events is not None else None)
@@ -1047,10 +1046,6 @@ def _write(prep: _Prepared, out_path: Path, *, ranks: Iterable[int] | None, wind
             json_bytes = _close_trace(gz, sink, info, shown_list[0] if shown_list else 0)
             counts = dict(sink.counts)
             events = sink.n
-        os.replace(tmp, out_path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return TraceSummary(path=out_path, events=events, bytes=out_path.stat().st_size, ranks=shown_list,
                         clock=prep.clock, origin_utc_ns=origin, truncated=truncated, notes=notes,
                         json_bytes=json_bytes, seconds=time.perf_counter() - t_start, counts=counts)  # fmt: skip
@@ -1224,9 +1219,8 @@ def _write_summary(prep: _Prepared, out_path: Path, *, max_events: int | None, r
     del gaps
     origin = prep.origin
     notes = list(prep.notes)
-    tmp = atomic_path(out_path)
     counts: dict[str, int] = {}
-    try:
+    with atomic_output(out_path) as tmp:
         with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=_GZIP_LEVEL, mtime=0) as gz:
             gz.write(b'{"traceEvents":[\n')
             sink = _Sink(gz, None)
@@ -1289,10 +1283,6 @@ def _write_summary(prep: _Prepared, out_path: Path, *, max_events: int | None, r
             json_bytes = _close_trace(gz, sink, info, shown[0] if shown else 0)
             counts = dict(sink.counts)
             events = sink.n
-        os.replace(tmp, out_path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return TraceSummary(path=out_path, events=events, bytes=out_path.stat().st_size, ranks=shown, clock=prep.clock,
                         origin_utc_ns=origin, truncated=False, notes=notes, json_bytes=json_bytes,
                         seconds=time.perf_counter() - t_start, counts=counts)  # fmt: skip
@@ -1393,7 +1383,8 @@ def _read_matching(path: Path, columns: list[str] | None, keys: pd.DataFrame, ba
 
 
 def load_run_inputs(run_dir: Path | str, *, before_ns: int | None = None, columns: list[str] | None = None,
-                    nvtx_text: str | None = None) -> dict[str, Any]:  # fmt: skip
+                    nvtx_text: str | None = None, procs: Iterable[str] | None = None,
+                    hosts: Iterable[str] | None = None) -> dict[str, Any]:  # fmt: skip
     """The inputs of ``write_chrome_trace`` from a workflow run directory.
 
     Reads ops/ops.parquet (joined with kernel launch geometry from parsed/nsys/*/kernels.parquet
@@ -1405,10 +1396,13 @@ def load_run_inputs(run_dir: Path | str, *, before_ns: int | None = None, column
     without kernel time), and NVTX events starting up to 1 s after it; ``columns`` reads only
     these ops columns and skips the kernel, call and metrics joins; ``nvtx_text`` (a regular
     expression) keeps only NVTX events whose text matches it. Each input is filtered as it is
-    read, so memory follows what is kept, not the run.
+    read, so memory follows what is kept, not the run. ``procs``/``hosts``: the processes and
+    nodes whose parsed tables to read (a stage reads what it was given); default: every one in
+    the run directory.
     """
     run_dir = Path(run_dir)
-    ops_path = run_dir / "ops" / "ops.parquet"
+    layout = RunLayout(run_dir)
+    ops_path = layout.ops
     if not ops_path.is_file():
         raise FileNotFoundError(f"{ops_path} not found: run the ops stage first")
     ops = read_table(ops_path, columns=columns, filters=_ops_filter(before_ns))
@@ -1422,7 +1416,9 @@ def load_run_inputs(run_dir: Path | str, *, before_ns: int | None = None, column
                                                      "kernel_correlation_id": "correlation_id"})  # fmt: skip
     nvtx: dict[str, pd.DataFrame] = {}
     kernels = []
-    for d in sorted((run_dir / "parsed" / "nsys").glob("*/")):
+    nsys_dirs = ([layout.parsed_nsys(h) for h in hosts] if hosts is not None
+                 else sorted(layout.parsed_nsys("*").parent.glob("*/")))  # fmt: skip
+    for d in nsys_dirs:
         session = {}
         if (d / "session.json").is_file():
             session = json.loads((d / "session.json").read_text())
@@ -1452,7 +1448,9 @@ def load_run_inputs(run_dir: Path | str, *, before_ns: int | None = None, column
     lines = None
     if not light and {"file", "line"} <= set(ops.columns):
         lines = ops[["file", "line"]].dropna().drop_duplicates().astype({"file": "string", "line": "Int64"})
-    for p in [] if lines is None else sorted((run_dir / "parsed" / "nccl").glob("*/calls.parquet")):
+    call_tables = ([layout.parsed_nccl_table(p, "calls") for p in procs] if procs is not None
+                   else sorted(layout.parsed_nccl("*").parent.glob("*/calls.parquet")))  # fmt: skip
+    for p in [] if lines is None else call_tables:
         c = _read_matching(p, ["file", "line", "sendbuff", "recvbuff", "stream", "redop_name"], lines)
         if c is not None:
             calls.append(c)
@@ -1461,11 +1459,11 @@ def load_run_inputs(run_dir: Path | str, *, before_ns: int | None = None, column
         ops = ops.merge(c, on=["file", "line"], how="left")
     metrics = None
     if lines is not None:
-        metrics = _read_matching(run_dir / "metrics" / "op_metrics.parquet", None, lines)
+        metrics = _read_matching(layout.metric("op_metrics"), None, lines)
     return {
         "ops": ops,
         "op_metrics": metrics,
-        "labels": _read_optional(run_dir / "ops" / "parallelism.parquet"),
+        "labels": _read_optional(layout.labels),
         "nvtx": nvtx,
     }
 
@@ -1497,11 +1495,11 @@ def _process_row_groups(pf: Any) -> list[list[int]]:
 
 
 def _summary_streamed(run_dir: Path, out_path: Path, *, max_events: int | None, origin: int | None,
-                      run_label: str | None) -> TraceSummary:  # fmt: skip
+                      run_label: str | None, hosts: Iterable[str] | None = None) -> TraceSummary:  # fmt: skip
     """The summary trace of a run directory, reading ops.parquet one process at a time: memory
     holds one process's rows, a sample of rows per process (to name processes and put NVTX on
     the trace clock) and the kernel gaps (8 bytes per kernel)."""
-    ops_path = run_dir / "ops" / "ops.parquet"
+    ops_path = RunLayout(run_dir).ops
     pf = pq.ParquetFile(ops_path)
     cols = [c for c in _SUMMARY_COLUMNS if c in pf.schema_arrow.names]
     groups = _process_row_groups(pf)
@@ -1531,7 +1529,7 @@ def _summary_streamed(run_dir: Path, out_path: Path, *, max_events: int | None, 
                                            "os_pid": _int_or(un["pid"], -1), "reason": reason})
                              .groupby(["host", "os_pid", "reason"]).size().rename("n").reset_index())  # fmt: skip
     skeleton = pd.concat(sample, ignore_index=True) if sample else read_table(ops_path, columns=cols).iloc[0:0]
-    nvtx = load_run_inputs(run_dir, columns=["host"], nvtx_text=r"iteration \d+")["nvtx"]
+    nvtx = load_run_inputs(run_dir, columns=["host"], nvtx_text=r"iteration \d+", hosts=hosts)["nvtx"]
     prep = _prepare(skeleton, None, nvtx, None)
     del skeleton, sample
     key_to_proc = {(h, int(p)): int(i) for i, h, p in zip(prep.procs.index, prep.procs["host"], prep.procs["os_pid"])}
@@ -1590,13 +1588,19 @@ def write_run_traces(
     summary: bool = False,
     summary_max_events: int | None = SUMMARY_MAX_EVENTS,
     name: str = "trace",
+    procs: Iterable[str] | None = None,
+    hosts: Iterable[str] | None = None,
 ) -> list[TraceSummary]:
     """Write ``out_dir/<name>.json.gz`` for a run directory; with ``split_per_rank`` also
     ``out_dir/<name>.rank<g>.json.gz`` per process (``max_events`` applies to each file); with
     ``summary`` also ``out_dir/<name>.summary.json.gz`` (see ``write_summary_trace``).
 
     The inputs are read and put on one clock once; every file shares the run's time origin.
+    ``procs``/``hosts``: the processes and nodes whose parsed tables are read (see
+    :func:`load_run_inputs`).
     """
+    procs = None if procs is None else list(procs)
+    hosts = None if hosts is None else list(hosts)
     run_dir = Path(run_dir)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -1604,8 +1608,8 @@ def write_run_traces(
     # A capped whole-run trace needs only the earliest rows: the rest are never read.
     cut = None
     if max_events is not None and window_ns is None and window_nvtx is None and ranks is None and not split_per_rank:
-        cut = _time_cut(run_dir / "ops" / "ops.parquet", max(1, int(max_events * _ROWS_PER_EVENT)))
-    inputs = load_run_inputs(run_dir, before_ns=cut)
+        cut = _time_cut(RunLayout(run_dir).ops, max(1, int(max_events * _ROWS_PER_EVENT)))
+    inputs = load_run_inputs(run_dir, before_ns=cut, procs=procs, hosts=hosts)
     prep = _prepare(inputs["ops"], inputs["op_metrics"], inputs["nvtx"], inputs["labels"])
     del inputs  # the prepared rows are all that is needed from here on
     kw: dict[str, Any] = {"window_ns": window_ns, "window_nvtx": window_nvtx, "max_events": max_events,
@@ -1617,9 +1621,9 @@ def write_run_traces(
         origin = prep.origin
         del prep
         out.append(_summary_streamed(run_dir, out_dir / f"{name}.summary.json.gz", max_events=summary_max_events,
-                                     origin=origin, run_label=run_dir.name))  # fmt: skip
+                                     origin=origin, run_label=run_dir.name, hosts=hosts))  # fmt: skip
         if split_per_rank:
-            inputs = load_run_inputs(run_dir)
+            inputs = load_run_inputs(run_dir, procs=procs, hosts=hosts)
             prep = _prepare(inputs["ops"], inputs["op_metrics"], inputs["nvtx"], inputs["labels"])
             del inputs
     if split_per_rank:

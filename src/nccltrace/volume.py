@@ -32,7 +32,6 @@ table 5.1.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,8 +41,10 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from .errors import ConfigError
 from .megatron.model import MODEL_DEFAULTS, ModelShape, chunk_params, padded_vocab_size
-from .tables import atomic_path, coerce_to_schema, write_table_atomic
+from .megatron.sizes import ParallelSizes
+from .tables import atomic_output, coerce_to_schema, write_table_atomic
 from .tables import documented_field as _f
 
 # The ops columns volume_validation reads: stages read only these, so a run's ops table is never
@@ -272,13 +273,17 @@ def _resolve(settings: Mapping[str, Any], world_hint: int | None = None) -> _Run
                 return int(s[k])
         return default
 
-    tp, pp, cp = i("tp", "tensor_model_parallel_size"), i("pp", "pipeline_model_parallel_size"), i("cp")
-    world = i("world_size", "world")
-    if world is None and s.get("nodes") is not None and s.get("gpus_per_node") is not None:
-        world = int(s["nodes"]) * int(s["gpus_per_node"])
-    if world is None:
-        dp = i("dp", "data_parallel_size")
-        world = tp * pp * cp * dp if dp is not None else (world_hint or tp * pp * cp)
+    # The parallel sizes as every stage reads them (Megatron argument names too: a default tp = 1
+    # must not hide tensor_model_parallel_size). Without a world size: the ranks seen, else dp = 1.
+    flat = _flatten(settings)
+    try:
+        sizes = ParallelSizes.from_settings(flat)
+    except ConfigError:
+        if not any(flat.get(k) is not None for k in ("world_size", "world", "dp", "data_parallel_size", "nodes")):
+            sizes = ParallelSizes.from_settings({**flat, **({"world_size": world_hint} if world_hint else {"dp": 1})})
+        else:
+            raise
+    tp, pp, cp, world = sizes.tp, sizes.pp, sizes.cp, int(sizes.world_size)
     V = i("vocab_size")
     div = i("make_vocab_size_divisible_by")
     h = i("hidden_size")
@@ -296,8 +301,8 @@ def _resolve(settings: Mapping[str, Any], world_hint: int | None = None) -> _Run
         V_pad=i("padded_vocab_size", default=padded_vocab_size(V, tp, div) if div else padded_vocab_size(V, tp)),
         s=i("seq_length"), learned_pos=str(s["position_embedding_type"]) == "learned_absolute",
         untie=_flag(s.get("untie_embeddings")), b=i("micro_batch_size"), B=i("global_batch_size"),
-        iterations=i("iterations", "train_iters"), tp=tp, pp=pp, cp=cp, ep=i("ep"),
-        etp=i("etp", "expert_tp", default=tp), vpp=i("vpp"), sp=_flag(s.get("sequence_parallel")),
+        iterations=i("iterations", "train_iters"), tp=tp, pp=pp, cp=cp, ep=sizes.ep,
+        etp=sizes.expert_tp, vpp=sizes.vpp, sp=_flag(s.get("sequence_parallel")),
         distopt=_flag(s.get("distributed_optimizer")), zero_stage=i("zero_stage", default=0),
         recompute=str(s["recompute"]), E=i("num_experts"), k=i("moe_router_topk"), moe_freq=i("moe_layer_freq"),
         dispatcher=str(s["moe_token_dispatcher"]), alltoall=str(s["moe_alltoall"]), precision=precision, world=world,
@@ -1023,11 +1028,6 @@ def write_volume_validation(table: pd.DataFrame, out_dir: Path | str) -> dict[st
     frame = coerce_to_schema(table, VOLUME_SCHEMA)
     pq_path, csv_path = out / "volume_validation.parquet", out / "volume_validation.csv"
     write_table_atomic(pa.Table.from_pandas(frame, schema=VOLUME_SCHEMA, preserve_index=False), pq_path)
-    tmp = atomic_path(csv_path)
-    try:
+    with atomic_output(csv_path) as tmp:
         frame.to_csv(tmp, index=False)
-        os.replace(tmp, csv_path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return {"parquet": pq_path, "csv": csv_path}

@@ -3,8 +3,12 @@ import json
 from pathlib import Path
 
 from nccltrace.campaign import expand_campaign, validate_runs
+from nccltrace.metrics import PARSED_TABLES
 from nccltrace.nccl.log_reader import TABLE_NAMES as NCCL_TABLES
 from nccltrace.provenance import stage_code_hash
+from nccltrace.run_layout import METRIC_TABLES, RunLayout
+from nccltrace.stages.parse_nsys import NSYS_TABLES
+from nccltrace.stages.report import report_manifests
 
 RUNS = {run.run_id: run for run in expand_campaign(config)}
 # Every run is checked before anything is queued (divisibility, experts, VPP, batch sizes, ...).
@@ -12,7 +16,13 @@ validate_runs(list(RUNS.values()))
 RUN_IDS = sorted(RUNS)
 RESULTS = f"results/{config['campaign']}"
 CODE_STAMPS = f"results/.code/{config['campaign']}"
-NSYS_TABLES = ["kernels", "nvtx", "processes", "launches_without_kernel", "nccl_api_calls"]
+# Every path of a run's results comes from RunLayout: RUN (built on the {run} wildcard) gives
+# the rules' output patterns, run_layout(wc) one run's paths in input functions.
+RUN = RunLayout(f"{RESULTS}/{{run}}")
+
+
+def run_layout(wildcards):
+    return RunLayout(f"{RESULTS}/{wildcards.run}")
 
 
 wildcard_constraints:
@@ -140,30 +150,45 @@ def nccl_processes(wildcards):
     return processes_of(wildcards.run)
 
 
+def _each(path_of, layout, keys):
+    out = []
+    for key in keys:
+        paths = path_of(layout, key)
+        out += list(paths) if isinstance(paths, (list, tuple)) else [paths]
+    return out
+
+
+def per_process(path_of):
+    """Input function: ``path_of(layout, proc)`` (a path or a list) for every process of the run."""
+    return lambda wc: _each(path_of, run_layout(wc), nccl_processes(wc))
+
+
+def per_node(path_of):
+    """Input function: ``path_of(layout, host)`` (a path or a list) for every node (nsys export)."""
+    return lambda wc: _each(path_of, run_layout(wc), nsys_hosts(wc))
+
+
+def of_proc_host(path_of):
+    """Input function: ``path_of(layout, host)`` for the node of the job's process."""
+    return lambda wc: path_of(run_layout(wc), proc_host(wc))
+
+
 def analysis_targets(wildcards):
     """Every per-run output of every run whose acquisition succeeded (rule all). Runs whose
     training failed are listed, with the reason, in the campaign report instead."""
     out = []
     for run in acquired_runs():
-        out += [f"{RESULTS}/{run}/aligned/{proc}/alignment.parquet" for proc in processes_of(run)]
-        out += [
-            f"{RESULTS}/{run}/{path}"
-            for path in (
-                "parsed/parse_summary.json",
-                "communicators/communicators.parquet",
-                "ops/ops.parquet",
-                "metrics/op_metrics.parquet",
-                "volume/volume_validation.parquet",
-                "trace/trace.json.gz",
-                "report/report.html",
-            )
-        ]
+        layout = RunLayout(f"{RESULTS}/{run}")
+        out += [layout.alignment(proc) for proc in processes_of(run)]
+        out += [layout.parse_summary, layout.communicators, layout.ops, layout.metric("op_metrics"),
+                layout.volume, layout.trace, layout.report_html]  # fmt: skip
     return out
 
 
 def run_report_manifests(wildcards):
     """Reports the campaign report combines: those of the runs that were acquired."""
-    return [f"{RESULTS}/{run}/report/manifest.json" for run in acquired_runs()]
+    layouts = [RunLayout(f"{RESULTS}/{run}") for run in acquired_runs()]
+    return [layout.manifest(layout.report_dir) for layout in layouts]
 
 
 def failed_runs(wildcards):
@@ -178,27 +203,9 @@ def failed_runs(wildcards):
     return out
 
 
-def nsys_hosts_of(run):
-    raw = Path(checkpoints.acquire.get(run=run).output.raw)
-    return sorted(p.stem for p in (raw / "nsys").glob("*.sqlite"))
-
-
 def nsys_hosts(wildcards):
     raw = Path(raw_dir(wildcards))
     return sorted(p.stem for p in (raw / "nsys").glob("*.sqlite"))
-
-
-def parsed_outputs(wildcards):
-    """Everything the per-process and per-node parse jobs produce for one run."""
-    out = [
-        f"{RESULTS}/{wildcards.run}/parsed/nccl/{proc}/parse_report.json"
-        for proc in nccl_processes(wildcards)
-    ]
-    out += [
-        f"{RESULTS}/{wildcards.run}/parsed/nsys/{host}/session.json"
-        for host in nsys_hosts(wildcards)
-    ]
-    return out
 
 
 def proc_host(wildcards):

@@ -4,26 +4,28 @@
 rule align:
     input:
         code=code_stamp("align"),
-        calls=f"{RESULTS}/{{run}}/parsed/nccl/{{proc}}/calls.parquet",
+        calls=RUN.parsed_nccl_table("{proc}", "calls"),
         # init lines: their logged commIds name communicators in NCCL's NVTX payloads
-        comms=f"{RESULTS}/{{run}}/parsed/nccl/{{proc}}/comms.parquet",
-        kernels=lambda wc: f"{RESULTS}/{wc.run}/parsed/nsys/{proc_host(wc)}/kernels.parquet",
-        session=lambda wc: f"{RESULTS}/{wc.run}/parsed/nsys/{proc_host(wc)}/session.json",
-        nvtx=lambda wc: f"{RESULTS}/{wc.run}/parsed/nsys/{proc_host(wc)}/nvtx.parquet",
-        launches=lambda wc: f"{RESULTS}/{wc.run}/parsed/nsys/{proc_host(wc)}/launches_without_kernel.parquet",
+        comms=RUN.parsed_nccl_table("{proc}", "comms"),
+        versions=RUN.parsed_nccl_table("{proc}", "versions"),
+        kernels=of_proc_host(lambda layout, host: layout.parsed_nsys_table(host, "kernels")),
+        session=of_proc_host(lambda layout, host: layout.session(host)),
+        nvtx=of_proc_host(lambda layout, host: layout.parsed_nsys_table(host, "nvtx")),
+        launches=of_proc_host(lambda layout, host: layout.parsed_nsys_table(host, "launches_without_kernel")),
     output:
-        alignment=f"{RESULTS}/{{run}}/aligned/{{proc}}/alignment.parquet",
-        quality=f"{RESULTS}/{{run}}/aligned/{{proc}}/alignment_quality.json",
-        manifest=f"{RESULTS}/{{run}}/aligned/{{proc}}/manifest.json",
+        alignment=RUN.alignment("{proc}"),
+        quality=RUN.alignment_quality("{proc}"),
+        manifest=RUN.manifest(RUN.aligned("{proc}")),
     params:
         code=stage_code_hash("align"),
+        host=proc_host,
         mode=config.get("analysis", {}).get("alignment", "default"),
         nccl_version=lambda wc: RUNS[wc.run].settings.get("nccl_version"),
         settings=run_settings,
     log:
-        f"{RESULTS}/{{run}}/logs/align/{{proc}}.log",
+        RUN.log("align", "{proc}"),
     benchmark:
-        f"{RESULTS}/{{run}}/benchmarks/align/{{proc}}.tsv"
+        RUN.benchmark("align", "{proc}")
     conda:
         "../../envs/analysis.yaml"
     script:
@@ -33,33 +35,28 @@ rule align:
 rule ops:
     input:
         code=code_stamp("ops"),
-        alignments=lambda wc: [
-            f"{RESULTS}/{wc.run}/aligned/{proc}/alignment.parquet" for proc in nccl_processes(wc)
-        ],
-        qualities=lambda wc: [
-            f"{RESULTS}/{wc.run}/aligned/{proc}/alignment_quality.json" for proc in nccl_processes(wc)
-        ],
-        reports=lambda wc: [
-            f"{RESULTS}/{wc.run}/parsed/nccl/{proc}/parse_report.json" for proc in nccl_processes(wc)
-        ],
-        sessions=lambda wc: [
-            f"{RESULTS}/{wc.run}/parsed/nsys/{host}/session.json" for host in nsys_hosts(wc)
-        ],
-        communicators=f"{RESULTS}/{{run}}/communicators/communicators.parquet",
-        members=f"{RESULTS}/{{run}}/communicators/communicator_members.parquet",
+        alignments=per_process(lambda layout, proc: layout.alignment(proc)),
+        qualities=per_process(lambda layout, proc: layout.alignment_quality(proc)),
+        # each process's parsed call lines (arguments the alignment table does not carry)
+        calls=per_process(lambda layout, proc: layout.parsed_nccl_table(proc, "calls")),
+        sessions=per_node(lambda layout, host: layout.session(host)),
+        communicators=RUN.communicators,
+        members=RUN.members,
     output:
-        ops=f"{RESULTS}/{{run}}/ops/ops.parquet",
-        labels=f"{RESULTS}/{{run}}/ops/parallelism.parquet",
-        clock=f"{RESULTS}/{{run}}/ops/clock_sync.parquet",
-        quality=f"{RESULTS}/{{run}}/ops/alignment_quality.parquet",
-        manifest=f"{RESULTS}/{{run}}/ops/manifest.json",
+        ops=RUN.ops,
+        labels=RUN.labels,
+        clock=RUN.clock,
+        quality=RUN.quality,
+        manifest=RUN.manifest(RUN.ops_dir),
     params:
         code=stage_code_hash("ops"),
+        processes=nccl_processes,
+        hosts=nsys_hosts,
         settings=run_settings,
     log:
-        f"{RESULTS}/{{run}}/logs/ops.log",
+        RUN.log("ops"),
     benchmark:
-        f"{RESULTS}/{{run}}/benchmarks/ops.tsv"
+        RUN.benchmark("ops")
     conda:
         "../../envs/analysis.yaml"
     script:

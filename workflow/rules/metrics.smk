@@ -4,28 +4,24 @@
 rule metrics:
     input:
         code=code_stamp("metrics"),
-        ops=f"{RESULTS}/{{run}}/ops/ops.parquet",
-        communicators=f"{RESULTS}/{{run}}/communicators/communicators.parquet",
-        reports=lambda wc: [
-            f"{RESULTS}/{wc.run}/parsed/nccl/{proc}/parse_report.json" for proc in nccl_processes(wc)
-        ],
+        ops=RUN.ops,
+        communicators=RUN.communicators,
+        # each process's TUNING lines, topology dumps and init lines (links, bus ids)
+        parsed=per_process(lambda layout, proc: [layout.parsed_nccl_table(proc, t) for t in PARSED_TABLES]),
     output:
-        op_metrics=f"{RESULTS}/{{run}}/metrics/op_metrics.parquet",
-        instances=f"{RESULTS}/{{run}}/metrics/instances.parquet",
-        stragglers=f"{RESULTS}/{{run}}/metrics/stragglers.parquet",
-        limits=f"{RESULTS}/{{run}}/metrics/limits.parquet",
-        algorithms=f"{RESULTS}/{{run}}/metrics/algorithms.parquet",
-        manifest=f"{RESULTS}/{{run}}/metrics/manifest.json",
+        **{name: RUN.metric(name) for name in METRIC_TABLES},
+        manifest=RUN.manifest(RUN.metrics_dir),
     params:
         code=stage_code_hash("metrics"),
+        processes=nccl_processes,
     # Metrics hold the run's ops (cross-rank instances): measured 4.9 GB for a 145 MB ops.parquet
     # (2.45M ops); requested from the cluster in proportion, with headroom.
     resources:
         mem_mb=lambda wc, input: max(4000, int(45 * input.size_mb)),
     log:
-        f"{RESULTS}/{{run}}/logs/metrics.log",
+        RUN.log("metrics"),
     benchmark:
-        f"{RESULTS}/{{run}}/benchmarks/metrics.tsv"
+        RUN.benchmark("metrics")
     conda:
         "../../envs/analysis.yaml"
     script:
@@ -35,21 +31,21 @@ rule metrics:
 rule volume:
     input:
         code=code_stamp("volume"),
-        ops=f"{RESULTS}/{{run}}/ops/ops.parquet",
+        ops=RUN.ops,
         raw=raw_dir,
     output:
-        parquet=f"{RESULTS}/{{run}}/volume/volume_validation.parquet",
-        csv=f"{RESULTS}/{{run}}/volume/volume_validation.csv",
-        manifest=f"{RESULTS}/{{run}}/volume/manifest.json",
+        parquet=RUN.volume,
+        csv=RUN.volume_csv,
+        manifest=RUN.manifest(RUN.volume_dir),
     params:
         code=stage_code_hash("volume"),
         settings=run_settings,
     resources:
         mem_mb=lambda wc, input: max(2000, int(12 * input.size_mb)),
     log:
-        f"{RESULTS}/{{run}}/logs/volume.log",
+        RUN.log("volume"),
     benchmark:
-        f"{RESULTS}/{{run}}/benchmarks/volume.tsv"
+        RUN.benchmark("volume")
     conda:
         "../../envs/analysis.yaml"
     script:
@@ -59,27 +55,30 @@ rule volume:
 rule trace:
     input:
         code=code_stamp("trace"),
-        ops=f"{RESULTS}/{{run}}/ops/ops.parquet",
-        labels=f"{RESULTS}/{{run}}/ops/parallelism.parquet",
-        op_metrics=f"{RESULTS}/{{run}}/metrics/op_metrics.parquet",
-        nvtx=lambda wc: [f"{RESULTS}/{wc.run}/parsed/nsys/{host}/nvtx.parquet" for host in nsys_hosts(wc)],
-        sessions=lambda wc: [
-            f"{RESULTS}/{wc.run}/parsed/nsys/{host}/session.json" for host in nsys_hosts(wc)
-        ],
+        ops=RUN.ops,
+        labels=RUN.labels,
+        op_metrics=RUN.metric("op_metrics"),
+        # kernel geometry, NVTX ranges and session clocks of each node; call buffers of each process
+        kernels=per_node(lambda layout, host: layout.parsed_nsys_table(host, "kernels")),
+        nvtx=per_node(lambda layout, host: layout.parsed_nsys_table(host, "nvtx")),
+        sessions=per_node(lambda layout, host: layout.session(host)),
+        calls=per_process(lambda layout, proc: layout.parsed_nccl_table(proc, "calls")),
     output:
-        trace=f"{RESULTS}/{{run}}/trace/trace.json.gz",
-        summary=f"{RESULTS}/{{run}}/trace/trace.summary.json.gz",
-        manifest=f"{RESULTS}/{{run}}/trace/manifest.json",
+        trace=RUN.trace,
+        summary=RUN.trace_summary,
+        manifest=RUN.manifest(RUN.trace_dir),
     params:
         code=stage_code_hash("trace"),
+        processes=nccl_processes,
+        hosts=nsys_hosts,
         options=config.get("analysis", {}).get("trace", {}),
     # bounded by the trace's event cap and one process at a time, not by the run
     resources:
         mem_mb=4000,
     log:
-        f"{RESULTS}/{{run}}/logs/trace.log",
+        RUN.log("trace"),
     benchmark:
-        f"{RESULTS}/{{run}}/benchmarks/trace.tsv"
+        RUN.benchmark("trace")
     conda:
         "../../envs/analysis.yaml"
     script:

@@ -6,19 +6,16 @@ rule parse_nccl:
         code=code_stamp("parse_nccl"),
         raw=raw_dir,
     output:
-        tables=expand(
-            f"{RESULTS}/{{{{run}}}}/parsed/nccl/{{{{proc}}}}/{{table}}.parquet",
-            table=NCCL_TABLES,
-        ),
-        report=f"{RESULTS}/{{run}}/parsed/nccl/{{proc}}/parse_report.json",
-        manifest=f"{RESULTS}/{{run}}/parsed/nccl/{{proc}}/manifest.json",
+        tables=[RUN.parsed_nccl_table("{proc}", table) for table in NCCL_TABLES],
+        report=RUN.parse_report("{proc}"),
+        manifest=RUN.manifest(RUN.parsed_nccl("{proc}")),
     params:
         code=stage_code_hash("parse_nccl"),
         settings=run_settings,
     log:
-        f"{RESULTS}/{{run}}/logs/parse_nccl/{{proc}}.log",
+        RUN.log("parse_nccl", "{proc}"),
     benchmark:
-        f"{RESULTS}/{{run}}/benchmarks/parse_nccl/{{proc}}.tsv"
+        RUN.benchmark("parse_nccl", "{proc}")
     conda:
         "../../envs/analysis.yaml"
     script:
@@ -30,19 +27,16 @@ rule parse_nsys:
         code=code_stamp("parse_nsys"),
         raw=raw_dir,
     output:
-        tables=expand(
-            f"{RESULTS}/{{{{run}}}}/parsed/nsys/{{{{host}}}}/{{table}}.parquet",
-            table=NSYS_TABLES,
-        ),
-        session=f"{RESULTS}/{{run}}/parsed/nsys/{{host}}/session.json",
-        manifest=f"{RESULTS}/{{run}}/parsed/nsys/{{host}}/manifest.json",
+        tables=[RUN.parsed_nsys_table("{host}", table) for table in NSYS_TABLES],
+        session=RUN.session("{host}"),
+        manifest=RUN.manifest(RUN.parsed_nsys("{host}")),
     params:
         code=stage_code_hash("parse_nsys"),
         settings=run_settings,
     log:
-        f"{RESULTS}/{{run}}/logs/parse_nsys/{{host}}.log",
+        RUN.log("parse_nsys", "{host}"),
     benchmark:
-        f"{RESULTS}/{{run}}/benchmarks/parse_nsys/{{host}}.tsv"
+        RUN.benchmark("parse_nsys", "{host}")
     conda:
         "../../envs/analysis.yaml"
     script:
@@ -51,17 +45,26 @@ rule parse_nsys:
 
 rule parse_summary:
     input:
-        parsed=parsed_outputs,
+        code=code_stamp("parse_summary"),
+        reports=per_process(lambda layout, proc: layout.parse_report(proc)),
+        # the parse job's manifest says what the parser does not judge (a log cut mid-line)
+        manifests=per_process(lambda layout, proc: layout.manifest(layout.parsed_nccl(proc))),
+        sessions=per_node(lambda layout, host: layout.session(host)),
+        # NCCL kernels of processes without a log
+        kernels=per_node(lambda layout, host: layout.parsed_nsys_table(host, "kernels")),
         raw=raw_dir,
     output:
-        summary=f"{RESULTS}/{{run}}/parsed/parse_summary.json",
-        manifest=f"{RESULTS}/{{run}}/parsed/manifest.json",
+        summary=RUN.parse_summary,
+        manifest=RUN.manifest(RUN.parse_summary.parent),
     params:
+        code=stage_code_hash("parse_summary"),
+        processes=nccl_processes,
+        hosts=nsys_hosts,
         expected_processes=lambda wc: RUNS[wc.run].world_size,
         expected_nodes=lambda wc: int(RUNS[wc.run].settings["nodes"]),
         settings=run_settings,
     log:
-        f"{RESULTS}/{{run}}/logs/parse_summary.log",
+        RUN.log("parse_summary"),
     conda:
         "../../envs/analysis.yaml"
     script:
@@ -71,19 +74,17 @@ rule parse_summary:
 rule communicators:
     input:
         code=code_stamp("communicators"),
-        reports=lambda wc: [
-            f"{RESULTS}/{wc.run}/parsed/nccl/{proc}/parse_report.json"
-            for proc in nccl_processes(wc)
-        ],
+        comms=per_process(lambda layout, proc: layout.parsed_nccl_table(proc, "comms")),
     output:
-        communicators=f"{RESULTS}/{{run}}/communicators/communicators.parquet",
-        members=f"{RESULTS}/{{run}}/communicators/communicator_members.parquet",
-        manifest=f"{RESULTS}/{{run}}/communicators/manifest.json",
+        communicators=RUN.communicators,
+        members=RUN.members,
+        manifest=RUN.manifest(RUN.communicators_dir),
     params:
         code=stage_code_hash("communicators"),
+        processes=nccl_processes,
         settings=run_settings,
     log:
-        f"{RESULTS}/{{run}}/logs/communicators.log",
+        RUN.log("communicators"),
     conda:
         "../../envs/analysis.yaml"
     script:

@@ -4,30 +4,38 @@
 rule report:
     input:
         code=code_stamp("report"),
-        ops=f"{RESULTS}/{{run}}/ops/ops.parquet",
-        quality=f"{RESULTS}/{{run}}/ops/alignment_quality.parquet",
-        op_metrics=f"{RESULTS}/{{run}}/metrics/op_metrics.parquet",
-        volume=f"{RESULTS}/{{run}}/volume/volume_validation.parquet",
-        trace=f"{RESULTS}/{{run}}/trace/trace.json.gz",
+        ops=RUN.ops,
+        quality=RUN.quality,
+        labels=RUN.labels,
+        communicators=RUN.communicators,
+        op_metrics=RUN.metric("op_metrics"),
+        stragglers=RUN.metric("stragglers"),
+        volume=RUN.volume,
+        trace=RUN.trace,
         # the parse summary names gaps in the inputs (missing logs/exports); its manifest's
         # partial flag and reasons reach the report's manifest and the campaign report
-        summary=f"{RESULTS}/{{run}}/parsed/parse_summary.json",
+        summary=RUN.parse_summary,
+        # every stage's provenance and partial reasons, shown in the report
+        manifests=lambda wc: report_manifests(run_layout(wc), nccl_processes(wc), nsys_hosts(wc)),
+        raw=raw_dir,
     output:
-        tables=directory(f"{RESULTS}/{{run}}/report/tables"),
-        plots=directory(f"{RESULTS}/{{run}}/report/plots"),
+        tables=directory(RUN.report_tables),
+        plots=directory(RUN.report_plots),
         html=report(
-            f"{RESULTS}/{{run}}/report/report.html",
+            RUN.report_html,
             caption="../report/run.rst",
             category="Runs",
             labels={"run": "{run}"},
         ),
-        manifest=f"{RESULTS}/{{run}}/report/manifest.json",
+        manifest=RUN.manifest(RUN.report_dir),
     params:
         code=stage_code_hash("report"),
+        processes=nccl_processes,
+        hosts=nsys_hosts,
     log:
-        f"{RESULTS}/{{run}}/logs/report.log",
+        RUN.log("report"),
     benchmark:
-        f"{RESULTS}/{{run}}/benchmarks/report.tsv"
+        RUN.benchmark("report")
     conda:
         "../../envs/analysis.yaml"
     script:
@@ -36,7 +44,7 @@ rule report:
 
 rule campaign_report:
     input:
-        code=code_stamp("report"),
+        code=code_stamp("campaign_report"),
         reports=run_report_manifests,
     output:
         tables=directory(f"{RESULTS}/campaign/tables"),
@@ -48,7 +56,7 @@ rule campaign_report:
         ),
         manifest=f"{RESULTS}/campaign/manifest.json",
     params:
-        code=stage_code_hash("report"),
+        code=stage_code_hash("campaign_report"),
         settings={run: RUNS[run].settings for run in RUN_IDS},
         failed=failed_runs,
     log:

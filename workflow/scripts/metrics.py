@@ -11,6 +11,6 @@ setup(snakemake)  # noqa: F821
 from nccltrace.run_layout import RunLayout  # noqa: E402
 from nccltrace.stages.metrics import run_metrics  # noqa: E402
 
-inp = snakemake.input  # noqa: F821
-result = run_metrics(RunLayout(Path(inp.ops).parents[1]), [Path(p).parent for p in inp.reports])
-print(f"{result.summary}; problems: {result.problems}")
+sm = snakemake  # noqa: F821
+layout = RunLayout(Path(sm.output.manifest).parents[1])
+run_metrics(layout, [layout.parsed_nccl(p) for p in sm.params.processes]).echo()

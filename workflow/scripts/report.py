@@ -11,11 +11,11 @@ setup(snakemake)  # noqa: F821
 from nccltrace.run_layout import RunLayout  # noqa: E402
 from nccltrace.stages.report import run_report  # noqa: E402
 
-inp = snakemake.input  # noqa: F821
-run = snakemake.wildcards.run  # noqa: F821
-result = run_report(RunLayout(Path(inp.ops).parents[1]), run)
+sm = snakemake  # noqa: F821
+result = run_report(RunLayout(Path(sm.output.manifest).parents[1]), sm.wildcards.run, sm.params.processes,
+                    sm.params.hosts)
 print(result.summary)
 if result.partial:
     # on Snakemake's console too: a partial run must not look complete there either
-    print(f"PARTIAL: run {run}: " + "; ".join(result.problems[:3]) + f" (see {snakemake.output.html})",  # noqa: F821
+    print(f"PARTIAL: run {sm.wildcards.run}: " + "; ".join(result.problems[:3]) + f" (see {sm.output.html})",
           file=sys.__stderr__)

@@ -11,7 +11,6 @@ setup(snakemake)  # noqa: F821
 from nccltrace.run_layout import RunLayout  # noqa: E402
 from nccltrace.stages.trace import run_trace  # noqa: E402
 
-inp = snakemake.input  # noqa: F821
-result = run_trace(RunLayout(Path(inp.ops).parents[1]), dict(snakemake.params.options),  # noqa: F821
-                   nvtx=[Path(p) for p in inp.nvtx], sessions=[Path(p) for p in inp.sessions])
-print(result.summary)
+sm = snakemake  # noqa: F821
+run_trace(RunLayout(Path(sm.output.manifest).parents[1]), dict(sm.params.options), sm.params.processes,
+          sm.params.hosts).echo()

@@ -11,7 +11,6 @@ setup(snakemake)  # noqa: F821
 from nccltrace.run_layout import RunLayout  # noqa: E402
 from nccltrace.stages.volume import run_volume  # noqa: E402
 
-inp = snakemake.input  # noqa: F821
-result = run_volume(RunLayout(Path(inp.ops).parents[1]), snakemake.wildcards.run,  # noqa: F821
-                    dict(snakemake.params.settings), raw_dir=Path(inp.raw))  # noqa: F821
-print(result.summary)
+sm = snakemake  # noqa: F821
+layout = RunLayout.of_raw(sm.input.raw)
+run_volume(layout, sm.wildcards.run, dict(sm.params.settings), run_yaml=layout.run_yaml).echo()

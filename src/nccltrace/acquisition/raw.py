@@ -23,15 +23,14 @@ import os
 import re
 import shutil
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from .. import __version__
-from ..log_discovery import NCCL_PREFIX
 
-_SCAN_LINES = 200
 
 
 class RawImportError(ValueError):
@@ -99,18 +98,6 @@ def assemble_raw(capture: Path | str, exports: list[Path | str], raw: Path | str
     return launch
 
 
-def _log_identity(path: Path) -> tuple[str, int] | None:
-    """(host, pid) of the first NCCL record in the file's first lines, or None."""
-    with open(path, "rb") as f:
-        for i, line in enumerate(f):
-            if i >= _SCAN_LINES:
-                break
-            m = NCCL_PREFIX.match(line)
-            if m:
-                return m.group("host").decode("utf-8", "replace"), int(m.group("pid"))
-    return None
-
-
 # Files an interrupted export or copy leaves next to (or instead of) <host>.sqlite.
 _LEFTOVER = re.compile(r"\.sqlite(?:-journal|-wal|-shm|\.tmp|\.part|\.partial|\.incomplete|~)$"
                        r"|\.sqlite\.[A-Za-z0-9]{6,}$")  # the last: temp names of copy tools (rsync, tempfile)
@@ -145,16 +132,29 @@ def _owner(stem: str, hosts: set[str]) -> str | None:
 REDO_HINT = "then delete this run's raw/ directory and re-run snakemake"
 
 
-def export_hint(host: str) -> str:
+@dataclass(frozen=True)
+class Remedy:
+    """How the front end in use tells a user to supply a missing input and redo the analysis:
+    the workflow re-imports a run's raw/ directory, ``nccltrace analyze`` reads a directory."""
+
+    inputs_dir: str
+    redo: str
+
+
+WORKFLOW_REMEDY = Remedy("the run's import_dir (or raw/nsys/)", REDO_HINT)
+ANALYZE_REMEDY = Remedy("the input directory beside the logs", "then run `nccltrace analyze` again")
+
+
+def export_hint(host: str, remedy: Remedy = WORKFLOW_REMEDY) -> str:
     """What to do about a node whose export is missing or unusable."""
     return (f"re-create it with `nsys export --type sqlite --output {host}.sqlite {host}.nsys-rep` (profile with "
-            f"`nsys profile --trace=cuda,nvtx`), put it in the run's import_dir (or raw/nsys/), {REDO_HINT}")
+            f"`nsys profile --trace=cuda,nvtx`), put it in {remedy.inputs_dir}, {remedy.redo}")
 
 
-def missing_export_problem(host: str) -> str:
-    """The message of a node that has NCCL logs but no export in raw/nsys/ (one text wherever said)."""
+def missing_export_problem(host: str, remedy: Remedy = WORKFLOW_REMEDY) -> str:
+    """The message of a node that has NCCL logs but no export (one text wherever said)."""
     return (f"node {host}: no nsys export ({host}.sqlite) for its rank log(s): the calls of its ranks have no "
-            f"kernel times (reason 'no_export'); {export_hint(host)}")
+            f"kernel times (reason 'no_export'); {export_hint(host, remedy)}")
 
 
 def record_failed_import(raw: Path | str, *, run_id: str, settings: Mapping[str, Any], reason: str) -> None:
@@ -171,6 +171,60 @@ def record_failed_import(raw: Path | str, *, run_id: str, settings: Mapping[str,
     _finish(partial, raw)
 
 
+@dataclass
+class ExportAssignment:
+    """Which export is which node's: ``exports`` node name -> export (the recorded hostname, else
+    the file's stem), ``unusable`` node -> why its (kept) export cannot be read, what was set aside."""
+
+    exports: dict[str, Path]
+    unusable: dict[str, str]
+    ignored: list[str]
+    warnings: list[str]
+
+
+def assign_exports(sqlites: list[Path], log_hosts: set[str], source: Path | None = None) -> ExportAssignment:
+    """Name each export after the host it was captured on (recorded in the export), else its
+    file stem. An unreadable export is kept for the node its name points to (the parse stage
+    reports the defect and the run is partial) unless a readable export of that node exists:
+    then it is a leftover, set aside. Raises :class:`RawImportError` for two readable exports
+    of one host."""
+    names: dict[str, Path] = {}
+    unreadable: list[tuple[Path, str]] = []
+    ignored: list[str] = []
+    warnings: list[str] = []
+    for p in sqlites:
+        host, problem = _inspect_export(p)
+        if problem is not None:
+            unreadable.append((p, problem))
+            continue
+        host = host or p.stem
+        if host not in log_hosts and host.split(".")[0] in log_hosts:
+            host = host.split(".")[0]  # logs name the short hostname (gethostname), nsys the full one
+        name = host if host not in names else p.stem
+        if name in names:
+            raise RawImportError(f"{p} and {names[name]} are both exports of host {name}; keep one per node")
+        if name != host:
+            warnings.append(f"{p.name} and {names[host].name} are both exports of host {host} (one per process?): "
+                            f"only {names[host].name} is used for its ranks; export one report per node")
+        names[name] = p
+    readable = set(names)
+    unusable: dict[str, str] = {}
+    for p, problem in unreadable:
+        owner = _owner(p.stem, log_hosts)
+        if owner is None or owner in names:
+            why = ("its name matches no host of the NCCL logs" if owner is None
+                   else f"node {owner} has the readable export {names[owner].name}" if owner in readable
+                   else f"{names[owner].name} is already taken for node {owner}")
+            ignored.append(str(p.relative_to(source)) if source is not None and p.is_relative_to(source) else str(p))
+            warnings.append(f"ignored unreadable export {p.name} ({why}): {problem}")
+            continue
+        if owner != p.stem:
+            warnings.append(f"{p.name} is unreadable and named after node {owner}; taken as {owner}'s export")
+        names[owner] = p
+        unusable[owner] = problem
+    return ExportAssignment(names, unusable, ignored, warnings)
+
+
 def import_raw(source: Path | str, raw: Path | str, *, run_id: str, settings: Mapping[str, Any],
                nsys: str = "nsys") -> dict[str, Any]:
     """Bring a run made elsewhere into ``raw``: NCCL logs (any names; each is identified by the
@@ -182,24 +236,25 @@ def import_raw(source: Path | str, raw: Path | str, *, run_id: str, settings: Ma
         raise RawImportError(f"import_dir {source}: no such directory (run {run_id}); point import_dir at the "
                            "directory holding the run's NCCL logs and nsys exports")
     files = sorted(p for p in source.rglob("*") if p.is_file())
-    logs: dict[tuple[str, int], Path] = {}
-    ignored: list[str] = []
-    for p in files:
-        if p.suffix != ".log" and not p.name.startswith("nccl"):
-            continue
-        ident = _log_identity(p)
-        if ident is None:
-            ignored.append(str(p.relative_to(source)))
-            continue
-        if ident in logs:
-            raise RawImportError(f"{p} and {logs[ident]} are both the log of process {ident[0]}:{ident[1]}; "
-                               "remove the duplicate (one NCCL_DEBUG_FILE per process)")
-        logs[ident] = p
-    if not logs:
-        raise RawImportError(f"import_dir {source}: no NCCL debug log found (a file whose first lines contain "
+    partial = _fresh(raw)
+    # Logs by content, as `nccltrace analyze` finds them: any name, .gz, one per process or one
+    # combined stdout of all ranks (split per process into the raw directory).
+    from ..log_discovery import discover_logs
+
+    try:
+        found = discover_logs([source], partial / "nccl")
+    except ValueError as e:
+        raise RawImportError(f"import_dir {source}: {e}") from None
+    if not found.logs:
+        raise RawImportError(f"import_dir {source}: no NCCL debug log found (a file whose lines contain "
                            "'host:pid:tid [dev] NCCL INFO'); was the run made with NCCL_DEBUG=INFO and NCCL_DEBUG_FILE?")
+    ignored: list[str] = [str(q.relative_to(source)) for q in found.ignored if q.is_relative_to(source)]
+    logs = {}
+    for stem, q in found.logs.items():
+        host, _, pid = stem[len("nccl_"):].rpartition("_")
+        logs[(host, int(pid))] = q
     sqlites = [p for p in files if p.suffix == ".sqlite"]
-    warnings: list[str] = []
+    warnings: list[str] = [f"import: {n}" for n in found.notes()]
     for p in files:
         if _LEFTOVER.search(p.name):
             ignored.append(str(p.relative_to(source)))
@@ -207,9 +262,9 @@ def import_raw(source: Path | str, raw: Path | str, *, run_id: str, settings: Ma
                             "not an export)")
     reports = [p for p in files if p.suffix in (".nsys-rep", ".qdrep", ".qdstrm")]
     exported = {p.stem for p in sqlites}
-    partial = _fresh(raw)
     for (host, pid), p in sorted(logs.items()):
-        link_or_copy(p, partial / "nccl" / f"nccl_{host}_{pid}.log")
+        if p.parent != partial / "nccl":  # logs split by discovery are written there already
+            link_or_copy(p, partial / "nccl" / f"nccl_{host}_{pid}.log")
     for p in files:
         if p.suffix == ".xml":
             link_or_copy(p, partial / "nccl" / p.name)
@@ -227,36 +282,10 @@ def import_raw(source: Path | str, raw: Path | str, *, run_id: str, settings: Ma
         raise RawImportError(f"import_dir {source}: no nsys export (*.sqlite) or report (*.nsys-rep) found; "
                            "profile with nsys profile --trace=cuda,nvtx and copy the reports")
     hosts_logs = {h for h, _ in logs}
-    names: dict[str, Path] = {}
-    unreadable: list[tuple[Path, str]] = []
-    for p in sqlites:
-        host, problem = _inspect_export(p)
-        if problem is not None:
-            unreadable.append((p, problem))
-            continue
-        host = host or p.stem
-        name = host if host not in names else p.stem
-        if name in names:
-            raise RawImportError(f"{p} and {names[name]} are both exports of host {name}; keep one per node")
-        names[name] = p
-    # An unreadable export is kept for its node (the parse stage reports the defect and the run is
-    # partial) unless a readable export of that node exists: then it is a leftover, set aside.
-    readable = set(names)
-    unusable: dict[str, str] = {}
-    for p, problem in unreadable:
-        owner = _owner(p.stem, hosts_logs)
-        if owner is None or owner in names:
-            why = ("its name matches no host of the NCCL logs" if owner is None
-                   else f"node {owner} has the readable export {names[owner].name}" if owner in readable
-                   else f"{names[owner].name} is already imported for node {owner}")
-            ignored.append(str(p.relative_to(source)) if p.is_relative_to(source) else str(p))
-            warnings.append(f"import: ignored unreadable export {p.name} ({why}): {problem}")
-            continue
-        if owner != p.stem:
-            warnings.append(f"import: {p.name} is unreadable and named after node {owner}; imported as {owner}.sqlite")
-        names[owner] = p
-        # the parse stage reports it as found here (a hot journal is not imported with it)
-        unusable[owner] = problem
+    assigned = assign_exports(sqlites, hosts_logs, source)
+    names, unusable = assigned.exports, assigned.unusable
+    ignored += assigned.ignored
+    warnings += assigned.warnings
     for name, p in names.items():
         dst = partial / "nsys" / f"{name}.sqlite"
         if p.parent != dst.parent or p.name != dst.name:
@@ -276,6 +305,7 @@ def import_raw(source: Path | str, raw: Path | str, *, run_id: str, settings: Ma
               "warnings": warnings, "unusable_exports": unusable}  # fmt: skip
     (partial / "launch").mkdir(exist_ok=True)
     (partial / "launch" / "import.json").write_text(json.dumps(record, indent=2))
-    write_status(partial, "ok", warnings=warnings, unusable_exports=unusable)
+    # NCCL lines discovery could not give to a process: missing records, so the run is partial
+    write_status(partial, "ok", warnings=warnings, problems=found.problems(), unusable_exports=unusable)
     _finish(partial, raw)
     return record

@@ -29,8 +29,10 @@ FOREIGN_PROCESS_REASON = "other_process_in_log"
 """Reason of call lines of another process in a log (a shared file): never aligned."""
 GRAPH_CAPTURED_REASON = "graph_captured"
 """Reason of call lines captured into a CUDA graph: logged once, their kernels are the replays."""
+OUTSIDE_CAPTURE_REASON = "outside_capture"
+"""Reason of call lines written outside the span the capture covers (a step-window capture)."""
 # Reasons of lines the export's capture cannot hold: no range or kernel is sought for them.
-_NOT_CAPTURED = ("outside_capture", "capture_not_located", NOT_IN_EXPORT_REASON)
+_NOT_CAPTURED = (OUTSIDE_CAPTURE_REASON, "capture_not_located", NOT_IN_EXPORT_REASON)
 
 
 ALIGNMENT_SCHEMA = pa.schema(

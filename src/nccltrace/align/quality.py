@@ -46,6 +46,7 @@ import pandas as pd
 import pyarrow as pa
 
 from ..tables import documented_field as _f
+from ..run_layout import ALIGNMENT_QUALITY_FILE
 from ..tables import write_json_atomic
 
 __all__ = [
@@ -63,7 +64,7 @@ __all__ = [
     "write_quality",
 ]
 
-QUALITY_FILE = "alignment_quality.json"
+QUALITY_FILE = ALIGNMENT_QUALITY_FILE  # the layout names it
 QUALITY_TABLE = "alignment_quality.parquet"
 CROSS_RANK_REASON = "contradicted_cross_rank"
 P2P_REASON = "contradicted_p2p"

@@ -53,7 +53,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from .reader import _GPID_MASK, _NCCL_COLUMN_KINDS, _arrow_schema
+from .reader import _GPID_MASK, _NCCL_COLUMN_KINDS, spec_schema
 
 __all__ = [
     "CALL_OPS",
@@ -165,7 +165,7 @@ _DOCS: dict[str, tuple[str, str]] = {
 
 
 def _documented_schema() -> pa.Schema:
-    base = _arrow_schema(NCCL_API_CALL_COLUMNS)
+    base = spec_schema(NCCL_API_CALL_COLUMNS)
     fields = [f.with_metadata({"unit": _DOCS[f.name][0], "doc": _DOCS[f.name][1]}) for f in base]
     return pa.schema(fields, metadata={"table": "nccl_api_calls", "doc": (
         "Per node (parsed/nsys/<host>/): one row per NCCL API call range of the nsys export (legacy NCCL NVTX), with "

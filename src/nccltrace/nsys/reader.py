@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..tables import atomic_output
+
 __all__ = [
     "KERNEL_COLUMNS",
     "KNOWN_SCHEMA_VERSIONS",
@@ -311,7 +313,8 @@ def _rows_to_columns(rows: list[tuple], names: Sequence[str]) -> dict[str, Seque
     return dict(zip(names, zip(*rows)))
 
 
-def _arrow_schema(spec: list[tuple[str, str]]):
+def spec_schema(spec: list[tuple[str, str]]):
+    """The Arrow schema of a reader column spec ((name, pandas kind) pairs): how its tables are written."""
     import pyarrow as pa
 
     types = {
@@ -322,20 +325,6 @@ def _arrow_schema(spec: list[tuple[str, str]]):
         "object": pa.string(),
     }
     return pa.schema([(name, types[kind]) for name, kind in spec])
-
-
-@contextlib.contextmanager
-def _atomic_path(target: Path) -> Iterator[Path]:
-    """Yield a temp path next to ``target``; rename it over ``target`` if the block succeeds."""
-    from ..tables import atomic_path
-
-    tmp_path = atomic_path(target)
-    try:
-        yield tmp_path
-        os.replace(tmp_path, target)
-    finally:
-        if tmp_path.exists():
-            tmp_path.unlink()
 
 
 # --------------------------------------------------------------------------- reader
@@ -1225,13 +1214,13 @@ class NsysExport:
             "nccl_api_calls": out / "nccl_api_calls.parquet",
             "session": out / "session.json",
         }
-        schema = _arrow_schema(KERNEL_COLUMNS)
+        schema = spec_schema(KERNEL_COLUMNS)
         written = 0
         # The few columns linking NCCL kernels to their calls, kept while kernels stream to disk.
         link_cols = ["global_pid", "pid", "correlation_id", "stream_id", "launch_tid", "launch_start", "launch_end",
                      "short_name", "name"]  # fmt: skip
         links: list[pd.DataFrame] = []
-        with _atomic_path(paths["kernels"]) as tmp, pq.ParquetWriter(tmp, schema) as pw:
+        with atomic_output(paths["kernels"]) as tmp, pq.ParquetWriter(tmp, schema) as pw:
             for batch in self.iter_kernels(kernel_name_like):
                 pw.write_table(pa.Table.from_pandas(batch, schema=schema, preserve_index=False))
                 written += len(batch)
@@ -1249,16 +1238,16 @@ class NsysExport:
         nvtx, lost = self.nvtx(), self.launches_without_kernel()
         for key, frame, spec in (("nvtx", nvtx, NVTX_COLUMNS), ("processes", self.processes(), PROCESS_COLUMNS),
                                  ("launches_without_kernel", lost, LAUNCH_COLUMNS)):
-            with _atomic_path(paths[key]) as tmp:
-                s = _arrow_schema(spec)
+            with atomic_output(paths[key]) as tmp:
+                s = spec_schema(spec)
                 pq.write_table(pa.Table.from_pandas(frame, schema=s, preserve_index=False), tmp)
         kernels = pd.concat(links, ignore_index=True) if links else self._kernel_frame([])[link_cols]
         api = nccl_api_calls(nvtx, kernels, lost_launches=lost, payload_schemas=self.payload_schema_entries(),
                              undecoded_payload_blobs=self.undecoded_payload_blobs)
         self.nccl_api_summary = api.summary()
-        with _atomic_path(paths["nccl_api_calls"]) as tmp:
+        with atomic_output(paths["nccl_api_calls"]) as tmp:
             pq.write_table(pa.Table.from_pandas(api.calls, schema=NCCL_API_CALLS_SCHEMA, preserve_index=False), tmp)
-        with _atomic_path(paths["session"]) as tmp:
+        with atomic_output(paths["session"]) as tmp:
             tmp.write_text(json.dumps(self.session_info(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
         return paths
 

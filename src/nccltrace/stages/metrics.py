@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..metrics import OPS_COLUMNS, compute_run_metrics, write_run_metrics
+from ..metrics import OPS_COLUMNS, PARSED_TABLES, compute_run_metrics, write_run_metrics
 from ..provenance import write_manifest
 from ..run_layout import RunLayout
 from ..tables import read_table
@@ -21,7 +21,7 @@ def run_metrics(layout: RunLayout, parsed_nccl_dirs: Iterable[Path]) -> StageRes
     result = compute_run_metrics(ops, dirs, read_table(layout.communicators))
     paths = write_run_metrics(result, layout.metrics_dir)
     write_manifest(layout.manifest(layout.metrics_dir), stage="metrics",
-                   inputs=[layout.ops, layout.communicators, *(d / "parse_report.json" for d in dirs)],
+                   inputs=[layout.ops, layout.communicators, *(d / f"{t}.parquet" for d in dirs for t in PARSED_TABLES)],
                    outputs=list(paths.values()), partial=bool(result.problems),
                    extra={"problems": result.problems})  # fmt: skip
     return StageResult("metrics", list(paths.values()), bool(result.problems), list(result.problems),

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from pathlib import Path
+
 from ..plots import run_plots
 from ..provenance import write_manifest
 from ..report import render_run_report
@@ -10,9 +13,23 @@ from ..summary import OP_METRICS_COLUMNS, OPS_COLUMNS, run_tables, write_tables
 from ..tables import read_table
 from . import StageResult
 
+__all__ = ["report_manifests", "run_report"]
 
-def run_report(layout: RunLayout, run_id: str) -> StageResult:
-    """Write the report's tables, plots and HTML; partial when any upstream manifest is."""
+
+def report_manifests(layout: RunLayout, procs: Iterable[str], hosts: Iterable[str]) -> list[Path]:
+    """The stage manifests a run's report shows (provenance and partial reasons of each stage)."""
+    procs, hosts = list(procs), list(hosts)
+    dirs = [*(layout.parsed_nccl(p) for p in procs), *(layout.parsed_nsys(h) for h in hosts),
+            layout.parse_summary.parent, layout.communicators_dir, *(layout.aligned(p) for p in procs),
+            layout.ops_dir, layout.metrics_dir, layout.volume_dir, layout.trace_dir]  # fmt: skip
+    return [layout.manifest(d) for d in dirs]
+
+
+def run_report(layout: RunLayout, run_id: str, procs: Iterable[str], hosts: Iterable[str],
+               run_yaml: Path | None = None) -> StageResult:  # fmt: skip
+    """Write the report's tables, plots and HTML from the run's tables and the manifests of
+    its stages (processes ``procs``, nodes ``hosts``); partial when any upstream manifest is.
+    ``run_yaml``: the run's settings record (default: the layout's raw/run.yaml)."""
     # only the columns the tables and plots use: the run's ops table is never loaded whole
     ops = read_table(layout.ops, columns=OPS_COLUMNS)
     stragglers = read_table(layout.metric("stragglers")) if layout.metric("stragglers").exists() else None
@@ -20,14 +37,15 @@ def run_report(layout: RunLayout, run_id: str) -> StageResult:
                         read_table(layout.volume), read_table(layout.quality), stragglers)  # fmt: skip
     written = write_tables(tables, layout.report_tables)
     plots = run_plots(ops, tables, layout.report_plots, title=run_id)
+    manifests = report_manifests(layout, procs, hosts)
     render_run_report(layout.root, layout.report_html, tables_dir=layout.report_tables, plots_dir=layout.report_plots,
-                      run_id=run_id)  # fmt: skip
+                      run_id=run_id, manifests=manifests, run_yaml=run_yaml or layout.run_yaml)  # fmt: skip
     inputs = [layout.parse_summary] if layout.parse_summary.exists() else []
     manifest = write_manifest(layout.manifest(layout.report_dir), stage="report",
                               # the parse summary first: its reasons (missing logs, exports) lead the list
                               inputs=[*inputs, layout.ops, layout.quality, layout.metric("op_metrics"), layout.volume,
                                       layout.trace],
                               outputs=[*written.values(), *plots.values(), layout.report_html])  # fmt: skip
-    return StageResult("report", [*written.values(), *plots.values(), layout.report_html], bool(manifest["partial"]),
-                       list(manifest.get("partial_reasons") or []),
+    outputs = [*written.values(), *plots.values(), layout.report_html]
+    return StageResult("report", outputs, bool(manifest["partial"]), list(manifest.get("partial_reasons") or []),
                        f"{len(written)} table files, {len(plots)} plots, report {layout.report_html}")

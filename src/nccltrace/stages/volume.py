@@ -15,11 +15,10 @@ from ..volume import OPS_COLUMNS, volume_validation, write_volume_validation
 from . import StageResult
 
 
-def run_volume(layout: RunLayout, run_id: str, settings: Mapping[str, Any] | None, raw_dir: Path | None = None
+def run_volume(layout: RunLayout, run_id: str, settings: Mapping[str, Any] | None, run_yaml: Path | None = None
                ) -> StageResult:  # fmt: skip
-    """Write the volume validation. The model is the run's own record (``run.yaml`` of the raw
-    directory) when it has one, else ``settings``."""
-    run_yaml = Path(raw_dir) / "run.yaml" if raw_dir is not None else None
+    """Write the volume validation. The model is the run's own record (``run_yaml``) when it
+    has one, else ``settings``."""
     has_record = run_yaml is not None and run_yaml.is_file()
     model = yaml.safe_load(run_yaml.read_text()) if has_record else dict(settings or {})
     table = volume_validation(model, read_table(layout.ops, columns=OPS_COLUMNS), run=run_id)

@@ -1,0 +1,73 @@
+"""Stage align: correlate one process's NCCL call lines with its node's kernels.
+
+A node without a usable export (parse_nsys wrote ``available: false``) gives every call that
+needed a kernel the reason ``no_export``; that, an export without NCCL kernels, a check of the
+alignment's quality that failed, or no call matched at all makes the alignment partial, with a
+reason naming the process and its node."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pandas as pd
+import pyarrow.parquet as pq
+
+from ..align.correlate import NO_EXPORT_REASON, align_files, process_key
+from ..align.quality import QUALITY_FILE, quality_problems, read_quality
+from ..provenance import write_manifest
+from ..run_layout import RunLayout
+from . import StageResult
+
+__all__ = ["alignment_summary", "run_align"]
+
+
+def alignment_summary(table: pd.DataFrame, mode: str) -> dict[str, Any]:
+    """Counts of an alignment table (what the align manifest records)."""
+    calls = table[table["row_kind"] == "call"]
+    return {
+        "mode": mode,
+        "calls": len(calls),
+        "matched": int((calls["status"] == "matched").sum()),
+        "unmatched_by_reason": {str(k): int(v) for k, v in calls["reason"].value_counts().items()},
+        "kernels_without_call": int((table["row_kind"] == "kernel").sum()),
+    }
+
+
+def run_align(layout: RunLayout, proc: str, host: str, *, mode: str = "default", nccl_version: str | None = None,
+              capture_steps: tuple[int, int] | None = None) -> StageResult:  # fmt: skip
+    """Align process ``proc`` (``parsed/nccl/<proc>/``) with node ``host``'s parsed export
+    (``parsed/nsys/<host>/``) into ``aligned/<proc>/``. ``capture_steps``: the captured steps
+    of a step-window capture (0-based loop indices, see :func:`~nccltrace.align.correlate.align_process`)."""
+    calls = layout.parsed_nccl(proc) / "calls.parquet"
+    nsys = layout.parsed_nsys(host)
+    out = layout.aligned(proc)
+    session = json.loads((nsys / "session.json").read_text())
+    available = session.get("available", True)
+    # The pid of the calls is the process's own; a log with no call lines carries none, so its
+    # name gives it. (Given no pid, lines of another process in the file are found and set aside.)
+    pid = None if pq.read_metadata(calls).num_rows else process_key(proc)[1]
+    table = align_files(calls, nsys / "kernels.parquet", nsys / "session.json", out / "alignment.parquet", mode=mode,
+                        launches_path=nsys / "launches_without_kernel.parquet",
+                        nvtx_path=nsys / "nvtx.parquet" if available else None,
+                        nccl_version=str(nccl_version) if nccl_version else None, pid=pid,
+                        export_available=available, quality_path=out / QUALITY_FILE,
+                        capture_steps=capture_steps)  # fmt: skip
+    summary = alignment_summary(table, mode)
+    calls_tab = table[table["row_kind"] == "call"]
+    # calls that launch a kernel: not duplicate lines, not calls on single-rank communicators
+    needing = int((~calls_tab["reason"].isin(["duplicate_line", "single_rank_communicator"])).sum())
+    problems = []
+    if not available:
+        # the cause (which file, what is wrong) comes with the export's manifest, once per node
+        problems.append(f"{proc}: {summary['unmatched_by_reason'].get(NO_EXPORT_REASON, 0)} calls have no kernel "
+                        f"(reason '{NO_EXPORT_REASON}': no usable nsys export of node {host})")
+    problems += quality_problems(proc, read_quality(out / QUALITY_FILE))
+    if available and needing and not summary["matched"] and not problems:
+        problems.append(f"{proc}: none of its {needing} calls matched a kernel of node {host}'s export "
+                        f"({session.get('source_file', host + '.sqlite')}); no times or bandwidths for this rank")
+    outputs = [out / "alignment.parquet", out / QUALITY_FILE]
+    write_manifest(layout.manifest(out), stage="align", inputs=[calls, nsys / "kernels.parquet", nsys / "session.json"],
+                   outputs=outputs, config={"mode": mode}, partial=bool(problems), reasons=problems,
+                   extra={"summary": summary})
+    return StageResult("align", outputs, bool(problems), problems, str(summary), details={"summary": summary})

@@ -1,0 +1,36 @@
+"""Stage communicators: logical communicators and global ranks of one run from its init lines
+(or, for logs without them, from the call sequences, flagged as inferred).
+
+Incomplete communicators (members without a log) make the result partial; the reasons name the
+global ranks whose logs are missing and the communicators that lack them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ..communicators import communicator_problems, infer_run_communicators
+from ..provenance import write_manifest
+from ..run_layout import RunLayout
+from . import StageResult
+
+__all__ = ["run_communicators"]
+
+
+def run_communicators(layout: RunLayout, procs: Iterable[str], settings: Mapping[str, Any] | None = None
+                      ) -> StageResult:  # fmt: skip
+    """Build ``communicators.parquet`` and ``communicator_members.parquet`` from the parsed logs
+    of ``procs``. ``details['tables']`` is the :class:`~nccltrace.communicators.CommunicatorTables`."""
+    dirs = [layout.parsed_nccl(p) for p in procs]
+    result = infer_run_communicators(dirs, layout.communicators_dir, settings)
+    reasons = communicator_problems(result)
+    comms = result.communicators
+    incomplete = comms[~comms["complete"].astype(bool)] if len(comms) else comms
+    outputs = [layout.communicators, layout.members]
+    write_manifest(layout.manifest(layout.communicators_dir), stage="communicators",
+                   inputs=[d / "comms.parquet" for d in dirs], outputs=outputs, partial=bool(reasons),
+                   reasons=reasons, config=dict(settings or {}))  # fmt: skip
+    notes = [f"communicator {row.logical_id}: {row.problem}" for row in incomplete.itertuples()]
+    return StageResult("communicators", outputs, bool(reasons), reasons,
+                       f"{len(comms)} communicators, world size {result.world_size}, {len(incomplete)} incomplete",
+                       notes, {"tables": result})

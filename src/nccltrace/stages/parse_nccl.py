@@ -1,0 +1,67 @@
+"""Stage parse_nccl: one process's NCCL debug log into its tables.
+
+The result is partial when records could not be read and when the log ends mid-line: the
+process was killed while writing (or the copy is incomplete), so the log stops before the run
+did; the reasons name the file, the line and what is lost."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..nccl.log_reader import TABLE_NAMES, ParseReport, parse_logs
+from ..provenance import write_manifest
+from . import StageResult
+
+__all__ = ["log_problems", "run_parse_nccl"]
+
+
+def _ends_mid_line(log_file: Path) -> bool:
+    """NCCL ends every record with a newline; a log that does not stopped while being written."""
+    with open(log_file, "rb") as fh:
+        fh.seek(0, 2)
+        size = fh.tell()
+        if size == 0:
+            return False
+        fh.seek(size - 1)
+        return fh.read(1) != b"\n"
+
+
+def log_problems(report: ParseReport | Mapping[str, Any]) -> list[str]:
+    """The gaps a parse report records, one message each with file and line: issues of
+    severity error and records that could not be read (torn or damaged lines)."""
+    data = report.as_dict() if isinstance(report, ParseReport) else report
+    out: list[str] = []
+    for f in data["files"]:
+        out += [f"{f['file']}" + (f" line {i['line']}" if i.get("line") else "") + f": {i['message']}"
+                for i in f["issues"]]  # fmt: skip
+        if f["counts"].get("lost_records"):
+            out.append(f"{f['file']}: {f['counts']['lost_records']} NCCL record(s) could not be read (damaged or "
+                       "torn lines); tables built from this log miss them")
+    return out
+
+
+def run_parse_nccl(log_file: Path | str, out_dir: Path | str, settings: Mapping[str, Any] | None = None
+                   ) -> StageResult:  # fmt: skip
+    """Parse ``log_file`` (one process's NCCL log) into ``out_dir``: the tables of
+    :data:`~nccltrace.nccl.log_reader.TABLE_NAMES`, ``parse_report.json`` and the manifest."""
+    log_file, out = Path(log_file), Path(out_dir)
+    report = parse_logs([log_file], out, base=log_file.parent)
+    cut = _ends_mid_line(log_file)
+    problems = log_problems(report) if report.partial else []
+    if cut:
+        lines = report.files[0].lines if report.files else "?"
+        problems.append(f"{log_file.name}: ends mid-line (line {lines}): the process was killed while writing its "
+                        "log, or the copy is incomplete; its last record is lost and its calls after that point are "
+                        "missing (their kernels have no log line). Copy the log again if the copy was cut")
+    counts = report.counts
+    notes = []
+    if not (counts["call"] or counts["init"] or counts["split"]):
+        notes.append(f"{log_file.name} has no NCCL call or init lines (NCCL_DEBUG=INFO not set, or a rank that never "
+                     "reached NCCL?)")
+    outputs = [out / f"{name}.parquet" for name in TABLE_NAMES] + [out / "parse_report.json"]
+    partial = report.partial or cut
+    write_manifest(out / "manifest.json", stage="parse_nccl", inputs=[log_file], outputs=outputs, partial=partial,
+                   reasons=problems, config=dict(settings or {}))
+    return StageResult("parse_nccl", outputs, partial, problems, str(dict(sorted(counts.items()))), notes)
