@@ -24,6 +24,9 @@ clocksync  ``estimate_clock_model`` on synthetic collective instances (``bench_a
 trace      Chrome trace export through ``write_run_traces`` (what the workflow's trace rule
            calls) on a run directory whose tables are an emulated, analysed 8-rank run (TP2 PP2
            DP2) repeated in time to the target op count. Full 10^5 and 10^6 ops, quick 10^4.
+stages     The run-level stages (metrics, volume, trace, report: ``nccltrace.stages``, as their
+           rules call them), each in a fresh interpreter, on the same tiled run: time, peak RSS
+           and peak RSS per op (what sets the rules' mem_mb). Full 10^6 and 4*10^6 ops, quick 10^5.
 e2e        The Snakemake workflow end to end (``snakemake --cores N``, ``--directory`` a scratch
            directory so nothing lands in the repository's results/): wall time, jobs, peak memory
            (Snakemake's benchmark TSVs, the head process and the whole process tree) and per-rule
@@ -67,7 +70,7 @@ sys.path.insert(0, str(HERE))
 import bench_align
 import bench_parse
 
-SECTIONS = ("parse", "nsys", "align", "clocksync", "trace", "e2e")
+SECTIONS = ("parse", "nsys", "align", "clocksync", "trace", "stages", "e2e")
 
 # --------------------------------------------------------------------------- figures
 
@@ -224,7 +227,30 @@ def child_trace(cfg: dict[str, Any]) -> dict[str, Any]:
             "notes": [n for s in summaries for n in s.notes][:5]}  # fmt: skip
 
 
-CHILDREN: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {"nsys": child_nsys, "trace": child_trace}
+def child_stage(cfg: dict[str, Any]) -> dict[str, Any]:
+    """One run-level stage of ``nccltrace.stages`` (what its rule runs) on a run directory."""
+    from nccltrace.run_layout import RunLayout
+    from nccltrace.stages.metrics import run_metrics
+    from nccltrace.stages.report import run_report
+    from nccltrace.stages.trace import run_trace
+    from nccltrace.stages.volume import run_volume
+
+    layout = RunLayout(cfg["run_dir"])
+    procs = sorted(p.name for p in (layout.root / "parsed" / "nccl").iterdir() if p.is_dir())
+    hosts = sorted(p.name for p in (layout.root / "parsed" / "nsys").iterdir() if p.is_dir())
+    run_yaml = Path(cfg["run_yaml"])
+    calls = {
+        "metrics": lambda: run_metrics(layout, [layout.parsed_nccl(p) for p in procs]),
+        "volume": lambda: run_volume(layout, "bench", None, run_yaml=run_yaml),
+        "trace": lambda: run_trace(layout, None, procs, hosts),
+        "report": lambda: run_report(layout, "bench", procs, hosts, run_yaml=run_yaml),
+    }
+    _res, wall, before, peak = _measure(calls[cfg["stage"]])
+    return {"wall_s": wall, "cpu_s": time.process_time(), "rss_before_mb": before, "peak_rss_mb": peak}
+
+
+CHILDREN: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {"nsys": child_nsys, "trace": child_trace,
+                                                                   "stage": child_stage}
 
 
 # --------------------------------------------------------------------------- parse
@@ -633,6 +659,40 @@ def _trace_case(sec: Section, run: Path, n_calls: int, workflow: bool, case: str
     sec.notes += [f"{case}: {n}" for n in r["notes"]]
 
 
+RUN_STAGES = ("metrics", "volume", "trace", "report")
+
+
+def section_stages(sec: Section, ctx: Context) -> None:
+    """Time and peak RSS of each run-level stage, each in a fresh interpreter, on the seed run
+    repeated in time to the target op count: the per-row memory cost that sets a rule's
+    ``mem_mb`` and decides what a large run needs."""
+    sizes = [100_000] if ctx.quick else [1_000_000, 4_000_000]
+    d = ctx.work / "stages"
+    d.mkdir(parents=True, exist_ok=True)
+    _log("stages: emulating and analysing the seed run")
+    seed = _seed_run(d / "seed")
+    for size in sizes:
+        run = d / f"run-{size}"
+        _log(f"stages: {size:,} ops")
+        n_calls = tile_run(seed, run, size)
+        for src in sorted(p for p in seed.rglob("*") if p.is_file()):
+            dst = run / src.relative_to(seed)
+            if not dst.exists() and "metrics" not in src.parts and "trace" not in src.parts:
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dst)
+        (run / "metrics" / "op_metrics.parquet").unlink(missing_ok=True)
+        case = f"{_sizes_label(size)} ops (8 ranks)"
+        sec.add(case, "ops (call rows)", n_calls, "ops")
+        for stage in RUN_STAGES:
+            r = run_child("stage", {"run_dir": str(run), "stage": stage, "run_yaml": str(seed.parent / "raw" / "run.yaml")})
+            sec.add(case, f"{stage} time", r["wall_s"], "s")
+            sec.add(case, f"{stage} peak RSS", r["peak_rss_mb"], "MiB")
+            # above the interpreter's start (imports): what the op count costs
+            sec.add(case, f"{stage} peak RSS per op", (r["peak_rss_mb"] - r["rss_before_mb"]) * 2**20 / n_calls, "B/op")
+        shutil.rmtree(run, ignore_errors=True)
+    shutil.rmtree(d, ignore_errors=True)
+
+
 # --------------------------------------------------------------------------- e2e
 
 
@@ -805,7 +865,7 @@ def section_e2e(sec: Section, ctx: Context) -> None:
 
 RUNNERS: dict[str, Callable[[Section, Context], None]] = {
     "parse": section_parse, "nsys": section_nsys, "align": section_align, "clocksync": section_clocksync,
-    "trace": section_trace, "e2e": section_e2e,
+    "trace": section_trace, "stages": section_stages, "e2e": section_e2e,
 }  # fmt: skip
 
 

@@ -25,6 +25,7 @@ from nccltrace.volume import (
     theoretical_volume,
     thesis_observed_bytes,
     volume_validation,
+    volume_validation_of_file,
     write_volume_validation,
 )
 
@@ -395,11 +396,11 @@ def analysed(tmp_path_factory):
     emulate_run(E2E, base / "raw")
     analyze_run(base / "raw", base / "out", progress=False)
     settings = resolve_settings(base / "raw" / "run.yaml", None)
-    return settings, read_table(base / "out" / "ops" / "ops.parquet")
+    return settings, read_table(base / "out" / "ops" / "ops.parquet"), base / "out" / "ops" / "ops.parquet"
 
 
 def test_end_to_end_on_an_analysed_emulated_run(analysed, tmp_path):
-    settings, ops = analysed
+    settings, ops, _ = analysed
     table = volume_validation(settings, ops)
     wire = table[table["definition"] == "wire"].set_index(["parallelism", "role"])
     assert set(table["role"]) == {"first", "last"} and (table["ranks"] == 4).all()
@@ -416,3 +417,12 @@ def test_end_to_end_on_an_analysed_emulated_run(analysed, tmp_path):
     assert per_kind[("tp", "last")] == pytest.approx(wire.at[("tp", "last"), "observed_bytes"])
     paths = write_volume_validation(table, tmp_path)
     assert pq.read_table(paths["parquet"]).num_rows == len(table)
+
+
+def test_volume_of_the_ops_file_read_in_batches_equals_the_whole_table_in_memory(analysed):
+    settings, ops, path = analysed
+    whole = volume_validation(settings, ops, run="r")
+    # batches far smaller than a process's rows: every rank's calls are split over several parts
+    for batch_rows in (97, 1 << 20):
+        streamed = volume_validation_of_file(settings, path, run="r", batch_rows=batch_rows)
+        pd.testing.assert_frame_equal(streamed, whole, check_exact=False, rtol=1e-12)

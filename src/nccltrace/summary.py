@@ -18,7 +18,6 @@ by (file, line)) and validation from ``volume/volume_validation.parquet``; both 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from .tables import atomic_path, write_table_atomic
+from .tables import atomic_output, read_table_batch, write_table_atomic
 from .tables import documented_field as _f
 
 # The ops columns run_tables and nccltrace.plots.run_plots read (the workflow reads only these;
@@ -674,23 +673,14 @@ def write_tables(tables: Mapping[str, pd.DataFrame], out_dir: Path | str) -> dic
             table = _upstream_table(name, df)
         pq_path = out_dir / f"{name}.parquet"
         write_table_atomic(table, pq_path)
-        frame = table.to_pandas(types_mapper=_pandas_type)
+        # nullable dtypes (one map, tables.read_table's): integer columns with nulls stay integers in the CSV
+        frame = read_table_batch(table)
         csv_path = out_dir / f"{name}.csv"
-        tmp = atomic_path(csv_path)
-        try:
+        with atomic_output(csv_path) as tmp:
             frame.to_csv(tmp, index=False, float_format=_float_format)
-            os.replace(tmp, csv_path)
-        finally:
-            tmp.unlink(missing_ok=True)
         written[f"{name}.parquet"] = pq_path
         written[f"{name}.csv"] = csv_path
     return written
-
-
-def _pandas_type(t: pa.DataType) -> Any:
-    """Nullable pandas dtypes so integer columns with nulls stay integers in the CSV."""
-    return {pa.int32(): pd.Int32Dtype(), pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype(),
-            pa.float64(): pd.Float64Dtype(), pa.string(): pd.StringDtype()}.get(t)
 
 
 def _float_format(x: float) -> str:

@@ -65,6 +65,7 @@ __all__ = [
     "theoretical_volume",
     "thesis_observed_bytes",
     "volume_validation",
+    "volume_validation_of_file",
     "write_volume_validation",
 ]
 
@@ -927,6 +928,42 @@ _NO_THEORY = {
 }
 
 
+@dataclass
+class _Observed:
+    """The observed side of a run's volume validation, as sums that add up over parts of the
+    ops table: per (kind, role, op, label, bytes, self_send) the calls and volumes summed over
+    ranks, per (kind, role, rank) and per (role, rank) the volumes, and the calls without rank."""
+
+    groups: pd.DataFrame
+    per_rank: pd.DataFrame
+    per_rank_total: pd.DataFrame
+    unranked: int = 0
+
+    _GROUP = ("kind", "role", "op", "label", "bytes", "self_send")
+
+    @classmethod
+    def of(cls, ops: pd.DataFrame, r: _Run) -> _Observed:
+        c = _calls(ops, r)
+        unranked = int(c["role"].isna().sum())
+        c = c[c["role"].notna()]
+        obs = c[~c["single_rank"]]
+        groups = obs.groupby(list(cls._GROUP), sort=True).agg(calls=("op", "size"), payload=("payload", "sum"),
+                                                         wire=("wire", "sum"))  # fmt: skip
+        return cls(groups, obs.groupby(["kind", "role", "rank"])[list(DEFINITIONS)].sum(),
+                   obs.groupby(["role", "rank"])[list(DEFINITIONS)].sum(), unranked)
+
+    @classmethod
+    def combine(cls, parts: list[_Observed]) -> _Observed:
+        """The sums of several parts (each rank's calls may lie in several parts)."""
+
+        def add(frames: list[pd.DataFrame]) -> pd.DataFrame:
+            frames = [f for f in frames if len(f)] or frames[:1]
+            return pd.concat(frames).groupby(level=list(range(frames[0].index.nlevels)), sort=True).sum()
+
+        return cls(add([p.groups for p in parts]), add([p.per_rank for p in parts]),
+                   add([p.per_rank_total for p in parts]), sum(p.unranked for p in parts))
+
+
 def volume_validation(
     settings: Mapping[str, Any], ops: pd.DataFrame, *, assumptions: str = "run", run: str | None = None
 ) -> pd.DataFrame:
@@ -937,20 +974,58 @@ def volume_validation(
     operation group that contributes most to the difference, in words.
     """
     r, items = _theory(settings, assumptions, _world_hint(ops))
-    c = _calls(ops, r)
-    unranked = int(c["role"].isna().sum())
-    c = c[c["role"].notna()]
+    return _validation_table(r, items, _Observed.of(ops, r), assumptions, run)
+
+
+def volume_validation_of_file(settings: Mapping[str, Any], ops_path: Path | str, *, assumptions: str = "run",
+                              run: str | None = None, batch_rows: int = 1 << 18) -> pd.DataFrame:  # fmt: skip
+    """:func:`volume_validation` of an ops table on disk, read ``batch_rows`` rows at a time:
+    memory holds one batch and the sums, whatever the run's size. Equal to the in-memory
+    result up to the order of floating-point additions."""
+    import pyarrow.parquet as pq
+
+    from .tables import read_table_batch
+
+    pf = pq.ParquetFile(ops_path)
+    cols = [c for c in OPS_COLUMNS if c in pf.schema_arrow.names]
+    world_hint = None
+    if "global_rank" in cols:
+        top = _column_max(pf, "global_rank")
+        world_hint = int(top) + 1 if top is not None else None
+    r, items = _theory(settings, assumptions, world_hint)
+    parts = [_Observed.of(read_table_batch(b), r) for b in pf.iter_batches(batch_size=batch_rows, columns=cols)]
+    observed = _Observed.combine(parts) if parts else _Observed.of(read_table_batch(pf.schema_arrow.empty_table()), r)
+    return _validation_table(r, items, observed, assumptions, run)
+
+
+def _column_max(pf: Any, column: str) -> Any:
+    """Largest value of a Parquet column from the row groups' statistics (no data read), or from
+    the column itself when a row group has no statistics."""
+    import pyarrow.compute as pc
+
+    i = pf.schema_arrow.get_field_index(column)
+    best = None
+    for g in range(pf.metadata.num_row_groups):
+        group = pf.metadata.row_group(g)
+        st = group.column(i).statistics
+        if st is not None and st.has_min_max:
+            best = st.max if best is None else max(best, st.max)
+        elif st is None or st.null_count != group.num_rows:  # not all null, yet no min/max: read it
+            return pc.max(pf.read(columns=[column])[column]).as_py()
+    return best
+
+
+def _validation_table(r: _Run, items: pd.DataFrame, observed: _Observed, assumptions: str,
+                      run: str | None) -> pd.DataFrame:  # fmt: skip
+    unranked = observed.unranked
     ranks = _role_ranks(r)
     run = run if run is not None else r.run_id
     # observed groups per (kind, role, op, label, bytes per call), per-rank means
-    obs = c[~c["single_rank"]]
-    grp = obs.groupby(["kind", "role", "op", "label", "bytes", "self_send"], sort=True).agg(
-        calls=("op", "size"), payload=("payload", "sum"), wire=("wire", "sum")).reset_index()
+    grp = observed.groups.reset_index()
     n = grp["role"].map(ranks).astype("float64")
     for col in ("calls", "payload", "wire"):
         grp[col] = grp[col] / n
-    per_rank = obs.groupby(["kind", "role", "rank"])[list(DEFINITIONS)].sum()
-    per_rank_total = obs.groupby(["role", "rank"])[list(DEFINITIONS)].sum()
+    per_rank, per_rank_total = observed.per_rank, observed.per_rank_total
     kinds = [k for k in KINDS if k in set(items.get("parallelism", [])) | set(grp["kind"])]
     rows = []
     for role in ranks:

@@ -3,6 +3,7 @@ import json
 from pathlib import Path
 
 from nccltrace.campaign import expand_campaign, validate_runs
+from nccltrace.job_memory import mem_mb, parquet_rows
 from nccltrace.metrics import PARSED_TABLES
 from nccltrace.nccl.log_reader import TABLE_NAMES as NCCL_TABLES
 from nccltrace.provenance import stage_code_hash
@@ -214,3 +215,18 @@ def proc_host(wildcards):
 
     return process_key(wildcards.proc)[0]
 
+
+
+def job_mem(stage, rows=None):
+    """Resource function: the stage's measured memory (nccltrace.job_memory) for the rows that
+    drive its peak, ``rows(wildcards, input)``."""
+    return lambda wc, input: mem_mb(stage, rows(wc, input) if rows else 0)
+
+
+def ops_rows(wc, input):
+    return parquet_rows(input.ops)
+
+
+def export_bytes(wc, input):
+    export = RunLayout.of_raw(input.raw).raw_export(wc.host)
+    return export.stat().st_size if export.is_file() else 0

@@ -22,6 +22,8 @@ rule align:
         mode=config.get("analysis", {}).get("alignment", "default"),
         nccl_version=lambda wc: RUNS[wc.run].settings.get("nccl_version"),
         settings=run_settings,
+    resources:
+        mem_mb=job_mem("align", lambda wc, input: parquet_rows(input.calls)),
     log:
         RUN.log("align", "{proc}"),
     benchmark:
@@ -53,6 +55,9 @@ rule ops:
         processes=nccl_processes,
         hosts=nsys_hosts,
         settings=run_settings,
+    # one process at a time plus the clock fit (at most 2 million rows)
+    resources:
+        mem_mb=job_mem("ops", lambda wc, input: sum(parquet_rows(p) for p in input.alignments)),
     log:
         RUN.log("ops"),
     benchmark:

@@ -14,10 +14,9 @@ rule metrics:
     params:
         code=stage_code_hash("metrics"),
         processes=nccl_processes,
-    # Metrics hold the run's ops (cross-rank instances): measured 4.9 GB for a 145 MB ops.parquet
-    # (2.45M ops); requested from the cluster in proportion, with headroom.
+    # measured per op of the run (nccltrace.job_memory)
     resources:
-        mem_mb=lambda wc, input: max(4000, int(45 * input.size_mb)),
+        mem_mb=job_mem("metrics", ops_rows),
     log:
         RUN.log("metrics"),
     benchmark:
@@ -41,7 +40,7 @@ rule volume:
         code=stage_code_hash("volume"),
         settings=run_settings,
     resources:
-        mem_mb=lambda wc, input: max(2000, int(12 * input.size_mb)),
+        mem_mb=job_mem("volume", ops_rows),
     log:
         RUN.log("volume"),
     benchmark:
@@ -74,7 +73,7 @@ rule trace:
         options=config.get("analysis", {}).get("trace", {}),
     # bounded by the trace's event cap and one process at a time, not by the run
     resources:
-        mem_mb=4000,
+        mem_mb=job_mem("trace"),
     log:
         RUN.log("trace"),
     benchmark:

@@ -12,6 +12,8 @@ rule parse_nccl:
     params:
         code=stage_code_hash("parse_nccl"),
         settings=run_settings,
+    resources:
+        mem_mb=job_mem("parse_nccl"),
     log:
         RUN.log("parse_nccl", "{proc}"),
     benchmark:
@@ -33,6 +35,8 @@ rule parse_nsys:
     params:
         code=stage_code_hash("parse_nsys"),
         settings=run_settings,
+    resources:
+        mem_mb=job_mem("parse_nsys", export_bytes),
     log:
         RUN.log("parse_nsys", "{host}"),
     benchmark:

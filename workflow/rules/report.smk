@@ -32,6 +32,8 @@ rule report:
         code=stage_code_hash("report"),
         processes=nccl_processes,
         hosts=nsys_hosts,
+    resources:
+        mem_mb=job_mem("report", ops_rows),
     log:
         RUN.log("report"),
     benchmark:

@@ -10,8 +10,7 @@ import yaml
 
 from ..provenance import write_manifest
 from ..run_layout import RunLayout
-from ..tables import read_table
-from ..volume import OPS_COLUMNS, volume_validation, write_volume_validation
+from ..volume import volume_validation_of_file, write_volume_validation
 from . import StageResult
 
 
@@ -21,7 +20,8 @@ def run_volume(layout: RunLayout, run_id: str, settings: Mapping[str, Any] | Non
     has one, else ``settings``."""
     has_record = run_yaml is not None and run_yaml.is_file()
     model = yaml.safe_load(run_yaml.read_text()) if has_record else dict(settings or {})
-    table = volume_validation(model, read_table(layout.ops, columns=OPS_COLUMNS), run=run_id)
+    # the ops table is read in batches: memory holds one batch and the sums, not the run
+    table = volume_validation_of_file(model, layout.ops, run=run_id)
     paths = write_volume_validation(table, layout.volume_dir)
     write_manifest(layout.manifest(layout.volume_dir), stage="volume",
                    inputs=[layout.ops, *([run_yaml] if has_record else [])], outputs=list(paths.values()),

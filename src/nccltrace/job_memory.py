@@ -1,0 +1,71 @@
+"""Memory each workflow job asks the cluster for, from measured per-row costs.
+
+A rule's ``mem_mb`` is ``base + per_row * rows`` of the table that drives its peak, with 50 %
+headroom, rounded up to 100 MB. The costs are peak RSS figures of this implementation measured
+by ``python benchmarks/run_benchmarks.py`` (sections ``parse``, ``nsys``, ``align``, ``stages``;
+2-core VM, numpy 2.4, pandas 3.1, pyarrow 26): the interpreter with its imports is the base, the
+slope is the growth of the peak with the rows. Re-measure and update them with the code they
+describe; a job asking too little is killed by SLURM, one asking too much waits in the queue.
+
+| stage | rows that drive the peak | measured |
+|---|---|---|
+| parse_nccl | none: streams the log | 305-425 MiB for 10 MB-1 GB logs |
+| parse_nsys | kernels of the node (the export's file size stands for them) | 964 MiB for a 284 MB export |
+| align | calls of the process | 270 MiB + 1.5 KB per call (1.76 GiB at 10^6) |
+| ops | largest process's rows; the clock fit holds at most 2*10^6 rows | 0.94 GiB at 11.2 M rows |
+| metrics | call rows of the run | 1.4 KB per op (5.3 GiB at 4*10^6 ops of 8 ranks; 15.5 GiB at 11.2 M ops of 256 ranks) |
+| volume | one batch of 2^18 ops rows and the sums per rank and call group | 0.7 GiB at 10^6, 0.8 GiB at 4*10^6 (batches of 2^20) |
+| trace | capped: the earliest 5*10^5 events + streamed summary | 2.3 GiB at 4*10^6 |
+| report | call rows of the run | 1.35 KB per op at 8 ranks (5.3 GiB at 4*10^6), 2.0 KB per op at 256 ranks (21.7 GiB at 11.2 M): per-rank tables grow with the ranks |
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["COSTS", "JobCost", "mem_mb", "parquet_rows"]
+
+_MIB = 2**20
+
+
+@dataclass(frozen=True)
+class JobCost:
+    """Peak RSS of a job: ``base_mib`` plus ``bytes_per_row`` for each driving row."""
+
+    base_mib: float
+    bytes_per_row: float = 0.0
+    headroom: float = 1.5
+    minimum_mb: int = 1000
+
+    def mem_mb(self, rows: int = 0) -> int:
+        mib = (self.base_mib + self.bytes_per_row * max(rows, 0) / _MIB) * self.headroom
+        return max(self.minimum_mb, int(math.ceil(mib * _MIB / 1e6 / 100) * 100))
+
+
+COSTS: dict[str, JobCost] = {
+    "parse_nccl": JobCost(430),
+    # rows: bytes of the export file (3.4 B of peak per byte, 284 MB -> 964 MiB)
+    "parse_nsys": JobCost(300, 2.4),
+    "align": JobCost(270, 1500),
+    "ops": JobCost(450, 50, minimum_mb=2000),
+    "metrics": JobCost(300, 1450),
+    "volume": JobCost(700, 30),
+    "trace": JobCost(2400, 0, minimum_mb=4000),
+    "report": JobCost(300, 2000),
+}
+"""Measured costs per stage (see the module docstring)."""
+
+
+def mem_mb(stage: str, rows: int = 0) -> int:
+    """The ``mem_mb`` a job of ``stage`` asks for when ``rows`` drive its peak."""
+    return COSTS[stage].mem_mb(rows)
+
+
+def parquet_rows(path: Path | str) -> int:
+    """Rows of a Parquet table from its footer (0 when it does not exist yet, as in a dry run)."""
+    import pyarrow.parquet as pq
+
+    p = Path(path)
+    return pq.read_metadata(p).num_rows if p.is_file() else 0

@@ -1,0 +1,45 @@
+"""Memory requests of the workflow's jobs (nccltrace.job_memory) against measured peaks."""
+
+from __future__ import annotations
+
+import pytest
+
+from nccltrace.job_memory import COSTS, mem_mb, parquet_rows
+
+# (stage, driving rows, measured peak RSS in MiB) from benchmarks/run_benchmarks.py on the
+# 2-core VM of the README (stages: tiled 8-rank run; align: bench_align; nsys: 284 MB export; the
+# 256-rank rows: the workflow end to end).
+MEASURED = [
+    ("metrics", 1_001_000, 1691), ("metrics", 4_001_800, 5383),
+    ("report", 1_001_000, 1528), ("report", 4_001_800, 5318),
+    # end to end, campaign (c): 256 ranks, 11.2 M ops
+    ("metrics", 11_200_000, 15_872), ("report", 11_200_000, 22_221),
+    ("volume", 1_001_000, 699), ("volume", 4_001_800, 816),
+    ("trace", 4_001_800, 2348),
+    ("align", 1_000_000, 1802), ("align", 100_000, 412),
+    ("parse_nsys", 284_000_000, 964),
+    ("parse_nccl", 0, 425),
+    ("ops", 11_200_000, 963),
+]
+
+
+@pytest.mark.parametrize("stage, rows, peak_mib", MEASURED)
+def test_every_request_covers_the_measured_peak_with_headroom(stage, rows, peak_mib):
+    assert mem_mb(stage, rows) >= 1.2 * peak_mib * 2**20 / 1e6
+
+
+def test_requests_grow_with_the_rows_that_drive_the_peak_and_never_fall_below_the_minimum():
+    for stage, cost in COSTS.items():
+        assert mem_mb(stage, 0) >= cost.minimum_mb
+        assert mem_mb(stage, 10**7) >= mem_mb(stage, 10**5)
+    assert mem_mb("metrics", 10**7) > 4 * mem_mb("metrics", 10**5)  # holds every op: proportional
+    assert mem_mb("volume", 10**7) < 2 * mem_mb("volume", 10**5)  # streams: nearly flat
+
+
+def test_rows_come_from_the_parquet_footer_and_a_missing_table_counts_zero(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"x": list(range(1234))}), tmp_path / "t.parquet")
+    assert parquet_rows(tmp_path / "t.parquet") == 1234
+    assert parquet_rows(tmp_path / "missing.parquet") == 0
