@@ -342,6 +342,13 @@ class TableSink:
             self._tmp.unlink(missing_ok=True)
 
 
+def nullable_types(only: Iterable[pa.DataType] | None = None) -> dict:
+    """Arrow type -> nullable pandas dtype, the one map every reader converts with (``only``:
+    just these Arrow types; others keep pyarrow's default conversion)."""
+    types = _nullable_types()
+    return types if only is None else {t: types[t] for t in only}
+
+
 def _nullable_types() -> dict:
     import pandas as pd
 

@@ -688,15 +688,16 @@ def align_files(calls_path, kernels_path, session_path, out_path, *, mode: str =
 
     import pyarrow.parquet as pq
 
-    from ..tables import read_table, write_table_atomic
+    from ..tables import nullable_types, read_table, write_table_atomic
 
     calls = read_table(calls_path)
     foreign = calls.iloc[0:0]
     if pid is None:
         pid, foreign = _own_process(calls, Path(calls_path).parent.name)
         calls = calls[calls["pid"] == pid] if len(foreign) else calls
+    # 64-bit ids stay exact (nullable integers); strings and floats keep numpy dtypes for the kernels
     kernels = pq.read_table(kernels_path, filters=[("pid", "=", pid)]).to_pandas(
-        types_mapper={pa.int64(): pd.Int64Dtype(), pa.uint64(): pd.UInt64Dtype()}.get
+        types_mapper=nullable_types(only=(pa.int64(), pa.uint64())).get
     )
     utc = None
     if session_path is not None and Path(session_path).exists():
