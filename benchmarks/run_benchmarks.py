@@ -30,8 +30,8 @@ stages     The run-level stages (metrics, volume, trace, report: ``nccltrace.sta
 e2e        The Snakemake workflow end to end (``snakemake --cores N``, ``--directory`` a scratch
            directory so nothing lands in the repository's results/): wall time, jobs, peak memory
            (Snakemake's benchmark TSVs, the head process and the whole process tree) and per-rule
-           time and RSS. Full: config/config.yaml, benchmarks/campaigns/scale-64.yaml and
-           scale-256.yaml (missing files are skipped); quick: a 2-node x 4-GPU TP4 PP2,
+           time and RSS. Full: config/config.yaml, benchmarks/campaigns/scale-64.yaml,
+           scale-256.yaml and scale-1024.yaml (missing files are skipped); quick: a 2-node x 4-GPU TP4 PP2,
            3-iteration campaign derived from scale-64.yaml.
 
 Full mode takes a long time and is run by hand; ``--quick`` is for CI. Prints figures only and
@@ -688,7 +688,11 @@ def section_stages(sec: Section, ctx: Context) -> None:
             sec.add(case, f"{stage} time", r["wall_s"], "s")
             sec.add(case, f"{stage} peak RSS", r["peak_rss_mb"], "MiB")
             # above the interpreter's start (imports): what the op count costs
-            sec.add(case, f"{stage} peak RSS per op", (r["peak_rss_mb"] - r["rss_before_mb"]) * 2**20 / n_calls, "B/op")
+            growth = (r["peak_rss_mb"] - r["rss_before_mb"]) * 2**20 / n_calls
+            if growth > 0:
+                sec.add(case, f"{stage} peak RSS per op", growth, "B/op")
+            else:
+                sec.notes.append(f"{case}: {stage} peak RSS did not grow above the imports")
         shutil.rmtree(run, ignore_errors=True)
     shutil.rmtree(d, ignore_errors=True)
 
@@ -805,6 +809,22 @@ def run_campaign(config: dict[str, Any], d: Path, cores: int) -> dict[str, Any]:
             "benchmarks": _read_benchmarks(d / "results" / str(config["campaign"]))}  # fmt: skip
 
 
+PER_RANK_RULES = ("parse_nccl", "parse_nsys", "align")
+
+
+def startup_cpu_s(rule: str) -> float:
+    """CPU seconds a rule script spends before its work: a fresh interpreter importing
+    Snakemake's script support and the rule's stage module (median of 3)."""
+    code = f"import snakemake.script, nccltrace.stages.{rule}"
+    runs = []
+    for _ in range(3):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run([sys.executable, "-c", code], check=True)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        runs.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return sorted(runs)[1]
+
+
 def section_e2e(sec: Section, ctx: Context) -> None:
     import yaml
 
@@ -814,7 +834,8 @@ def section_e2e(sec: Section, ctx: Context) -> None:
         cases = []
         for label, path in (("example", REPO / "config" / "config.yaml"),
                             ("scale-64", HERE / "campaigns" / "scale-64.yaml"),
-                            ("scale-256", HERE / "campaigns" / "scale-256.yaml")):  # fmt: skip
+                            ("scale-256", HERE / "campaigns" / "scale-256.yaml"),
+                            ("scale-1024", HERE / "campaigns" / "scale-1024.yaml")):  # fmt: skip
             if ctx.campaigns is not None and label not in ctx.campaigns:
                 continue
             if not path.is_file():
@@ -853,6 +874,14 @@ def section_e2e(sec: Section, ctx: Context) -> None:
                 sec.add(rc, "max RSS", float(row["max_rss"]), "MiB", show=show)
                 if row["cpu"] > 0:
                     sec.add(rc, "summed CPU time", float(row["cpu"]), "s", show=False)
+            # per-rank jobs: how much of their CPU is starting the interpreter and importing
+            for rule in PER_RANK_RULES:
+                if rule in per.index and per.at[rule, "cpu"] > 0:
+                    start = startup_cpu_s(rule)
+                    share = min(1.0, start * per.at[rule, "jobs"] / per.at[rule, "cpu"])
+                    sec.add(f"{case}: rule {rule}", "CPU per job", per.at[rule, "cpu"] / per.at[rule, "jobs"], "s")
+                    sec.add(f"{case}: rule {rule}", "of which interpreter start + imports", start, "s")
+                    sec.add(f"{case}: rule {rule}", "start-up share of its CPU", share, "")
         if not ctx.keep:
             shutil.rmtree(d, ignore_errors=True)
     sec.notes.append("peaks: 'polled' samples the head and its descendants every 0.2 s (psutil); 'wait4' is "
@@ -970,7 +999,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", metavar="SECTION,...", help=f"run only these sections ({', '.join(SECTIONS)})")
     ap.add_argument("--json", metavar="FILE", help="also write all figures and the machine description as JSON")
     ap.add_argument("--campaigns", metavar="NAME,...", help="e2e full mode: only these of example, scale-64, "
-                    "scale-256 (default: all)")
+                    "scale-256, scale-1024 (default: all)")
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="snakemake --cores for e2e (default: all)")
     ap.add_argument("--workdir", metavar="DIR", help="generated inputs and e2e results go here and are kept "
                     "(default: a temporary directory, removed)")  # fmt: skip

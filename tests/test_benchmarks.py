@@ -43,6 +43,9 @@ def test_quick_benchmarks_report_positive_figures_for_every_section(tmp_path):
     assert any(s == "trace" and fig == "gzip size" for s, _, fig in figures)
     assert figures[("e2e", "bench-quick", "jobs")] > 1
     assert any(s == "e2e" and ": rule " in c and fig == "max RSS" for s, c, fig in figures)
+    # scale: what each run-level stage costs per op, and the per-rank jobs' start-up share
+    assert any(s == "stages" and fig == "metrics peak RSS per op" for s, _, fig in figures)
+    assert any(s == "e2e" and fig == "start-up share of its CPU" for s, _, fig in figures)
     # the e2e run worked in a scratch directory, not in the repository's results/
     assert not (REPO / "results" / "bench-quick").exists()
     assert "machine:" in proc.stdout and "| section" in proc.stdout
