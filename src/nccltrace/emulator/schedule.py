@@ -56,10 +56,48 @@ def mix64(x: int) -> int:
 
 
 def hash_ints(*parts: int) -> int:
-    """A non-negative 63-bit hash of a tuple of integers (stable across runs and platforms)."""
+    """A non-negative 63-bit hash of a tuple of integers (stable across runs and platforms):
+    :func:`mix64` folded over the parts (inlined here: this runs for every emulated call)."""
     h = 0x243F6A8885A308D3
     for p in parts:
-        h = mix64(h ^ (int(p) & _M64))
+        x = ((h ^ (int(p) & _M64)) + 0x9E3779B97F4A7C15) & _M64
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+        h = x ^ (x >> 31)
+    return h >> 1
+
+
+_COLL_PREFIX: dict[int, int] = {}  # communicator uid -> hash state after it (see _collective_instance)
+# (uid, k) -> instance id: the members of a communicator on one node are emulated one after the
+# other in one process and compute the same ids; bounded (cleared when full).
+_COLL_INSTANCES: dict[tuple[int, int], int] = {}
+_COLL_INSTANCES_MAX = 200_000
+
+
+def _collective_instance(uid: int, k: int) -> int:
+    """``hash_ints(uid, k, 0)``: the instance id of the k-th collective on a communicator (the
+    state after the uid is kept per communicator; the same for every rank)."""
+    key = (uid, k)
+    inst = _COLL_INSTANCES.get(key)
+    if inst is None:
+        if len(_COLL_INSTANCES) >= _COLL_INSTANCES_MAX:
+            _COLL_INSTANCES.clear()
+        inst = _COLL_INSTANCES[key] = _collective_instance_of(uid, k)
+    return inst
+
+
+def _collective_instance_of(uid: int, k: int) -> int:
+    h = _COLL_PREFIX.get(uid)
+    if h is None:
+        x = ((0x243F6A8885A308D3 ^ (uid & _M64)) + 0x9E3779B97F4A7C15) & _M64
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+        h = _COLL_PREFIX[uid] = x ^ (x >> 31)
+    for p in (k, 0):
+        x = ((h ^ (p & _M64)) + 0x9E3779B97F4A7C15) & _M64
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+        h = x ^ (x >> 31)
     return h >> 1
 
 
@@ -81,14 +119,11 @@ class Op:
     peer: int
     grouped: bool
     instance: int
+    # derived once here (the communicator's properties are computed on every access)
+    nranks: int  # communicator size
+    comm_uid: int
+    nbytes: int  # count x type size
 
-    @property
-    def nranks(self) -> int:
-        return self.comm.size
-
-    @property
-    def nbytes(self) -> int:
-        return self.count * _DT_SIZE[self.dtype]
 
     @property
     def nccl_group(self) -> int:
@@ -123,12 +158,14 @@ class Unit:
     gap_ns: float = 0.0  # GPU compute on this rank since the previous unit
     new_comms: list = field(default_factory=list)  # communicators first used here (lazy init)
     # (layer, runner, "fwd"|"bwd", pass) of the transformer-layer pass the unit belongs to, for
-    # CUDA graphs (one graph per Megatron runner and direction); None outside a layer's pass.
+    # CUDA graphs (one graph per Megatron runner and direction); None outside a layer's pass
+    # and without cuda_graphs.
     graph_scope: tuple | None = None
+    multi: list[Op] = field(default_factory=list)  # the ops on multi-rank communicators (the ones with kernels)
 
     @property
     def multi_rank(self) -> bool:
-        return any(o.comm.size > 1 for o in self.ops)
+        return bool(self.multi)
 
 
 def kernel_op_of_unit(ops: list[Op]) -> str:
@@ -196,15 +233,16 @@ class RankProgram:
         self._seq = 0
         self._unit = 0
         self._gap = 0.0
-        self._cseq: Counter = Counter()
-        self._sseq: Counter = Counter()  # Sends per (comm, sender, receiver)
-        self._rseq: Counter = Counter()  # Recvs per (comm, sender, receiver)
+        self._cseq: dict[int, int] = {}  # collectives per communicator
+        self._sseq: dict[tuple, int] = {}  # Sends per (comm, sender, receiver)
+        self._rseq: dict[tuple, int] = {}  # Recvs per (comm, sender, receiver)
         self._single_budget = cfg.imperfections.single_rank_comm_ops
         self._used: set[int] = set()
         self.iteration = -1
         self.phase = "init"
         # CUDA graph scopes (Megatron's _CudaGraphRunner reuse): per layer the runners' busy flags.
         self._graph_scope: tuple | None = None
+        self._graphs = cfg.cuda_graphs.active
         self._graph_passes = 0
         self._runners: dict[int, list[bool]] = {}
         self._runner_of: dict[tuple[int, int], int] = {}
@@ -219,53 +257,83 @@ class RankProgram:
 
     def _unit_of(self, specs: list[tuple], grouped: bool, blocking: bool = True) -> Unit | None:
         ops: list[Op] = []
+        multi: list[Op] = []
         new: list = []
         u = self._unit
+        rank = self.rank
+        it, phase = self.iteration, self.phase
         for comm, opname, count, dtype, redop, root, peer in specs:
-            if comm.size == 1:
+            size = comm.size
+            if size == 1:
                 if self._single_budget == 0:
                     continue
                 if self._single_budget > 0:
                     self._single_budget -= 1
+            uid = comm.uid
             if opname == "Send":
-                key = (comm.uid, self.rank, peer)
-                k = self._sseq[key]
+                key = (uid, rank, peer)
+                k = self._sseq.get(key, 0)
                 self._sseq[key] = k + 1
-                inst = hash_ints(comm.uid, self.rank, peer, k, 1)
+                inst = hash_ints(uid, rank, peer, k, 1)
             elif opname == "Recv":
-                key = (comm.uid, peer, self.rank)
-                k = self._rseq[key]
+                key = (uid, peer, rank)
+                k = self._rseq.get(key, 0)
                 self._rseq[key] = k + 1
-                inst = hash_ints(comm.uid, peer, self.rank, k, 1)
+                inst = hash_ints(uid, peer, rank, k, 1)
             else:
-                k = self._cseq[comm.uid]
-                self._cseq[comm.uid] = k + 1
-                inst = hash_ints(comm.uid, k, 0)
-            if comm.uid not in self._used:
-                self._used.add(comm.uid)
+                k = self._cseq.get(uid, 0)
+                self._cseq[uid] = k + 1
+                inst = _collective_instance(uid, k)
+            if uid not in self._used:
+                self._used.add(uid)
                 new.append(comm)
-            ops.append(Op(self.rank, self._seq, u, self.iteration, self.phase, comm, opname, int(count), dtype,
-                          redop, root, peer, grouped, inst))  # fmt: skip
+            count = int(count)
+            o = Op(rank, self._seq, u, it, phase, comm, opname, count, dtype, redop, root, peer, grouped, inst, size,
+                   uid, count * _DT_SIZE[dtype])  # fmt: skip
+            ops.append(o)
+            if size > 1:
+                multi.append(o)
             self._seq += 1
         if not ops:
             return None
         self._unit += 1
-        unit = Unit(u, self.iteration, self.phase, ops, grouped, blocking, self._gap, new, self._graph_scope)
+        unit = Unit(u, it, phase, ops, grouped, blocking, self._gap, new, self._graph_scope, multi)
         self._gap = 0.0
         return unit
 
-    def _c(self, comm, op: str, count: int, dtype: int, redop: int = 0, root: int = 0) -> Iterator[Unit]:
-        """A lone collective call."""
-        u = self._unit_of([(comm, op, count, dtype, redop, root, -1)], grouped=False)
-        if u is not None:
-            yield u
+    # _c, _ar and _barrier make their unit when called and return it in a tuple (callers
+    # ``yield from`` them); a generator per call was a noticeable share of the emulator's time.
+    def _c(self, comm, op: str, count: int, dtype: int, redop: int = 0, root: int = 0) -> tuple[Unit, ...]:
+        """A lone collective call (:meth:`_unit_of` of one ungrouped collective, written out)."""
+        size = comm.size
+        if size == 1:
+            if self._single_budget == 0:
+                return ()
+            if self._single_budget > 0:
+                self._single_budget -= 1
+        uid = comm.uid
+        k = self._cseq.get(uid, 0)
+        self._cseq[uid] = k + 1
+        new = []
+        if uid not in self._used:
+            self._used.add(uid)
+            new.append(comm)
+        u, it, phase = self._unit, self.iteration, self.phase
+        count = int(count)
+        o = Op(self.rank, self._seq, u, it, phase, comm, op, count, dtype, redop, root, -1, False,
+               _collective_instance(uid, k), size, uid, count * _DT_SIZE[dtype])  # fmt: skip
+        self._seq += 1
+        self._unit = u + 1
+        unit = Unit(u, it, phase, [o], False, True, self._gap, new, self._graph_scope, [o] if size > 1 else [])
+        self._gap = 0.0
+        return (unit,)
 
-    def _ar(self, kind: str, count: int, dtype: int, redop: int = 0) -> Iterator[Unit]:
-        yield from self._c(self.g[kind], "AllReduce", count, dtype, redop)
+    def _ar(self, kind: str, count: int, dtype: int, redop: int = 0) -> tuple[Unit, ...]:
+        return self._c(self.g[kind], "AllReduce", count, dtype, redop)
 
-    def _barrier(self) -> Iterator[Unit]:
+    def _barrier(self) -> tuple[Unit, ...]:
         """torch.distributed.barrier(): an AllReduce of one float on the group."""
-        yield from self._ar("world", 1, DT["float32"])
+        return self._ar("world", 1, DT["float32"])
 
     # ------------------------------------------------------------------ whole run
     def units(self) -> Iterator[Unit]:
@@ -505,12 +573,13 @@ class RankProgram:
             yield from self._p2p(send_prev=not vfirst(c), recv_next=rn, phase="pp/send-backward-recv-backward")
 
     # ---------------------------------------------------------------- forward / backward steps
-    def _get_batch(self) -> Iterator[Unit]:
+    def _get_batch(self) -> list[Unit]:
         """utils.get_batch_on_this_tp_rank: the TP source rank broadcasts the batch (also when the
         TP group has a single rank)."""
+        out: list[Unit] = []
         cfg = self.cfg
         if not (self.first_stage or self.last_stage):
-            return
+            return out
         b, s = cfg.micro_batch_size, cfg.seq_length
         tok = ("tokens", b * s, DT["int64"])
         lab = ("labels", b * s, DT["int64"])
@@ -525,12 +594,14 @@ class RankProgram:
             items = [lab, msk, att]
         self.phase = "data/broadcast"
         for _name, count, dt in items:
-            yield from self._c(self.g["tp"], "Broadcast", count, dt, 0, 0)
+            out += self._c(self.g["tp"], "Broadcast", count, dt, 0, 0)
+        return out
 
-    def _forward(self, chunk: int, mb: int, recompute: bool = False) -> Iterator[Unit]:
+    def _forward(self, chunk: int, mb: int, recompute: bool = False) -> list[Unit]:
+        out: list[Unit] = []
         cfg = self.cfg
         if not recompute:
-            yield from self._get_batch()
+            out += self._get_batch()
             self.compute(_T_GET_BATCH)
         vfirst = self.first_stage and chunk == 0
         vlast = self.last_stage and chunk == cfg.vpp - 1
@@ -543,44 +614,50 @@ class RankProgram:
                 # LanguageModelEmbedding: VocabParallelEmbedding reduces over TP (reduce-scatter when
                 # SP without learned position embeddings, else all-reduce and a local scatter).
                 if sp and cfg.position_embedding_type != "learned_absolute":
-                    yield from self._c(self.g["tp"], "ReduceScatter", self.sp_act, self.act_dt)
+                    out += self._c(self.g["tp"], "ReduceScatter", self.sp_act, self.act_dt)
                 else:
-                    yield from self._ar("tp", self.full_act, self.act_dt)
+                    out += self._ar("tp", self.full_act, self.act_dt)
         for layer in chunk_layers(cfg, self.stage, chunk):
-            yield from self._layer_forward(layer, mb, "recompute" if recompute else "fwd")
+            out += self._layer_forward(layer, mb, "recompute" if recompute else "fwd")
         if vlast and not recompute:
             self.phase = "fwd/output-layer"
             if tp and sp:
-                yield from self._c(self.g["tp"], "AllGather", self.sp_act, self.act_dt)
+                out += self._c(self.g["tp"], "AllGather", self.sp_act, self.act_dt)
             self._flop(self.flops.logits)
             if tp:
                 # tensor_parallel.vocab_parallel_cross_entropy: max, predicted logit, sum(exp)
                 self.phase = "fwd/cross-entropy"
                 n = cfg.micro_batch_size * cfg.seq_length // cfg.cp
-                yield from self._ar("tp", n, DT["float32"], REDOP["max"])
-                yield from self._ar("tp", n, DT["float32"])
-                yield from self._ar("tp", n, DT["float32"])
+                out += self._ar("tp", n, DT["float32"], REDOP["max"])
+                out += self._ar("tp", n, DT["float32"])
+                out += self._ar("tp", n, DT["float32"])
             self.compute(_T_LOSS)
+        return out
 
-    def _attention_forward(self, phase: str) -> Iterator[Unit]:
+    def _attention_forward(self, phase: str) -> list[Unit]:
+        out: list[Unit] = []
         cfg = self.cfg
         self.phase = f"{phase}/attention"
         if cfg.tp > 1 and cfg.sequence_parallel:
-            yield from self._c(self.g["tp"], "AllGather", self.sp_act, self.act_dt)
+            out += self._c(self.g["tp"], "AllGather", self.sp_act, self.act_dt)
         if cfg.cp > 1:
-            yield from self._cp_ring(backward=False)
+            out += self._cp_ring(backward=False)
         self._flop(self.flops.attention)
         if cfg.tp > 1:
             if cfg.sequence_parallel:
-                yield from self._c(self.g["tp"], "ReduceScatter", self.sp_act, self.act_dt)
+                out += self._c(self.g["tp"], "ReduceScatter", self.sp_act, self.act_dt)
             else:
-                yield from self._ar("tp", self.full_act, self.act_dt)
+                out += self._ar("tp", self.full_act, self.act_dt)
+        return out
 
     def _graph_runner(self, layer: int, mb: int, direction: str) -> tuple:
         """Scope of a layer pass for CUDA graphs. Megatron's CudaGraphManager gives a layer's
         forward pass the first runner that is ready for a forward (its previous backward done),
         making a new one if none is; the backward uses the runner of its microbatch's forward
-        (megatron/core/transformer/cuda_graphs.py, _GraphStatus FWD_READY/BWD_READY)."""
+        (megatron/core/transformer/cuda_graphs.py, _GraphStatus FWD_READY/BWD_READY). None
+        without cuda_graphs (nothing reads the scope then)."""
+        if not self._graphs:
+            return None
         if direction == "fwd":
             pool = self._runners.setdefault(layer, [])
             i = next((j for j, busy in enumerate(pool) if not busy), len(pool))
@@ -595,28 +672,33 @@ class RankProgram:
         self._graph_passes += 1
         return (layer, i, direction, self._graph_passes)
 
-    def _layer_forward(self, layer: int, mb: int, phase: str) -> Iterator[Unit]:
+    def _layer_forward(self, layer: int, mb: int, phase: str) -> list[Unit]:
+        out: list[Unit] = []
         self._graph_scope = self._graph_runner(layer, mb, "fwd") if phase == "fwd" else None
-        yield from self._layer_forward_body(layer, mb, phase)
+        out += self._layer_forward_body(layer, mb, phase)
         self._graph_scope = None
+        return out
 
-    def _layer_forward_body(self, layer: int, mb: int, phase: str) -> Iterator[Unit]:
+    def _layer_forward_body(self, layer: int, mb: int, phase: str) -> list[Unit]:
+        out: list[Unit] = []
         cfg = self.cfg
-        yield from self._attention_forward(phase)
+        out += self._attention_forward(phase)
         if is_moe_layer(cfg, layer):
-            yield from self._moe(layer, mb, backward=False, phase=phase)
+            out += self._moe(layer, mb, backward=False, phase=phase)
         else:
             self.phase = f"{phase}/mlp"
             if cfg.tp > 1 and cfg.sequence_parallel:
-                yield from self._c(self.g["tp"], "AllGather", self.sp_act, self.act_dt)
+                out += self._c(self.g["tp"], "AllGather", self.sp_act, self.act_dt)
             self._flop(self.flops.mlp)
             if cfg.tp > 1:
                 if cfg.sequence_parallel:
-                    yield from self._c(self.g["tp"], "ReduceScatter", self.sp_act, self.act_dt)
+                    out += self._c(self.g["tp"], "ReduceScatter", self.sp_act, self.act_dt)
                 else:
-                    yield from self._ar("tp", self.full_act, self.act_dt)
+                    out += self._ar("tp", self.full_act, self.act_dt)
+        return out
 
-    def _backward(self, chunk: int, mb: int) -> Iterator[Unit]:
+    def _backward(self, chunk: int, mb: int) -> list[Unit]:
+        out: list[Unit] = []
         cfg = self.cfg
         vfirst = self.first_stage and chunk == 0
         vlast = self.last_stage and chunk == cfg.vpp - 1
@@ -628,35 +710,36 @@ class RankProgram:
             self._flop(2 * self.flops.logits)
             if tp:
                 if sp:  # column-parallel backward with SP: re-gather the input, reduce-scatter dgrad
-                    yield from self._c(self.g["tp"], "AllGather", self.sp_act, act)
-                    yield from self._c(self.g["tp"], "ReduceScatter", self.sp_act, act)
+                    out += self._c(self.g["tp"], "AllGather", self.sp_act, act)
+                    out += self._c(self.g["tp"], "ReduceScatter", self.sp_act, act)
                 else:
-                    yield from self._ar("tp", self.full_act, act)
+                    out += self._ar("tp", self.full_act, act)
         for layer in reversed(chunk_layers(cfg, self.stage, chunk)):
             if cfg.recompute == "full":
-                yield from self._layer_forward(layer, mb, "recompute")
+                out += self._layer_forward(layer, mb, "recompute")
             self._graph_scope = self._graph_runner(layer, mb, "bwd")
             if is_moe_layer(cfg, layer):
-                yield from self._moe(layer, mb, backward=True, phase="bwd")
+                out += self._moe(layer, mb, backward=True, phase="bwd")
             else:
                 self.phase = "bwd/mlp"
                 if tp and sp:
-                    yield from self._c(self.g["tp"], "AllGather", self.sp_act, act)  # backward of the fc2 RS
+                    out += self._c(self.g["tp"], "AllGather", self.sp_act, act)  # backward of the fc2 RS
                 self._flop(self.flops.mlp)
-                yield from self._column_parallel_input_grad(self.flops.mlp, act)
+                out += self._column_parallel_input_grad(self.flops.mlp, act)
             self.phase = "bwd/attention"
             if tp and sp:
-                yield from self._c(self.g["tp"], "AllGather", self.sp_act, act)  # backward of the proj RS
+                out += self._c(self.g["tp"], "AllGather", self.sp_act, act)  # backward of the proj RS
             self._flop(self.flops.attention)
             if cfg.cp > 1:
-                yield from self._cp_ring(backward=True)
-            yield from self._column_parallel_input_grad(self.flops.attention, act)
+                out += self._cp_ring(backward=True)
+            out += self._column_parallel_input_grad(self.flops.attention, act)
             self._graph_scope = None
         if vfirst:
             self.phase = "bwd/embedding"
             if tp and sp:
-                yield from self._c(self.g["tp"], "AllGather", self.sp_act, act)
+                out += self._c(self.g["tp"], "AllGather", self.sp_act, act)
             self._flop(2 * self.full_act)
+        return out
 
     def _cp_ring(self, backward: bool) -> Iterator[Unit]:
         """Transformer Engine context-parallel attention (cp_comm_type 'p2p'): cp-1 ring steps
@@ -715,20 +798,22 @@ class RankProgram:
         M = routing_matrix(cfg.seed, self.iteration, mb, layer, epg.index, cfg.ep, tok, cfg.moe_router_topk)
         return int(M[:, epg.rank_of(q)].sum())
 
-    def _column_parallel_input_grad(self, flops: float, act: int) -> Iterator[Unit]:
+    def _column_parallel_input_grad(self, flops: float, act: int) -> list[Unit]:
         """Backward of a column-parallel input (fc1 / QKV): with SP the input is re-gathered
         (AllGather) and its gradient reduce-scattered; without SP the gradient is all-reduced
         over TP (tensor_parallel/layers.py); without TP only compute."""
+        out: list[Unit] = []
         if self.cfg.tp > 1:
             if self.cfg.sequence_parallel:
-                yield from self._c(self.g["tp"], "AllGather", self.sp_act, act)
+                out += self._c(self.g["tp"], "AllGather", self.sp_act, act)
                 self._flop(flops)
-                yield from self._c(self.g["tp"], "ReduceScatter", self.sp_act, act)
+                out += self._c(self.g["tp"], "ReduceScatter", self.sp_act, act)
             else:
                 self._flop(flops)
-                yield from self._ar("tp", self.full_act, act)
+                out += self._ar("tp", self.full_act, act)
         else:
             self._flop(flops)
+        return out
 
     def _sized_collective(self, group: Group, sizes: list[int], width: int, dtype: int, equal_op: str,
                           fallback_op: str) -> Iterator[Unit]:
@@ -968,7 +1053,7 @@ def count_kernels(cfg: EmulatorConfig, layout: MegatronLayout | None = None) -> 
         for u in RankProgram(cfg, layout, r).units():
             for o in u.ops:
                 calls[o.op] += 1
-            multi = [o for o in u.ops if o.comm.size > 1]
+            multi = u.multi
             if not multi:
                 continue
             kind = kernel_op_of_unit(multi)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import numpy as np
 
@@ -96,6 +96,9 @@ class LinkModel:
         self.inter = min(self.intra, hw.net_bw * nic_share * 0.9)
         self.max_channels = (32 if hw.nvswitch else 16) if self.nvlink else 4
         self._nodes_cache: dict[int, int] = {}
+        # specs are pure functions of their arguments and immutable: memoised
+        self._coll_cache: dict[tuple, KernelSpec] = {}
+        self._p2p_cache: dict[tuple, KernelSpec] = {}
 
     def nnodes(self, comm) -> int:
         n = self._nodes_cache.get(comm.uid)
@@ -113,6 +116,13 @@ class LinkModel:
 
     def collective(self, op: str, nbytes: int, nranks: int, nnodes: int) -> KernelSpec:
         """One collective (or AlltoAll) of ``nbytes`` per-rank payload (count x type size)."""
+        key = (op, nbytes, nranks, nnodes)
+        spec = self._coll_cache.get(key)
+        if spec is None:
+            spec = self._coll_cache[key] = self._collective(op, nbytes, nranks, nnodes)
+        return spec
+
+    def _collective(self, op: str, nbytes: int, nranks: int, nnodes: int) -> KernelSpec:
         n = max(nranks, 1)
         if op == "AllReduce":
             bus = 2.0 * (n - 1) / n * nbytes
@@ -131,6 +141,13 @@ class LinkModel:
 
     def p2p(self, nbytes_out: int, nbytes_in: int, cross_node: bool, npeers: int) -> KernelSpec:
         """A SendRecv kernel moving ``nbytes_out`` out and ``nbytes_in`` in (concurrently)."""
+        key = (nbytes_out, nbytes_in, cross_node, npeers)
+        spec = self._p2p_cache.get(key)
+        if spec is None:
+            spec = self._p2p_cache[key] = self._p2p(nbytes_out, nbytes_in, cross_node, npeers)
+        return spec
+
+    def _p2p(self, nbytes_out: int, nbytes_in: int, cross_node: bool, npeers: int) -> KernelSpec:
         bw = self.inter if cross_node else self.p2p_intra
         alpha = 5_000 + 1_000 * max(npeers - 1, 0) + (8_000 if cross_node else 0)
         nch = min(self.max_channels, max(1, int(max(nbytes_out, nbytes_in) // (1 << 20)) or 1))
@@ -138,16 +155,17 @@ class LinkModel:
 
     def unit(self, ops: list[Op]) -> KernelSpec:
         """Spec of the (fused) kernel of a unit's multi-rank ops."""
-        multi = [o for o in ops if o.comm.size > 1]
+        multi = [o for o in ops if o.nranks > 1]
         if not multi:
             return KernelSpec(0, "RING", "LL", 1, 512)
         if any(o.op in P2P_OPS for o in multi):
             out = sum(o.nbytes for o in multi if o.op == "Send" and o.peer != o.rank)
             inn = sum(o.nbytes for o in multi if o.op == "Recv" and o.peer != o.rank)
-            cross = any(self.layout.node_of(o.peer) != self.layout.node_of(o.rank) for o in multi)
+            gpn = self.layout.gpus_per_node
+            cross = any(o.peer // gpn != o.rank // gpn for o in multi)
             peers = len({o.peer for o in multi})
             return self.p2p(out, inn, cross, peers)
-        specs = [self.collective(o.op, o.nbytes, o.comm.size, self.nnodes(o.comm)) for o in multi]
+        specs = [self.collective(o.op, o.nbytes, o.nranks, self.nnodes(o.comm)) for o in multi]
         if len(specs) == 1:
             return specs[0]
         s0 = specs[0]
@@ -157,10 +175,11 @@ class LinkModel:
     def op_kernel(self, o: Op) -> KernelSpec:
         """Spec of an op's own kernel (used when grouped ops are not fused)."""
         if o.op in P2P_OPS:
-            cross = self.layout.node_of(o.peer) != self.layout.node_of(o.rank)
+            gpn = self.layout.gpus_per_node
+            cross = o.peer // gpn != o.rank // gpn
             b = o.nbytes if o.peer != o.rank else 0
             return self.p2p(b if o.op == "Send" else 0, b if o.op == "Recv" else 0, cross, 1)
-        return self.collective(o.op, o.nbytes, o.comm.size, self.nnodes(o.comm))
+        return self.collective(o.op, o.nbytes, o.nranks, self.nnodes(o.comm))
 
 
 # --------------------------------------------------------------------------- skeleton
@@ -193,8 +212,7 @@ class _Info:
     launches: int = 0  # kernel launches the host makes for the unit
 
 
-@dataclass(frozen=True)
-class HostIssue:
+class HostIssue(NamedTuple):
     """The host side of one unit: when its calls, launches and group calls run (ns)."""
 
     init_start: int
@@ -213,31 +231,42 @@ def host_issue(tp: TimingParams, cpu: int, arrive: int, eff: int, init: int, n_c
     is behind. One home for the host model: the stage skeleton uses it so that a CPU-bound
     stretch of small collectives delays the stage (and so every member of a collective) instead
     of one rank's kernels alone."""
-    issue_cost = n_calls * tp.api_call_ns + (2 * tp.group_call_ns if grouped else 0)
-    cpu0 = max(cpu + tp.api_call_ns // 2, arrive - tp.host_lead_ns - issue_cost)
+    api = tp.api_call_ns
+    if n_calls == 1 and not grouped and not init and n_launches == 1:
+        # the common unit (one call, one launch), with the general steps below folded
+        cpu0 = arrive - tp.host_lead_ns - api
+        if cpu + api // 2 > cpu0:
+            cpu0 = cpu + api // 2
+        t = cpu0 + api
+        end = t + tp.launch_ns
+        return HostIssue(cpu0, cpu0, [cpu0], t, [(t, end)], end, end + tp.queue_min_ns)
+    group_ns = tp.group_call_ns if grouped else 0
+    # (comparisons instead of max(): this runs for every unit of every rank)
+    cpu0 = arrive - tp.host_lead_ns - n_calls * api - 2 * group_ns
+    free = cpu + api // 2
+    if free > cpu0:
+        cpu0 = free
     init_start = cpu0
     if init:
-        init_start = max(cpu + 1_000, eff - init - tp.host_lead_ns)
-        cpu0 = max(cpu0, init_start + init)
-    t = cpu0
-    group_start = t
-    if grouped:
-        t += tp.group_call_ns
-    calls = []
-    for _ in range(n_calls):
-        calls.append(t)
-        t += tp.api_call_ns
+        init_start = eff - init - tp.host_lead_ns
+        if cpu + 1_000 > init_start:
+            init_start = cpu + 1_000
+        if init_start + init > cpu0:
+            cpu0 = init_start + init
+    t = cpu0 + group_ns
+    group_start = cpu0
+    calls = [t] if n_calls == 1 else [t + i * api for i in range(n_calls)]
+    t += n_calls * api
     group_end_start = t
     launches: list[tuple[int, int]] = []
     if n_launches:
-        if grouped:
-            t += tp.group_call_ns // 2
+        t += group_ns // 2
+        ln = tp.launch_ns
         for _ in range(n_launches):
-            launches.append((t, t + tp.launch_ns))
-            t += tp.launch_ns
+            launches.append((t, t + ln))
+            t += ln
     ready = t + tp.queue_min_ns
-    if grouped:
-        t += tp.group_call_ns // 2
+    t += group_ns // 2
     return HostIssue(init_start, group_start, calls, group_end_start, launches, t, ready)
 
 
@@ -284,11 +313,11 @@ class Skeleton:
 
     def _classify(self, s: int, u: Unit) -> _Info:
         L = self.layout
-        multi = [o for o in u.ops if o.comm.size > 1]
+        multi = u.multi
         rep = L.stage_representative(s)
         n_split = self.split_groups(rep) if (self.cfg.init_style == "split" and u.index == 0) else 0
         init = init_cost(self.cfg, self.tp, u, n_split)
-        uid = u.ops[0].comm.uid
+        uid = u.ops[0].comm_uid
         if not multi:
             return _Info("none", self.tp.single_rank_ns, 0, 0, (s,), [], uid, init)
         spec = self.link.unit(multi)
@@ -458,8 +487,7 @@ class Skeleton:
 # --------------------------------------------------------------------------- per-rank realisation
 
 
-@dataclass(slots=True)
-class UnitTimes:
+class UnitTimes(NamedTuple):
     """Realised times of one unit on one rank (true ns)."""
 
     init_start: int  # CPU: communicator creation begins (== call_start when none)
@@ -486,6 +514,13 @@ class RankTimer:
         self.fuse = self.cfg.imperfections.fuse_grouped_p2p
         self.link = skel.link
         self.comm_end: dict[int, int] = {}  # last kernel end per communicator (its NCCL stream)
+        # this stage's skeleton as Python ints (indexing numpy arrays per unit is slow)
+        st = self.stage
+        self._start = skel.start[st].tolist()
+        self._end = skel.end[st].tolist()
+        self._skew = skel.skew[st].tolist()
+        self._init = skel.init[st].tolist()
+        self._n = skel.n_units[st]
 
     def _member_offset(self, o: Op, skew: int) -> int:
         if not skew:
@@ -497,26 +532,38 @@ class RankTimer:
         return int(skew * u01(o.instance, self.rank, 0xA11))
 
     def times(self, u: Unit) -> UnitTimes:
-        s = self.stage
-        if u.index >= self.skel.n_units[s]:
-            raise RuntimeError(f"rank {self.rank} has more units than its stage representative ({u.index})")
+        i = u.index
+        if i >= self._n:
+            raise RuntimeError(f"rank {self.rank} has more units than its stage representative ({i})")
         tp = self.tp
-        eff = int(self.skel.start[s][u.index])
-        end = int(self.skel.end[s][u.index])
-        skew = int(self.skel.skew[s][u.index])
-        init = int(self.skel.init[s][u.index])
-        multi = [o for o in u.ops if o.comm.size > 1]
-        arrive = eff + (self._member_offset(multi[0], skew) if multi else 0)
-        n_k = (1 if (self.fuse or len(multi) == 1) else len(multi)) if multi else 0
-        h = host_issue(tp, self.cpu, arrive, eff, init, len(u.ops), u.grouped, n_k)
-        kernels: list[tuple[int, int]] = []
+        eff = self._start[i]
+        end = self._end[i]
+        skew = self._skew[i]
+        multi = u.multi
         if multi:
-            kstart = max(arrive, h.kernel_ready, self.comm_end.get(multi[0].comm.uid, 0) + 200)
-            jitter = int(tp.end_jitter_ns * u01(multi[0].instance, self.rank, 0x1E)) if skew else 0
-            kend = max(end + jitter, kstart + tp.min_kernel_ns)
-            if self.fuse or len(multi) == 1:
-                kernels.append((kstart, kend))
+            m0 = multi[0]
+            arrive = eff + self._member_offset(m0, skew) if skew else eff
+            n_k = 1 if (self.fuse or len(multi) == 1) else len(multi)
+        else:
+            arrive = eff
+            n_k = 0
+        init_start, group_start, calls, group_end_start, launches, cpu_end, ready = host_issue(
+            tp, self.cpu, arrive, eff, self._init[i], len(u.ops), u.grouped, n_k)
+        if multi:
+            uid = m0.comm_uid
+            kstart = self.comm_end.get(uid, 0) + 200
+            if arrive > kstart:
+                kstart = arrive
+            if ready > kstart:
+                kstart = ready
+            jitter = int(tp.end_jitter_ns * u01(m0.instance, self.rank, 0x1E)) if skew else 0
+            kend = end + jitter
+            if kstart + tp.min_kernel_ns > kend:
+                kend = kstart + tp.min_kernel_ns
+            if n_k == 1:
+                kernels = [(kstart, kend)]
             else:
+                kernels = []
                 weights = [max(self.link.op_kernel(o).duration_ns, 1) for o in multi]
                 total = float(sum(weights))
                 span = kend - kstart
@@ -526,10 +573,11 @@ class RankTimer:
                     kernels.append((a, b))
                     a = b
             gpu_free = kend
-            self.comm_end[multi[0].comm.uid] = kend
+            self.comm_end[uid] = kend
         else:
+            kernels = []
             gpu_free = max(arrive, self.prev_gpu_end) + tp.single_rank_ns
-        self.cpu = h.cpu_end
+        self.cpu = cpu_end
         self.prev_gpu_end = gpu_free
-        return UnitTimes(h.init_start, h.calls, h.group_start, h.launches, h.group_end_start, h.cpu_end, kernels,
+        return UnitTimes(init_start, calls, group_start, launches, group_end_start, cpu_end, kernels,
                          gpu_free)

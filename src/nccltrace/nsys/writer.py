@@ -10,13 +10,16 @@ Design notes:
   written; the session/process/string/metadata tables and the referenced ENUM tables always exist.
 * Atomic output: everything is written to a temporary file next to the target and renamed on
   :meth:`NsysExportWriter.close`, so a crash never leaves a half-written export at ``path``.
-* Speed: rows are inserted with ``executemany`` over column lists built from the given frame, so
-  memory is proportional to the batch passed in and 10^6-row batches take seconds.
+* Speed: rows are inserted with ``executemany`` over column lists built from the given frame (or
+  mapping of columns, which skips pandas), several rows per ``INSERT``, constant and all-NULL
+  columns as SQL literals, so memory is proportional to the batch passed in and 10^6-row batches
+  take seconds. How rows are batched never changes the file: the same rows in the same order.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import itertools
 import json
 import math
@@ -164,6 +167,12 @@ def load_ddl(version: str) -> DDL:
     for m in _INSERT_RE.finditer(text):
         inserts.setdefault(m.group(1), []).append(m.group(0))
     return DDL(version, creates, inserts)
+
+
+@functools.cache
+def _cached_ddl(version: str) -> DDL:
+    """:func:`load_ddl`, parsed once per process (writers only read it)."""
+    return load_ddl(version)
 
 
 # --------------------------------------------------------------------------- NCCL payload schemas
@@ -429,6 +438,201 @@ def _check_id_range(values: np.ndarray, what: str) -> None:
         raise ValueError(f"{what} must fit in 24 bits (0..{_ID24})")
 
 
+class _Cols:
+    """The rows given to an ``add_*`` method: a DataFrame, or (the fast path, no pandas) a mapping
+    of column name -> list / tuple / 1-d numpy array (one value per row) or a scalar (the same
+    value on every row). Integer columns come back as a list of Python ints (None where missing
+    when nullable) or a :class:`_Const`; the same values either way."""
+
+    __slots__ = ("df", "map", "n")
+
+    def __init__(self, data: pd.DataFrame | Mapping[str, Any]) -> None:
+        if isinstance(data, pd.DataFrame):
+            self.df, self.map, self.n = data, None, len(data)
+            return
+        self.df, self.map = None, data
+        n = None
+        for k, v in data.items():
+            if _is_seq(v):
+                if n is None:
+                    n = len(v)
+                elif len(v) != n:
+                    raise ValueError(f"column {k!r} has {len(v)} values, another column {n}")
+        if n is None:
+            raise ValueError("a mapping of columns needs at least one sequence column")
+        self.n = n
+
+    def has(self, col: str) -> bool:
+        return col in (self.df.columns if self.df is not None else self.map)
+
+    def require(self, cols: Iterable[str], what: str) -> None:
+        if self.df is not None:
+            _require(self.df, cols, what)
+            return
+        missing = [c for c in cols if c not in self.map]
+        if missing:
+            raise ValueError(f"{what}: missing required column(s) {missing}; got {list(self.map)}")
+
+    def ints(self, col: str, *, default: int | None = None, nullable: bool = False) -> list | _Const:
+        """Like :func:`_int_col`."""
+        if self.df is not None:
+            return _int_col(self.df, col, default=default, nullable=nullable)
+        if col not in self.map:
+            if default is None and not nullable:
+                raise ValueError(f"missing required column {col!r}")
+            return _Const(default)
+        v = self.map[col]
+        if not _is_seq(v):
+            if _is_missing(v):
+                if nullable:
+                    return _Const(None)
+                if default is None:
+                    raise ValueError(f"column {col!r} has missing values but is required")
+                return _Const(default)
+            return _Const(int(v))
+        if isinstance(v, np.ndarray) and v.dtype.kind in "iub":
+            arr = v
+        else:
+            vals = list(v)
+            types = set(map(type, vals))
+            if types == _PLAIN_INTS or (nullable and types <= _PLAIN_INTS_OR_NONE and vals):
+                # Python ints (and NULLs) as they are: the usual case, no conversion needed
+                return _Const(vals[0]) if vals.count(vals[0]) == len(vals) else vals
+            if None in vals:
+                if nullable:
+                    vals = [None if x is None else int(x) for x in vals]
+                    return _Const(vals[0]) if vals.count(vals[0]) == len(vals) else vals
+                if default is None:
+                    raise ValueError(f"column {col!r} has missing values but is required")
+                vals = [default if x is None else x for x in vals]
+            if not vals:
+                return []
+            arr = np.asarray(vals)
+            if arr.dtype.kind not in "iub":
+                if arr.dtype.kind != "O":
+                    raise ValueError(f"column {col!r} must hold integers, not {arr.dtype}")
+                ints = [int(x) for x in vals]  # unsigned 64-bit values beyond int64
+                return _Const(ints[0]) if ints.count(ints[0]) == len(ints) else ints
+        if arr.dtype.kind == "u" and len(arr) and int(arr.max()) > _I64_MAX:
+            ints = [int(x) for x in arr.tolist()]
+            return _Const(ints[0]) if ints.count(ints[0]) == len(ints) else ints
+        arr = arr.astype(np.int64, copy=False)
+        if len(arr) and (arr == arr[0]).all():
+            return _Const(int(arr[0]))
+        return arr.tolist()
+
+    def int_array(self, col: str) -> np.ndarray:
+        """A required integer column as an int64 array (scalars repeated)."""
+        if self.df is not None:
+            return self.df[col].to_numpy(dtype=np.int64)
+        v = self.map[col]
+        if not _is_seq(v):
+            return np.full(self.n, int(v), dtype=np.int64)
+        return np.asarray(v, dtype=np.int64)
+
+    def objects(self, col: str, default: Any = None) -> list:
+        """A column as a list of Python objects (``default`` on every row when absent)."""
+        if self.df is not None:
+            return self.df[col].tolist() if col in self.df.columns else [default] * self.n
+        v = self.map.get(col, default)
+        if not _is_seq(v):
+            return [v] * self.n
+        return v.tolist() if isinstance(v, np.ndarray) else list(v)
+
+    def time_span(self) -> tuple[int, int]:
+        """(min start, max of start and the non-missing ends)."""
+        if self.df is not None:
+            starts = self.df["start"].to_numpy(dtype=np.int64)
+            lo, hi = int(starts.min()), int(starts.max())
+            if "end" in self.df.columns:
+                ends = pd.to_numeric(self.df["end"], errors="coerce").dropna()
+                if len(ends):
+                    hi = max(hi, int(ends.max()))
+            return lo, hi
+        starts = self.int_array("start")
+        lo, hi = int(starts.min()), int(starts.max())
+        if "end" in self.map:
+            e = self.map["end"]
+            if isinstance(e, np.ndarray) and e.dtype.kind in "iu":
+                hi = max(hi, int(e.max()))
+            elif _is_seq(e):
+                ends = [x for x in e if not _is_missing(x)]
+                if ends:
+                    hi = max(hi, int(max(ends)))
+            elif not _is_missing(e):
+                hi = max(hi, int(e))
+        return lo, hi
+
+
+_PLAIN_INTS = {int}
+_PLAIN_INTS_OR_NONE = {int, type(None)}
+
+
+def _is_seq(v: Any) -> bool:
+    return isinstance(v, (list, tuple, np.ndarray, pd.Series))
+
+
+def _null_sentinel(values: list) -> Any:
+    """A value of the column's type that does not occur in ``values`` (for ``NULLIF(?, s)``), or
+    None when the column mixes types. SQLite's ``=`` never equates values of different storage
+    classes, so a sentinel absent by Python equality never matches a stored value."""
+    first = next((v for v in values if v is not None), None)
+    if isinstance(first, bool) or first is None:
+        return None
+    if isinstance(first, int):
+        s = -1
+        while s in values:
+            s -= 1
+        return s
+    if isinstance(first, str):
+        s = "\x1f"
+        while s in values:
+            s += "\x1f"
+        return s
+    if isinstance(first, bytes):
+        s = b""
+        while s in values:
+            s += b"\x00"
+        return s
+    return None
+
+
+def _sql_literal(v: Any) -> str:
+    if isinstance(v, str):
+        return "'" + v.replace("'", "''") + "'"
+    if isinstance(v, bytes):
+        return "X'" + v.hex() + "'"
+    return str(int(v))
+
+
+# Rows per multi-row INSERT (_insert_columns), and the bound parameters allowed in one statement
+# (SQLITE_MAX_VARIABLE_NUMBER is 999 before SQLite 3.32).
+_ROWS_PER_INSERT = 32
+_MAX_PARAMS = 999 if sqlite3.sqlite_version_info < (3, 32, 0) else 32766
+
+_PAYLOAD_STRUCTS: dict[int, tuple[PayloadSchema, struct.Struct]] = {}  # id(schema) -> (schema, layout)
+
+
+def _payload_struct(schema: PayloadSchema) -> struct.Struct:
+    """The binaryData layout of a schema: the uint64 schema id, then the payload struct (entries
+    at their offsets, zero padding, ``schema.size`` bytes)."""
+    hit = _PAYLOAD_STRUCTS.get(id(schema))
+    if hit is not None and hit[0] is schema:
+        return hit[1]
+    fmt, pos = "<Q", 0
+    for en in schema.entries:  # in offset order (_layout)
+        if en.offset < pos:
+            raise ValueError(f"payload schema {schema.api}: entry {en.name!r} overlaps the previous one")
+        fmt += "x" * (en.offset - pos) + en.fmt
+        pos = en.offset + struct.calcsize("<" + en.fmt)
+    fmt += "x" * (schema.size - pos)
+    st = struct.Struct(fmt)
+    if len(_PAYLOAD_STRUCTS) > 1000:
+        _PAYLOAD_STRUCTS.clear()
+    _PAYLOAD_STRUCTS[id(schema)] = (schema, st)
+    return st
+
+
 def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
@@ -459,6 +663,8 @@ class NsysExportWriter:
             the nsys version can export (none / blob / dynamic).
         time_normalized: Record ``EXPORT_PARAM_TIME_NORMALIZE = 'true'`` (timestamps passed in are
             then UTC epoch ns). Not available for 3.0.0 (nsys 2022.4 had no ``--ts-normalize``).
+        fsync: Flush the finished file to disk before renaming it into place (default). The
+            workload emulator passes False: its other outputs are renamed without a flush too.
     """
 
     def __init__(
@@ -473,8 +679,10 @@ class NsysExportWriter:
         vm_id: int = 0,
         payload_mode: str | None = None,
         time_normalized: bool = False,
+        fsync: bool = True,
     ) -> None:
-        self._ddl = load_ddl(schema_version)
+        self._ddl = _cached_ddl(schema_version)
+        self._fsync = fsync
         self.path = Path(path)
         self.schema_version = schema_version
         self.product_version = product_version or DEFAULT_PRODUCT_VERSION[schema_version]
@@ -520,6 +728,7 @@ class NsysExportWriter:
         self._cuda_devices: set[tuple[int, int]] = set()
         self._domains: dict[int, dict[int, str]] = {}  # pid -> domainId -> name
         self._schemas: dict[tuple[int, int], NcclPayloadSchemas] = {}  # (pid, domainId)
+        self._schema_cache: dict[tuple, PayloadSchema] = {}  # (pid, domainId, range text, payload keys)
         self._schema_rows: dict[tuple[int, int], tuple] = {}  # (domainId, schemaId) -> signature
         self._enum_rows: dict[tuple[int, int], tuple] = {}
         self._translations: set[str] = set()
@@ -596,10 +805,41 @@ class NsysExportWriter:
         self._create(table)
         self._flush_strings()
         names = ", ".join(f'"{c}"' for c in columns)
-        values = ", ".join(v.sql() if isinstance(v, _Const) else "?" for v in columns.values())
-        lists = [v for v in columns.values() if not isinstance(v, _Const)]
-        rows = zip(*lists) if lists else itertools.repeat((), n)
-        self._db.executemany(f'INSERT INTO "{table}" ({names}) VALUES ({values})', rows)
+        exprs, lists = [], []
+        for v in columns.values():
+            if isinstance(v, _Const):
+                exprs.append(v.sql())
+                continue
+            if None in v:
+                # Binding None is slow in the sqlite3 module (adapter lookup per value): a column of
+                # NULLs becomes the literal, a partly-NULL one binds a sentinel that NULLIF turns
+                # into NULL. Stored values (and so the file) are the same as with bound NULLs.
+                if v.count(None) == len(v):
+                    exprs.append("NULL")
+                    continue
+                s = _null_sentinel(v)
+                if s is not None:
+                    exprs.append(f"NULLIF(?, {_sql_literal(s)})")
+                    lists.append([s if x is None else x for x in v])
+                    continue
+            exprs.append("?")
+            lists.append(v)
+        one = "(" + ", ".join(exprs) + ")"
+        head = f'INSERT INTO "{table}" ({names}) VALUES '
+        k = len(lists)
+        per = max(1, min(_ROWS_PER_INSERT, _MAX_PARAMS // max(k, 1)))
+        if n < 2 * per:
+            rows = zip(*lists) if lists else itertools.repeat((), n)
+            self._db.executemany(head + one, rows)
+            return
+        # Several rows per INSERT statement: the same rows in the same order (so the same file),
+        # with a fraction of the per-statement work of one row at a time.
+        flat = list(itertools.chain.from_iterable(zip(*lists))) if lists else []
+        full, rest = divmod(n, per)
+        step = per * k
+        self._db.executemany(head + ", ".join([one] * per), (flat[i:i + step] for i in range(0, full * step, step)))
+        if rest:
+            self._db.execute(head + ", ".join([one] * rest), flat[full * step:])
 
     def _track_frame_time(self, df: pd.DataFrame) -> None:
         """Extend the session span (ANALYSIS_DETAILS) by the frame's start/end columns."""
@@ -609,6 +849,11 @@ class NsysExportWriter:
             ends = pd.to_numeric(df["end"], errors="coerce").dropna()
             if len(ends):
                 hi = max(hi, int(ends.max()))
+        self._track_time([lo], [hi])
+
+    def _track_span(self, c: _Cols) -> None:
+        """Extend the session span (ANALYSIS_DETAILS) by the rows' start/end columns."""
+        lo, hi = c.time_span()
         self._track_time([lo], [hi])
 
     def _track_time(self, starts: Sequence[int], ends: Sequence[int | None]) -> None:
@@ -629,6 +874,40 @@ class NsysExportWriter:
         t = tids.to_numpy(dtype=np.int64)
         _check_id_range(t, "tid")
         return self._gpid_array(pids) + t
+
+    def _gpid_col(self, c: _Cols) -> list | _Const:
+        """globalPid of each row of ``c`` (from its pid column)."""
+        if c.df is None and not _is_seq(c.map["pid"]):
+            pid = int(c.map["pid"])
+            _check_id_range(np.asarray([pid]), "pid")
+            return _Const(int(np.int64(self._global_vid) + (np.int64(pid) << 24)))
+        return self._gpid_array_of(c.int_array("pid")).tolist()
+
+    def _gtid_col(self, c: _Cols, tid_col: str = "tid") -> list | _Const:
+        """globalTid of each row of ``c`` (from its pid and ``tid_col`` columns)."""
+        if c.df is None and not _is_seq(c.map["pid"]) and not _is_seq(c.map[tid_col]):
+            pid, tid = int(c.map["pid"]), int(c.map[tid_col])
+            _check_id_range(np.asarray([pid]), "pid")
+            _check_id_range(np.asarray([tid]), "tid")
+            return _Const(int(np.int64(self._global_vid) + (np.int64(pid) << 24) + tid))
+        t = c.int_array(tid_col)
+        _check_id_range(t, "tid")
+        return (self._gpid_array_of(c.int_array("pid")) + t).tolist()
+
+    def _gpid_array_of(self, p: np.ndarray) -> np.ndarray:
+        _check_id_range(p, "pid")
+        # Bits do not overlap, so int64 addition equals OR even when the HW byte makes it negative.
+        return np.int64(self._global_vid) + (p << 24)
+
+    def _intern_list(self, values: list, what: str) -> list[int]:
+        """StringIds ids of a list of strings, interned in order of first appearance (as
+        :meth:`_intern_series`)."""
+        ids = {}
+        for v in dict.fromkeys(values):  # distinct values, in order of first appearance
+            if _is_missing(v):
+                raise ValueError(f"column {what!r} has missing strings")
+            ids[v] = self._intern(str(v))
+        return list(map(ids.__getitem__, values))
 
     def _write_session_tables(self) -> None:
         cols = self._created["TARGET_INFO_SESSION_START_TIME"]
@@ -695,95 +974,100 @@ class NsysExportWriter:
                     [(device_id, cuda_id, pid, uuid)],
                 )
 
-    def add_kernels(self, df: pd.DataFrame) -> None:
+    def add_kernels(self, df: pd.DataFrame | Mapping[str, Any]) -> None:
         """Append rows to ``CUPTI_ACTIVITY_KIND_KERNEL``.
 
-        Required columns: start, end, device_id, context_id, stream_id, correlation_id, pid, name
-        (demangled, with parameter list), short_name, grid_x/y/z, block_x/y/z,
-        registers_per_thread, static_shared_memory, dynamic_shared_memory. Optional:
-        green_context_id (3.16.1+), mangled_name, launch_type, cache_config, grid_id,
-        local_memory_per_thread, local_memory_total, graph_node_id and graph_id (CUDA-graph
-        kernels; NULL = not launched by a graph). ``graph_id`` is stored only where the schema has
-        ``graphId`` (3.28.1 here; the 3.0.0/3.16.1 DDL has ``graphNodeId`` only) and dropped otherwise,
-        as such an export has no place for it. A graph kernel's ``correlation_id`` is the one of the
-        ``cudaGraphLaunch`` runtime row that launched the graph.
+        ``df``: a DataFrame, or a mapping of column -> sequence or scalar (same value on every
+        row; the fast path, no pandas). Required columns: start, end, device_id, context_id,
+        stream_id, correlation_id, pid, name (demangled, with parameter list), short_name,
+        grid_x/y/z, block_x/y/z, registers_per_thread, static_shared_memory,
+        dynamic_shared_memory. Optional: green_context_id (3.16.1+), mangled_name, launch_type,
+        cache_config, grid_id, local_memory_per_thread, local_memory_total, graph_node_id and
+        graph_id (CUDA-graph kernels; NULL = not launched by a graph). ``graph_id`` is stored only
+        where the schema has ``graphId`` (3.28.1 here; the 3.0.0/3.16.1 DDL has ``graphNodeId``
+        only) and dropped otherwise, as such an export has no place for it. A graph kernel's
+        ``correlation_id`` is the one of the ``cudaGraphLaunch`` runtime row that launched the graph.
         """
         required = [
             "start", "end", "device_id", "context_id", "stream_id", "correlation_id", "pid", "name",
             "short_name", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z",
             "registers_per_thread", "static_shared_memory", "dynamic_shared_memory",
         ]  # fmt: skip
-        _require(df, required, "add_kernels")
-        n = len(df)
+        c = _Cols(df)
+        c.require(required, "add_kernels")
+        n = c.n
         if n == 0:
             return
         table = "CUPTI_ACTIVITY_KIND_KERNEL"
         table_cols = set(self._create(table))
-        if "grid_id" in df.columns:
-            grid_id: list | _Const = _int_col(df, "grid_id")
+        if c.has("grid_id"):
+            grid_id: list | _Const = c.ints("grid_id")
         else:
             grid_id = list(range(self._next_grid_id, self._next_grid_id + n))
             self._next_grid_id += n
         cols: dict[str, list | _Const] = {
-            "start": _int_col(df, "start"),
-            "end": _int_col(df, "end"),
-            "deviceId": _int_col(df, "device_id"),
-            "contextId": _int_col(df, "context_id"),
-            "streamId": _int_col(df, "stream_id"),
-            "correlationId": _int_col(df, "correlation_id", nullable=True),
-            "globalPid": self._gpid_array(df["pid"]).tolist(),
-            "demangledName": self._intern_series(df["name"]),
-            "shortName": self._intern_series(df["short_name"]),
-            "mangledName": self._intern_series(df["mangled_name"]) if "mangled_name" in df.columns else _Const(None),
-            "launchType": _int_col(df, "launch_type", default=0),
-            "cacheConfig": _int_col(df, "cache_config", default=0),
-            "registersPerThread": _int_col(df, "registers_per_thread"),
-            "gridX": _int_col(df, "grid_x"),
-            "gridY": _int_col(df, "grid_y"),
-            "gridZ": _int_col(df, "grid_z"),
-            "blockX": _int_col(df, "block_x"),
-            "blockY": _int_col(df, "block_y"),
-            "blockZ": _int_col(df, "block_z"),
-            "staticSharedMemory": _int_col(df, "static_shared_memory"),
-            "dynamicSharedMemory": _int_col(df, "dynamic_shared_memory"),
-            "localMemoryPerThread": _int_col(df, "local_memory_per_thread", default=0),
-            "localMemoryTotal": _int_col(df, "local_memory_total", default=0),
+            "start": c.ints("start"),
+            "end": c.ints("end"),
+            "deviceId": c.ints("device_id"),
+            "contextId": c.ints("context_id"),
+            "streamId": c.ints("stream_id"),
+            "correlationId": c.ints("correlation_id", nullable=True),
+            "globalPid": self._gpid_col(c),
+            "demangledName": self._intern_list(c.objects("name"), "name"),
+            "shortName": self._intern_list(c.objects("short_name"), "short_name"),
+            "mangledName": (self._intern_list(c.objects("mangled_name"), "mangled_name") if c.has("mangled_name")
+                            else _Const(None)),
+            "launchType": c.ints("launch_type", default=0),
+            "cacheConfig": c.ints("cache_config", default=0),
+            "registersPerThread": c.ints("registers_per_thread"),
+            "gridX": c.ints("grid_x"),
+            "gridY": c.ints("grid_y"),
+            "gridZ": c.ints("grid_z"),
+            "blockX": c.ints("block_x"),
+            "blockY": c.ints("block_y"),
+            "blockZ": c.ints("block_z"),
+            "staticSharedMemory": c.ints("static_shared_memory"),
+            "dynamicSharedMemory": c.ints("dynamic_shared_memory"),
+            "localMemoryPerThread": c.ints("local_memory_per_thread", default=0),
+            "localMemoryTotal": c.ints("local_memory_total", default=0),
             "gridId": grid_id,
             "sharedMemoryLimitConfig": _Const(0),
-        }
+        }  # fmt: skip
         if "greenContextId" in table_cols:
-            cols["greenContextId"] = _int_col(df, "green_context_id", nullable=True)
-        elif "green_context_id" in df.columns and df["green_context_id"].notna().any():
+            cols["greenContextId"] = c.ints("green_context_id", nullable=True)
+        elif c.has("green_context_id") and not all(_is_missing(v) for v in c.objects("green_context_id")):
             raise ValueError(f"green_context_id needs schema >= 3.16.1, not {self.schema_version}")
         if "tensorSizeMinusOneElements" in table_cols:
             cols["tensorSizeMinusOneElements"] = _Const("")  # NOT NULL; NCCL kernels use no tensor maps
-        if "graph_node_id" in df.columns:
-            cols["graphNodeId"] = _int_col(df, "graph_node_id", nullable=True)
-        if "graph_id" in df.columns and "graphId" in table_cols:
-            cols["graphId"] = _int_col(df, "graph_id", nullable=True)
-        self._track_frame_time(df)
+        if c.has("graph_node_id"):
+            cols["graphNodeId"] = c.ints("graph_node_id", nullable=True)
+        if c.has("graph_id") and "graphId" in table_cols:
+            cols["graphId"] = c.ints("graph_id", nullable=True)
+        self._track_span(c)
         self._insert_columns(table, cols, n)
 
-    def add_runtime(self, df: pd.DataFrame) -> None:
+    def add_runtime(self, df: pd.DataFrame | Mapping[str, Any]) -> None:
         """Append CUDA runtime/driver API calls to ``CUPTI_ACTIVITY_KIND_RUNTIME``.
 
-        Columns: start, end, pid, tid, correlation_id, name (e.g. ``cudaLaunchKernel_v7000``,
-        ``cuLaunchKernelEx``), event_class (0 runtime, 1 driver), return_value.
+        Columns (a DataFrame, or a mapping of column -> sequence or scalar): start, end, pid, tid,
+        correlation_id, name (e.g. ``cudaLaunchKernel_v7000``, ``cuLaunchKernelEx``), event_class
+        (0 runtime, 1 driver), return_value.
         """
-        _require(df, ["start", "end", "pid", "tid", "correlation_id", "name", "event_class"], "add_runtime")
-        if len(df) == 0:
+        c = _Cols(df)
+        c.require(["start", "end", "pid", "tid", "correlation_id", "name", "event_class"], "add_runtime")
+        if c.n == 0:
             return
         cols: dict[str, list | _Const] = {
-            "start": _int_col(df, "start"),
-            "end": _int_col(df, "end"),
-            "eventClass": _int_col(df, "event_class"),
-            "globalTid": self._gtid_array(df["pid"], df["tid"]).tolist(),
-            "correlationId": _int_col(df, "correlation_id", nullable=True),
-            "nameId": self._intern_series(df["name"]),
-            "returnValue": _int_col(df, "return_value", default=0),
+            "start": c.ints("start"),
+            "end": c.ints("end"),
+            "eventClass": c.ints("event_class"),
+            "globalTid": self._gtid_col(c),
+            "correlationId": c.ints("correlation_id", nullable=True),
+            "nameId": self._intern_list(c.objects("name"), "name"),
+            "returnValue": c.ints("return_value", default=0),
         }
-        self._track_frame_time(df)
-        self._insert_columns("CUPTI_ACTIVITY_KIND_RUNTIME", cols, len(df))
+        self._track_span(c)
+        self._insert_columns("CUPTI_ACTIVITY_KIND_RUNTIME", cols, c.n)
 
     def add_nvtx_domain(self, pid: int, tid: int, name: str, start: int, *, record: bool = True) -> int:
         """Create an NVTX domain in process ``pid`` (an ``eventType = 75`` row); returns its
@@ -822,6 +1106,7 @@ class NsysExportWriter:
         """
         sset = nccl_payload_schemas(nccl_version)
         self._schemas[(pid, domain_id)] = sset
+        self._schema_cache.clear()
         if "NVTX_PAYLOAD_SCHEMAS" not in self._ddl.creates or not sset.schemas:
             return
         schema_rows, entry_rows, enum_rows, enum_entry_rows = [], [], [], []
@@ -859,6 +1144,13 @@ class NsysExportWriter:
             self._insert("NVTX_PAYLOAD_ENUM_ENTRIES", enum_entry_cols, enum_entry_rows)
 
     def _schema_for(self, pid: int, domain_id: int, text: str, payload: Mapping[str, Any]) -> PayloadSchema:
+        key = (pid, domain_id, text, tuple(payload))
+        schema = self._schema_cache.get(key)
+        if schema is None:
+            schema = self._schema_cache[key] = self._find_schema(pid, domain_id, text, payload)
+        return schema
+
+    def _find_schema(self, pid: int, domain_id: int, text: str, payload: Mapping[str, Any]) -> PayloadSchema:
         sset = self._schemas.get((pid, domain_id))
         if sset is None or not sset.schemas:
             raise ValueError(
@@ -888,99 +1180,147 @@ class NsysExportWriter:
                 raise ValueError(f"payload entry {entry.name!r}: unknown enum value {value!r}") from None
         return int(value)
 
-    def add_nvtx_ranges(self, df: pd.DataFrame) -> None:
+    def add_nvtx_ranges(self, df: pd.DataFrame | Mapping[str, Any]) -> None:
         """Append NVTX ranges (or marks) to ``NVTX_EVENTS``.
 
-        Columns: start, end, pid, tid, text, registered (True: registered string -> textId, else
-        ASCII text), domain_id (0 = default), category, color (nullable), event_type (59 push/pop
-        default, 60 start/end, 34 mark). Optional: end_tid (thread that ended a start/end range;
-        default the starting thread), range_id, uint64_value, int64_value, double_value,
-        json_text, nccl_payload (dict of NCCL payload entry name -> value, stored per
-        ``payload_mode``).
+        Columns (a DataFrame, or a mapping of column -> sequence or scalar): start, end, pid, tid,
+        text, registered (True: registered string -> textId, else ASCII text), domain_id (0 =
+        default), category, color (nullable), event_type (59 push/pop default, 60 start/end, 34
+        mark). Optional: end_tid (thread that ended a start/end range; default the starting
+        thread), range_id, uint64_value, int64_value, double_value, json_text, nccl_payload (dict
+        of NCCL payload entry name -> value, stored per ``payload_mode``).
         """
-        _require(df, ["start", "pid", "tid", "text"], "add_nvtx_ranges")
-        n = len(df)
+        c = _Cols(df)
+        c.require(["start", "pid", "tid", "text"], "add_nvtx_ranges")
+        n = c.n
         if n == 0:
             return
         has_blob, has_eid = self._has_blob, self._has_event_id
         mode = self.payload_mode
-        start = _int_list(df, "start")
-        end = _int_list(df, "end", nullable=True) if "end" in df.columns else itertools.repeat(None)
-        pids = df["pid"].to_numpy(dtype=np.int64).tolist()
-        gtids = self._gtid_array(df["pid"], df["tid"]).tolist()
-        if "end_tid" in df.columns:
-            end_gtids = self._gtid_array(df["pid"], df["end_tid"].fillna(df["tid"])).tolist()
+        gtid_col = self._gtid_col(c)
+        if c.has("end_tid"):
+            if c.df is not None:
+                end_gtid_list = self._gtid_array(c.df["pid"], c.df["end_tid"].fillna(c.df["tid"])).tolist()
+            else:
+                et_ = c.objects("end_tid")
+                t_ = c.objects("tid")
+                tmp = _Cols({"pid": c.map["pid"], "tid": [t if _is_missing(e) else e for e, t in zip(et_, t_)]})
+                end_gtid_col = self._gtid_col(tmp)
+                end_gtid_list = [end_gtid_col.value] * n if isinstance(end_gtid_col, _Const) else end_gtid_col
         else:
-            end_gtids = gtids
-        etypes = _int_list(df, "event_type", default=NVTX_PUSHPOP_RANGE)
-        registered = df["registered"].tolist() if "registered" in df.columns else itertools.repeat(False)
-        domain_ids = _int_list(df, "domain_id", default=0)
-        categories = _int_list(df, "category", nullable=True)
-        colors = _int_list(df, "color", nullable=True)
-        range_ids = _int_list(df, "range_id", nullable=True)
-        u64 = _int_list(df, "uint64_value", nullable=True)
-        i64 = _int_list(df, "int64_value", nullable=True)
-        dbl = _float_list(df, "double_value")
-        json_texts = df["json_text"].tolist() if "json_text" in df.columns else itertools.repeat(None)
-        payloads = df["nccl_payload"].tolist() if "nccl_payload" in df.columns else itertools.repeat(None)
+            end_gtid_list = None
+        etypes = c.ints("event_type", default=NVTX_PUSHPOP_RANGE)
+        range_ids = c.ints("range_id", nullable=True)
+        texts = c.objects("text")
+        registered = c.objects("registered", False)
+        if not set(map(type, registered)) <= {bool}:
+            registered = [False if _is_missing(r) else bool(r) for r in registered]
+        domains = c.ints("domain_id", default=0)
+        u64 = c.ints("uint64_value", nullable=True)
+        if isinstance(u64, _Const):
+            u64 = _Const(None if u64.value is None else _signed64(u64.value))
+        else:
+            u64 = [None if v is None else _signed64(v) for v in u64]
+        json_texts = [None if _is_missing(v) else v for v in c.objects("json_text")] if c.has("json_text") else None
+        payloads = c.objects("nccl_payload") if c.has("nccl_payload") and mode != "none" else None
 
-        columns = ["start", "end", "eventType", "rangeId", "category", "color", "text", "globalTid", "endGlobalTid",
-                   "textId", "domainId", "uint64Value", "int64Value", "doubleValue", "jsonText"]  # fmt: skip
-        if has_blob:
-            columns.append("binaryData")
+        # per-row columns
+        intern = self._intern
+        text_col: list | _Const
+        text_id: list | _Const
+        if False not in registered:  # registered strings only (interned in order of first appearance)
+            ids = {t: intern(t) for t in dict.fromkeys(texts)}
+            text_col, text_id = _Const(None), list(map(ids.__getitem__, texts))
+        elif True not in registered:
+            text_col, text_id = texts, _Const(None)
+        else:
+            mask = np.fromiter(registered, dtype=bool, count=n)
+            reg_texts = list(itertools.compress(texts, registered))
+            ids = {t: intern(t) for t in dict.fromkeys(reg_texts)}
+            tc = np.array(texts + [None], dtype=object)[:-1]  # (the None keeps tuples as objects)
+            tc[mask] = None
+            ti = np.full(n, None, dtype=object)
+            ti[mask] = list(map(ids.__getitem__, reg_texts))
+            text_col, text_id = tc.tolist(), ti.tolist()
         if has_eid:
-            columns.append("eventId")
-        rows = []
+            event_ids: list | None = list(range(self._next_event_id, self._next_event_id + n))
+            self._next_event_id += n
+        else:
+            event_ids = None
+        # start/end ranges get a range id (when none given) and their ending thread
+        et_list = [etypes.value] * n if isinstance(etypes, _Const) else etypes
+        if NVTX_STARTEND_RANGE in et_list:
+            rids = [range_ids.value] * n if isinstance(range_ids, _Const) else list(range_ids)
+            gt_list = [gtid_col.value] * n if isinstance(gtid_col, _Const) else gtid_col
+            egts = end_gtid_list if end_gtid_list is not None else gt_list
+            end_gt: list | _Const = []
+            for i, et in enumerate(et_list):
+                if et == NVTX_STARTEND_RANGE:
+                    if rids[i] is None:
+                        rids[i] = self._next_range_id
+                        self._next_range_id += 1
+                    end_gt.append(egts[i])
+                else:
+                    end_gt.append(None)
+            range_col: list | _Const = rids
+        else:
+            end_gt = _Const(None)
+            range_col = range_ids
+        # payloads
+        blobs: list | None = [None] * n if has_blob else None
         dynamic: dict[tuple[int, int, int], tuple[PayloadSchema, list]] = {}
         links = []
-        it = zip(start, end, pids, gtids, end_gtids, etypes, registered, df["text"].tolist(), domain_ids, categories,
-                 colors, range_ids, u64, i64, dbl, json_texts, payloads)  # fmt: skip
-        for (s, e, pid, gt, egt, et, reg, text, dom, cat, col, rid, uv, iv, dv, jt, pl) in it:
-            if _is_missing(jt):
-                jt = None
-            blob = None
-            event_id = None
-            if has_eid:
-                event_id = self._next_event_id
-                self._next_event_id += 1
-            if isinstance(pl, Mapping) and pl and mode != "none":
+        if payloads is not None:
+            pids = c.int_array("pid").tolist()
+            dom_list = [domains.value] * n if isinstance(domains, _Const) else domains
+            gt_list = [gtid_col.value] * n if isinstance(gtid_col, _Const) else gtid_col
+            if json_texts is None:
+                json_texts = [None] * n
+            for i, pl in enumerate(payloads):
+                if not (isinstance(pl, Mapping) and pl):
+                    continue
                 if mode == "json":
-                    if jt is not None:
-                        raise ValueError(f"range {text!r} has both json_text and nccl_payload")
-                    jt = json.dumps(dict(pl))
+                    if json_texts[i] is not None:
+                        raise ValueError(f"range {texts[i]!r} has both json_text and nccl_payload")
+                    json_texts[i] = json.dumps(dict(pl))
+                    continue
+                schema = self._schema_for(pids[i], dom_list[i], str(texts[i]), pl)
+                values = [self._entry_value(en, pl[en.name]) for en in schema.entries]
+                if mode == "blob":
+                    if blobs is not None:
+                        blobs[i] = _payload_struct(schema).pack(schema.schema_id, *values)
                 else:
-                    schema = self._schema_for(pid, dom, str(text), pl)
-                    values = [self._entry_value(en, pl[en.name]) for en in schema.entries]
-                    if mode == "blob":
-                        buf = bytearray(8 + schema.size)
-                        struct.pack_into("<Q", buf, 0, schema.schema_id)
-                        for en, v in zip(schema.entries, values):
-                            struct.pack_into("<" + en.fmt, buf, 8 + en.offset, v)
-                        blob = bytes(buf)
-                    else:
-                        gpid = gt & ~_ID24
-                        key = (gpid, dom, schema.schema_id)
-                        dynamic.setdefault(key, (schema, []))[1].append(
-                            (event_id, *[_signed64(v) if en.fmt == "Q" else v for en, v in zip(schema.entries, values)])
-                        )
-                        links.append((event_id, gpid, dom, schema.schema_id))
-            if et == NVTX_STARTEND_RANGE:
-                if rid is None:
-                    rid = self._next_range_id
-                    self._next_range_id += 1
-                end_gt = egt
-            else:
-                end_gt = None
-            reg = bool(reg) if not _is_missing(reg) else False
-            row = [s, e, et, rid, cat, col, None if reg else text, gt, end_gt, self._intern(text) if reg else None,
-                   dom, None if uv is None else _signed64(uv), iv, dv, jt]  # fmt: skip
-            if has_blob:
-                row.append(blob)
-            if has_eid:
-                row.append(event_id)
-            rows.append(row)
-        self._track_frame_time(df)
-        self._insert("NVTX_EVENTS", columns, rows)
+                    event_id = event_ids[i] if event_ids is not None else None
+                    gpid = gt_list[i] & ~_ID24
+                    key = (gpid, dom_list[i], schema.schema_id)
+                    dynamic.setdefault(key, (schema, []))[1].append(
+                        (event_id, *[_signed64(v) if en.fmt == "Q" else v for en, v in zip(schema.entries, values)])
+                    )
+                    links.append((event_id, gpid, dom_list[i], schema.schema_id))
+        cols: dict[str, list | _Const] = {
+            "start": c.ints("start"),
+            "end": c.ints("end", nullable=True) if c.has("end") else _Const(None),
+            "eventType": etypes,
+            "rangeId": range_col,
+            "category": c.ints("category", nullable=True),
+            "color": c.ints("color", nullable=True),
+            "text": text_col,
+            "globalTid": gtid_col,
+            "endGlobalTid": end_gt,
+            "textId": text_id,
+            "domainId": domains,
+            "uint64Value": u64,
+            "int64Value": c.ints("int64_value", nullable=True),
+            "doubleValue": _Const(None) if not c.has("double_value") else
+            [None if _is_missing(v) else float(v) for v in c.objects("double_value")],
+            "jsonText": _Const(None) if json_texts is None else json_texts,
+        }  # fmt: skip
+        if has_blob:
+            cols["binaryData"] = blobs if blobs is not None else _Const(None)
+        if has_eid:
+            cols["eventId"] = event_ids if event_ids is not None else _Const(None)
+        self._track_span(c)
+        self._insert_columns("NVTX_EVENTS", cols, n)
         for (gpid, dom, sid), (schema, drows) in dynamic.items():
             self._write_dynamic(gpid, dom, schema, drows)
         if links:
@@ -1063,8 +1403,9 @@ class NsysExportWriter:
             self._conn.commit()
             self._conn.close()
             self._conn = None
-            with open(self._tmp, "rb+") as fh:
-                os.fsync(fh.fileno())
+            if self._fsync:
+                with open(self._tmp, "rb+") as fh:
+                    os.fsync(fh.fileno())
             os.chmod(self._tmp, 0o666 & ~_umask())  # mkstemp creates 0600; use normal permissions
             os.replace(self._tmp, self.path)
         except BaseException:
