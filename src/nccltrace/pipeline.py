@@ -157,29 +157,20 @@ def _export_reports(nsys_dir: Path, exports: Mapping[str, Path], dest: Path, not
     return out
 
 
-def _flatten(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """A run.yaml-style mapping (``config`` and ``derived`` nested) as one flat mapping, with
-    the precedence of ``ParallelSizes.from_settings``: top level over config over derived."""
-    flat: dict[str, Any] = {}
-    for part in (settings.get("derived"), settings.get("config")):
-        if isinstance(part, Mapping):
-            flat.update(part)
-    flat.update({k: v for k, v in settings.items() if k not in ("config", "derived")})
-    return flat
-
-
 def resolve_settings(run_yaml: Path | None, settings: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """Run settings: ``run.yaml`` overridden key by key by ``settings`` (both may nest
     ``config``/``derived``); None when neither gives any."""
     import yaml
+
+    from .megatron.sizes import flatten_settings
 
     merged: dict[str, Any] = {}
     if run_yaml is not None:
         data = yaml.safe_load(run_yaml.read_text()) or {}
         if not isinstance(data, Mapping):
             raise ValueError(f"{run_yaml}: expected a mapping (run settings), got {type(data).__name__}")
-        merged.update(_flatten(data))
-    merged.update({k: v for k, v in _flatten(settings or {}).items() if v is not None})
+        merged.update(flatten_settings(data))
+    merged.update({k: v for k, v in flatten_settings(settings or {}).items() if v is not None})
     return merged or None
 
 

@@ -19,6 +19,7 @@ wildcard pattern (``RunLayout("results/c/{run}")``) gives the rules their output
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -189,3 +190,12 @@ class RunLayout:
     def manifest(self, stage_dir: Path) -> Path:
         """The manifest of the stage writing ``stage_dir``."""
         return Path(stage_dir) / "manifest.json"
+
+    def stage_manifests(self, procs: Iterable[str], hosts: Iterable[str]) -> list[Path]:
+        """The manifest of every stage up to the trace, for processes ``procs`` and nodes
+        ``hosts``: what a run's report shows (each stage's provenance and partial reasons)."""
+        procs, hosts = list(procs), list(hosts)
+        dirs = [*(self.parsed_nccl(p) for p in procs), *(self.parsed_nsys(h) for h in hosts),
+                self.parse_summary.parent, self.communicators_dir, *(self.aligned(p) for p in procs),
+                self.ops_dir, self.metrics_dir, self.volume_dir, self.trace_dir]  # fmt: skip
+        return [self.manifest(d) for d in dirs]

@@ -43,7 +43,7 @@ import pyarrow as pa
 
 from .errors import ConfigError
 from .megatron.model import MODEL_DEFAULTS, ModelShape, chunk_params, padded_vocab_size
-from .megatron.sizes import ParallelSizes
+from .megatron.sizes import ParallelSizes, flatten_settings
 from .tables import atomic_output, coerce_to_schema, write_table_atomic
 from .tables import documented_field as _f
 
@@ -179,16 +179,6 @@ def call_volumes(ops: pd.DataFrame) -> pd.DataFrame:
 # --------------------------------------------------------------------------- run inputs
 
 
-def _flatten(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """A flat or run.yaml-like (``config``/``derived``) mapping as one flat mapping: top level over
-    config over derived, a null never hiding a value from a lower level."""
-    flat: dict[str, Any] = {}
-    for part in (settings.get("derived"), settings.get("config"), settings):
-        if isinstance(part, Mapping):
-            flat.update({k: v for k, v in part.items() if v is not None and k not in ("config", "derived")})
-    return flat
-
-
 def _flag(v: Any) -> bool:
     if isinstance(v, str):
         return v.strip().lower() in ("1", "true", "yes", "on")
@@ -266,7 +256,7 @@ def _resolve(settings: Mapping[str, Any], world_hint: int | None = None) -> _Run
     """Inputs from the settings; ``world_hint`` (ranks seen in the ops) when they give no world size."""
     # Unstated model settings take the one table of defaults; the cluster shape is not in it (a
     # wrong world size would silently scale every mean).
-    s = {**MODEL_DEFAULTS, **_flatten(settings)}
+    s = {**MODEL_DEFAULTS, **flatten_settings(settings, skip_none=True)}
 
     def i(*keys: str, default: Any = None) -> Any:
         for k in keys:
@@ -276,7 +266,7 @@ def _resolve(settings: Mapping[str, Any], world_hint: int | None = None) -> _Run
 
     # The parallel sizes as every stage reads them (Megatron argument names too: a default tp = 1
     # must not hide tensor_model_parallel_size). Without a world size: the ranks seen, else dp = 1.
-    flat = _flatten(settings)
+    flat = flatten_settings(settings, skip_none=True)
     try:
         sizes = ParallelSizes.from_settings(flat)
     except ConfigError:

@@ -9,7 +9,6 @@ from nccltrace.nccl.log_reader import TABLE_NAMES as NCCL_TABLES
 from nccltrace.provenance import stage_code_hash
 from nccltrace.run_layout import METRIC_TABLES, RunLayout
 from nccltrace.stages.parse_nsys import NSYS_TABLES
-from nccltrace.stages.report import report_manifests
 
 RUNS = {run.run_id: run for run in expand_campaign(config)}
 # Every run is checked before anything is queued (divisibility, experts, VPP, batch sizes, ...).

@@ -16,7 +16,7 @@ rule report:
         # partial flag and reasons reach the report's manifest and the campaign report
         summary=RUN.parse_summary,
         # every stage's provenance and partial reasons, shown in the report
-        manifests=lambda wc: report_manifests(run_layout(wc), nccl_processes(wc), nsys_hosts(wc)),
+        manifests=lambda wc: run_layout(wc).stage_manifests(nccl_processes(wc), nsys_hosts(wc)),
         raw=raw_dir,
     output:
         tables=directory(RUN.report_tables),

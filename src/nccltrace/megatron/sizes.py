@@ -17,7 +17,19 @@ from ..errors import ConfigError
 if TYPE_CHECKING:  # layout.py imports this module; the method below imports it when called
     from .layout import MegatronLayout
 
-__all__ = ["ParallelSizes", "declares_sizes"]
+__all__ = ["ParallelSizes", "declares_sizes", "flatten_settings"]
+
+
+def flatten_settings(settings: Mapping[str, Any], *, skip_none: bool = False) -> dict[str, Any]:
+    """A flat or run.yaml-like mapping (``config`` and ``derived`` nested) as one flat mapping:
+    top level over config over derived. ``skip_none``: a null never hides a value from a lower
+    level. The one reading of run settings' nesting."""
+    flat: dict[str, Any] = {}
+    for part in (settings.get("derived"), settings.get("config"), settings):
+        if isinstance(part, Mapping):
+            flat.update({k: v for k, v in part.items()
+                         if k not in ("config", "derived") and not (skip_none and v is None)})  # fmt: skip
+    return flat
 
 
 def _int(settings: Mapping[str, Any], *names: str) -> int | None:
@@ -123,12 +135,7 @@ class ParallelSizes:
         """Sizes from run settings: an emulator config dict, a campaign run's settings, a
         ``run.yaml`` mapping (``config`` + ``derived``), or Megatron argument names
         (``tensor_model_parallel_size``, ...). Unrelated keys are ignored."""
-        s: dict[str, Any] = {}
-        if isinstance(settings.get("derived"), Mapping):
-            s.update(settings["derived"])
-        if isinstance(settings.get("config"), Mapping):
-            s.update(settings["config"])
-        s.update({k: v for k, v in settings.items() if k not in ("config", "derived")})
+        s = flatten_settings(settings)
         world = _int(s, "world_size", "world")
         nodes, gpn = _int(s, "nodes", "num_nodes"), _int(s, "gpus_per_node", "nproc_per_node")
         if nodes is not None and gpn is not None:
@@ -155,7 +162,9 @@ class ParallelSizes:
 
 @lru_cache(maxsize=32)
 def _layout(sizes: ParallelSizes) -> MegatronLayout:
-    from .layout import MegatronLayout  # here, not at the top: layout.py builds on this module
+    from .layout import (
+        MegatronLayout,  # here, not at the top: layout.py builds on this module
+    )
 
     return MegatronLayout(sizes)
 

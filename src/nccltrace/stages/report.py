@@ -13,16 +13,7 @@ from ..summary import OP_METRICS_COLUMNS, OPS_COLUMNS, run_tables, write_tables
 from ..tables import read_table
 from . import StageResult
 
-__all__ = ["report_manifests", "run_report"]
-
-
-def report_manifests(layout: RunLayout, procs: Iterable[str], hosts: Iterable[str]) -> list[Path]:
-    """The stage manifests a run's report shows (provenance and partial reasons of each stage)."""
-    procs, hosts = list(procs), list(hosts)
-    dirs = [*(layout.parsed_nccl(p) for p in procs), *(layout.parsed_nsys(h) for h in hosts),
-            layout.parse_summary.parent, layout.communicators_dir, *(layout.aligned(p) for p in procs),
-            layout.ops_dir, layout.metrics_dir, layout.volume_dir, layout.trace_dir]  # fmt: skip
-    return [layout.manifest(d) for d in dirs]
+__all__ = ["run_report"]
 
 
 def run_report(layout: RunLayout, run_id: str, procs: Iterable[str], hosts: Iterable[str],
@@ -37,7 +28,7 @@ def run_report(layout: RunLayout, run_id: str, procs: Iterable[str], hosts: Iter
                         read_table(layout.volume), read_table(layout.quality), stragglers)  # fmt: skip
     written = write_tables(tables, layout.report_tables)
     plots = run_plots(ops, tables, layout.report_plots, title=run_id)
-    manifests = report_manifests(layout, procs, hosts)
+    manifests = layout.stage_manifests(procs, hosts)
     render_run_report(layout.root, layout.report_html, tables_dir=layout.report_tables, plots_dir=layout.report_plots,
                       run_id=run_id, manifests=manifests, run_yaml=run_yaml or layout.run_yaml)  # fmt: skip
     inputs = [layout.parse_summary] if layout.parse_summary.exists() else []
