@@ -13,7 +13,7 @@ describe; a job asking too little is killed by SLURM, one asking too much waits 
 | parse_nsys | kernels of the node (the export's file size stands for them) | 964 MiB for a 284 MB export |
 | align | calls of the process | 270 MiB + 1.5 KB per call (1.76 GiB at 10^6) |
 | ops | largest process's rows; the clock fit holds at most 2*10^6 rows | 0.94 GiB at 11.2 M rows |
-| metrics | call rows of the run | 1.4 KB per op (5.3 GiB at 4*10^6 ops of 8 ranks; 15.5 GiB at 11.2 M ops of 256 ranks) |
+| metrics | calls of the largest part (whole communicators, 2^18 calls or the largest communicator) and, a little, of the run | 1.54 GiB at 2.6 M calls of 1024 ranks (parts of 2^18), 1.45 GiB with parts of 6*10^4; 2.64 GiB at 4*10^6 calls of 8 ranks (communicators of 8.5*10^5 calls) |
 | volume | one batch of 2^18 ops rows and the sums per rank and call group | 0.7 GiB at 10^6, 0.8 GiB at 4*10^6 (batches of 2^20) |
 | trace | capped: the earliest 5*10^5 events + streamed summary | 2.3 GiB at 4*10^6 |
 | report | call rows of the run | 1.35 KB per op at 8 ranks (5.3 GiB at 4*10^6), 2.0 KB per op at 256 ranks (21.7 GiB at 11.2 M): per-rank tables grow with the ranks |
@@ -32,15 +32,18 @@ _MIB = 2**20
 
 @dataclass(frozen=True)
 class JobCost:
-    """Peak RSS of a job: ``base_mib`` plus ``bytes_per_row`` for each driving row."""
+    """Peak RSS of a job: ``base_mib`` plus ``bytes_per_row`` for each driving row and
+    ``bytes_per_run_row`` for each row of the run (stages whose peak is one part of the run)."""
 
     base_mib: float
     bytes_per_row: float = 0.0
     headroom: float = 1.5
     minimum_mb: int = 1000
+    bytes_per_run_row: float = 0.0
 
-    def mem_mb(self, rows: int = 0) -> int:
-        mib = (self.base_mib + self.bytes_per_row * max(rows, 0) / _MIB) * self.headroom
+    def mem_mb(self, rows: int = 0, run_rows: int = 0) -> int:
+        mib = self.base_mib + (self.bytes_per_row * max(rows, 0) + self.bytes_per_run_row * max(run_rows, 0)) / _MIB
+        mib *= self.headroom
         return max(self.minimum_mb, int(math.ceil(mib * _MIB / 1e6 / 100) * 100))
 
 
@@ -50,7 +53,8 @@ COSTS: dict[str, JobCost] = {
     "parse_nsys": JobCost(300, 2.4),
     "align": JobCost(270, 1500),
     "ops": JobCost(450, 50, minimum_mb=2000),
-    "metrics": JobCost(300, 1450),
+    # rows: calls of the largest part (metrics.part_calls); run rows: calls of the run
+    "metrics": JobCost(1200, 2000, bytes_per_run_row=60),
     "volume": JobCost(700, 30),
     "trace": JobCost(2400, 0, minimum_mb=4000),
     "report": JobCost(300, 2000),
@@ -58,9 +62,9 @@ COSTS: dict[str, JobCost] = {
 """Measured costs per stage (see the module docstring)."""
 
 
-def mem_mb(stage: str, rows: int = 0) -> int:
-    """The ``mem_mb`` a job of ``stage`` asks for when ``rows`` drive its peak."""
-    return COSTS[stage].mem_mb(rows)
+def mem_mb(stage: str, rows: int = 0, run_rows: int = 0) -> int:
+    """The ``mem_mb`` a job of ``stage`` asks for when ``rows`` (and ``run_rows``) drive its peak."""
+    return COSTS[stage].mem_mb(rows, run_rows)
 
 
 def parquet_rows(path: Path | str) -> int:

@@ -23,6 +23,7 @@ See ``docs/metrics.md`` for the definitions and the limit model.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Sequence
@@ -32,17 +33,27 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from .align.correlate import OUTSIDE_CAPTURE_REASON
-from .tables import SCHEMA_VERSION, coerce_to_schema, read_table, write_table_atomic
+from .spill import PartSpill, merge_sorted_parts
+from .tables import (
+    SCHEMA_VERSION,
+    coerce_to_schema,
+    read_table,
+    read_table_batch,
+    write_table_atomic,
+)
 from .tables import documented_field as _f
 
-# The ops columns compute_run_metrics reads (the workflow reads only these; tests check the
-# result equals the one from every column).
-OPS_COLUMNS = ["bytes", "comm", "count", "duplicate_of", "file", "global_rank", "host", "instance",
-               "kernel_correlation_id", "kernel_end", "kernel_end_sync", "kernel_global_pid", "kernel_name",
-               "kernel_start", "kernel_start_sync", "line", "logical_id", "message_bytes", "nranks", "op", "op_count",
-               "parallelism", "pid", "rank_in_comm", "reason", "root", "row_kind", "status"]  # fmt: skip
+# The columns of the ops' call rows the metrics use, and the ops columns they read (the
+# workflow reads only these; tests check the result equals the one from every column).
+_CALL_COLUMNS = ["file", "line", "host", "pid", "op", "comm", "op_count", "kernel_global_pid", "kernel_correlation_id",
+                 "kernel_name", "kernel_start", "kernel_end", "status", "duplicate_of", "nranks", "root", "bytes",
+                 "message_bytes", "logical_id", "global_rank", "rank_in_comm", "parallelism", "instance",
+                 "kernel_start_sync", "kernel_end_sync", "reason"]  # fmt: skip
+OPS_COLUMNS = ["row_kind", *_CALL_COLUMNS]
 
 # The tables of each process's parse (parsed/nccl/<proc>/) that compute_run_metrics reads.
 PARSED_TABLES = ("tuning", "topology_links", "topology_systems", "comms")
@@ -682,32 +693,204 @@ def _transition_table(om: pd.DataFrame, keep: np.ndarray) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------------------------
 # main entry
+#
+# Everything but a few small run-wide facts lives within one logical communicator: instances,
+# stragglers, algorithm transitions, a communicator's limit and medians, and the calls of one
+# kernel launch (NCCL launches a kernel per communicator; the out-of-core entry checks it and
+# keeps communicators sharing a kernel together). A run is therefore computed in parts of whole
+# communicators: the in-memory entry computes one part, the out-of-core entry routes the call
+# rows into parts on disk and computes them one at a time.
 
-_OPS_COLUMNS = ["file", "line", "host", "pid", "op", "comm", "op_count", "kernel_global_pid", "kernel_correlation_id",
-                "kernel_name", "kernel_start", "kernel_end", "status", "duplicate_of", "nranks", "root", "bytes",
-                "message_bytes", "logical_id", "global_rank", "rank_in_comm", "parallelism", "instance",
-                "kernel_start_sync", "kernel_end_sync", "reason"]  # fmt: skip
+_TUNING_COLUMNS = ["file", "line", "algo", "proto", "call_line", "n_calls"]
 
 
-def compute_run_metrics(
-    ops: pd.DataFrame,
-    parsed_nccl_dirs: Sequence[Path | str],
-    communicators: pd.DataFrame | None = None,
-) -> RunMetrics:
-    """Compute every metrics table of a run.
-
-    ``ops`` is the run's ops table (``nccltrace.ops.OPS_SCHEMA``), ``parsed_nccl_dirs`` the
-    per-process parse directories (for topology dumps, TUNING lines and the GPU bus ids of the
-    init lines), ``communicators`` the logical communicators (members by rank in comm); without
-    it, membership is taken from the ranks seen in ``ops``.
-    """
-    problems: list[str] = []
+def _call_rows(ops: pd.DataFrame) -> pd.DataFrame:
+    """The call rows of ``ops`` with the columns metrics use (absent ones all null)."""
     # only the columns used here: row selections on wide frames with string columns are costly
-    cols = [c for c in _OPS_COLUMNS if c in ops.columns]
+    cols = [c for c in _CALL_COLUMNS if c in ops.columns]
     calls = ops.loc[(ops["row_kind"] == "call").fillna(False).to_numpy(), cols].reset_index(drop=True)
-    for c in _OPS_COLUMNS:
+    for c in _CALL_COLUMNS:
         if c not in calls:
             calls[c] = pd.NA
+    return calls
+
+
+@dataclass
+class _RunFacts:
+    """What the parts of a run share, taken from its call rows; small (per process, rank or
+    communicator). ``of`` reads one batch of rows, ``combine`` merges batches given in row order
+    (every "first" is the first in the run's row order, as with the whole table at once)."""
+
+    comm_lid: pd.DataFrame  # host, pid, comm -> logical_id (first row of each process communicator)
+    proc: pd.DataFrame  # global_rank -> host, pid (first row of each rank)
+    lid_nranks: pd.Series  # logical_id -> largest nranks logged
+    lid_parallelism: pd.Series  # logical_id -> first parallelism label
+    seen: pd.DataFrame  # logical_id, rank_in_comm -> global_rank (first row of each)
+
+    @classmethod
+    def of(cls, calls: pd.DataFrame) -> _RunFacts:
+        cl = calls[["host", "pid", "comm", "logical_id"]].dropna().drop_duplicates(["host", "pid", "comm"])
+        proc = calls[["global_rank", "host", "pid"]].dropna().drop_duplicates("global_rank")
+        lc = calls.loc[calls["logical_id"].notna().to_numpy(), ["logical_id", "nranks", "parallelism", "rank_in_comm",
+                                                                 "global_rank"]]  # fmt: skip
+        lid = lc["logical_id"].astype("int64")
+        seen = lc.dropna(subset=["rank_in_comm", "global_rank"])
+        seen = pd.DataFrame({"logical_id": seen["logical_id"].astype("int64"),
+                             "rank_in_comm": seen["rank_in_comm"].astype("int64"),
+                             "global_rank": seen["global_rank"]}).drop_duplicates(["logical_id", "rank_in_comm"])
+        return cls(cl, proc, lc.groupby(lid)["nranks"].max(), lc.groupby(lid)["parallelism"].first(), seen)
+
+    @classmethod
+    def combine(cls, batches: Sequence[_RunFacts]) -> _RunFacts:
+        if len(batches) == 1:
+            return batches[0]
+        if not batches:
+            return cls.of(_call_rows(pd.DataFrame({"row_kind": pd.Series([], dtype="string")})))
+        return cls(pd.concat([b.comm_lid for b in batches]).drop_duplicates(["host", "pid", "comm"]),
+                   pd.concat([b.proc for b in batches]).drop_duplicates("global_rank"),
+                   pd.concat([b.lid_nranks for b in batches]).groupby(level=0).max(),
+                   pd.concat([b.lid_parallelism for b in batches]).groupby(level=0).first(),
+                   pd.concat([b.seen for b in batches]).drop_duplicates(["logical_id", "rank_in_comm"]))  # fmt: skip
+
+
+class _RunContext:
+    """Run-wide inputs of every part: topologies, where each rank runs and on which GPU, the
+    members and limit of every communicator, and the problems those raise (once per run)."""
+
+    def __init__(self, facts: _RunFacts, parsed_nccl_dirs: Sequence[Path | str],
+                 communicators: pd.DataFrame | None) -> None:  # fmt: skip
+        links = _read_parsed(parsed_nccl_dirs, "topology_links", ["file", "host", "system", "from_node", "link_type",
+                                                                  "bw_gbps", "to_node"])  # fmt: skip
+        systems = _read_parsed(parsed_nccl_dirs, "topology_systems", ["file", "line", "system", "total_bw_gbps"])
+        comms = _read_parsed(parsed_nccl_dirs, "comms", ["file", "line", "host", "pid", "event", "phase", "comm",
+                                                         "bus_id"])  # fmt: skip
+        comm_lid = {(str(h), int(p), int(c)): int(k) for h, p, c, k in facts.comm_lid[["host", "pid", "comm",
+                    "logical_id"]].itertuples(index=False)}  # fmt: skip
+        self.topologies = _Topologies(links, systems, comms, comm_lid)
+        # where each global rank runs, and on which GPU (bus id of its init lines)
+        proc = facts.proc
+        self.proc = pd.DataFrame({"host": proc["host"].to_numpy(), "pid": proc["pid"].to_numpy()},
+                                 index=proc["global_rank"].astype("int64").to_numpy()).sort_index()  # fmt: skip
+        self.bus_of: dict[tuple[str, int], int] = {}
+        if len(comms):
+            c = comms.dropna(subset=["host", "pid", "bus_id"])
+            for (h, p), b in c.groupby(["host", "pid"])["bus_id"].agg(lambda x: x.mode().iloc[0]).items():
+                self.bus_of[(str(h), int(p))] = int(b)
+        self.members = self._members(facts, communicators)
+        self.member_table = pd.DataFrame([(k, r, g) for k, mem in self.members.items() for r, g in enumerate(mem)],
+                                         columns=["logical_id", "peer", "peer_global"]).astype("Int64")  # fmt: skip
+        self.limits, self.comm_limit, self.problems = self._comm_limits(facts)
+
+    @staticmethod
+    def _members(facts: _RunFacts, communicators: pd.DataFrame | None) -> dict[int, list[int]]:
+        """Members by rank in comm: the communicators table first, then what the ops show."""
+        members: dict[int, list[int]] = {}
+        if communicators is not None and len(communicators):
+            for lid, mem, nr in zip(communicators["logical_id"], communicators["members"], communicators["nranks"]):
+                if pd.isna(lid):
+                    continue
+                listed = [int(x) for x in mem] if isinstance(mem, (list, tuple, np.ndarray)) else []
+                members[int(lid)] = listed or [-1] * (0 if pd.isna(nr) else int(nr))
+        sizes = facts.lid_nranks
+        seen = facts.seen.sort_values(["logical_id", "rank_in_comm"])
+        for lid, rk, gr in seen.itertuples(index=False):
+            size = sizes.get(lid)
+            lst = members.setdefault(int(lid), [-1] * (int(size) if not pd.isna(size) else int(rk) + 1))
+            if rk >= len(lst):
+                lst.extend([-1] * (int(rk) + 1 - len(lst)))
+            if lst[rk] < 0:
+                lst[rk] = int(gr)
+        return members
+
+    def locate(self, ranks: list[int], lid: int | None) -> _Limit:
+        """Limit of the GPUs of global ranks ``ranks`` (communicator ``lid``)."""
+        located, missing = [], []
+        for r in ranks:
+            if r < 0 or r not in self.proc.index:
+                missing.append(f"rank {r} has no process in the logs" if r >= 0
+                               else "a member left no NCCL log (its global rank is unknown)")
+                continue
+            h, p = str(self.proc.at[r, "host"]), int(self.proc.at[r, "pid"])
+            located.append((h, self.bus_of.get((h, p))))
+        return _locate_limit(located, missing, self.topologies, lid)
+
+    def _comm_limits(self, facts: _RunFacts) -> tuple[pd.DataFrame, dict[int, _Limit], list[str]]:
+        """Limit per logical communicator (table rows, by id) and the problems they raise."""
+        rows, comm_limit = [], {}
+        for lid in sorted(self.members):
+            mem = self.members[lid]
+            lim = (self.locate(mem, lid) if len(mem) > 1 else
+                   _Limit(None, None, None, "unavailable: single-rank communicator (nothing crosses a link)"))  # fmt: skip
+            comm_limit[lid] = lim
+            located_hosts = {str(self.proc.at[r, "host"]) for r in mem if r >= 0 and r in self.proc.index}
+            rows.append({"logical_id": lid, "nranks": len(mem), "parallelism": facts.lid_parallelism.get(lid),
+                         "members": ",".join(str(m) for m in mem), "hosts": len(located_hosts),
+                         "limit_gbps": lim.limit_gbps, "link_type": lim.link_type, "limit_link": lim.limit_link,
+                         "limit_source": lim.limit_source})  # fmt: skip
+        problems: list[str] = []
+        by_source: dict[str, list[int]] = {}
+        for r in rows:
+            if r["nranks"] > 1 and not r["limit_source"].startswith("topology"):
+                by_source.setdefault(r["limit_source"], []).append(r["logical_id"])
+        for src, lids in by_source.items():
+            head = ", ".join(str(x) for x in lids[:8]) + (" ..." if len(lids) > 8 else "")
+            problems.append(f"limit of communicator(s) {head}: {src}")
+        return pd.DataFrame(rows), comm_limit, problems
+
+    def row_limits(self, calls: pd.DataFrame, single_peer: np.ndarray) -> pd.DataFrame:
+        """Limit per call row: its communicator's, except P2P kernels with one peer: the pair's."""
+        lid = calls["logical_id"].astype("Int64")
+        cols = ["limit_gbps", "limit_link", "limit_source"]
+        tab = pd.DataFrame([[k, v.limit_gbps, v.limit_link, v.limit_source] for k, v in self.comm_limit.items()],
+                           columns=["logical_id"] + cols).astype({"logical_id": "Int64", "limit_gbps": "Float64"})
+        out = pd.DataFrame({"logical_id": lid}).merge(tab, on="logical_id", how="left")
+        out["limit_scope"] = pd.Series(np.where(lid.notna().to_numpy(), "communicator", None), dtype="string")
+        me, peer = calls["global_rank"].astype("Int64"), calls["root"].astype("Int64")
+        is_pair = calls["op"].isin(list(_P2P)).fillna(False).to_numpy() & single_peer
+        is_pair &= (lid.notna() & me.notna() & peer.notna()).to_numpy()
+        if is_pair.any():
+            sub = pd.DataFrame({"logical_id": lid[is_pair].to_numpy(), "peer": peer[is_pair].to_numpy(),
+                                "me": me[is_pair].to_numpy()}).astype("Int64")  # fmt: skip
+            sub = sub.merge(self.member_table, on=["logical_id", "peer"], how="left")
+            pg = sub["peer_global"].fillna(-1).astype("int64").to_numpy()
+            mine = sub["me"].astype("int64").to_numpy()
+            sub["a"] = np.where(pg < 0, pg, np.minimum(mine, pg))  # unknown peer (-1): locate() says so
+            sub["b"] = np.where(pg < 0, mine, np.maximum(mine, pg))
+            uniq = sub[["logical_id", "a", "b"]].drop_duplicates()
+            found = []
+            for k, x, y in uniq.itertuples(index=False):  # one iteration per distinct GPU pair
+                lim = (self.locate([int(x), int(y)], int(k)) if x != y else
+                       _Limit(None, None, None, "unavailable: send to self (no link)"))  # fmt: skip
+                found.append((k, x, y, lim.limit_gbps, lim.limit_link, lim.limit_source))
+            tab = pd.DataFrame(found, columns=["logical_id", "a", "b"] + cols).astype({"limit_gbps": "Float64"})
+            res = sub.merge(tab, on=["logical_id", "a", "b"], how="left")
+            idx = np.flatnonzero(is_pair)
+            for col in cols:
+                out.loc[idx, col] = res[col].to_numpy()
+            out.loc[idx, "limit_scope"] = "pair"
+        return out
+
+
+@dataclass
+class _Part:
+    """The metrics of one part of a run (whole communicators): ``op_metrics`` in the part's
+    row order, ``instance_rows`` the part row of each instance's first call, the per-communicator
+    medians of the limits table and the counts behind the run's problem messages."""
+
+    op_metrics: pd.DataFrame
+    instances: pd.DataFrame
+    instance_rows: np.ndarray
+    stragglers: pd.DataFrame
+    algorithms: pd.DataFrame
+    medians: pd.DataFrame
+    counts: dict[str, int]
+
+
+def _part_metrics(calls: pd.DataFrame, ctx: _RunContext, tuning: pd.DataFrame) -> _Part:
+    """Every per-call and per-communicator figure of ``calls`` (the call rows of whole
+    communicators, ``_call_rows``) with the run-wide ``ctx`` and the TUNING lines ``tuning``
+    (at least those attached to these calls)."""
+    counts: dict[str, int] = {}
     n = len(calls)
     om = pd.DataFrame({c: calls[c] for c in ("file", "line", "host", "pid", "global_rank", "rank_in_comm",
                                               "logical_id", "nranks", "op", "parallelism", "instance", "status",
@@ -720,9 +903,7 @@ def compute_run_metrics(
     timed = matched & ks_ok & ke_ok
     dur = k_end - k_start
     timed &= dur > 0
-    if (matched & ks_ok & ke_ok & (dur <= 0)).any():
-        problems.append(f"{int((matched & ks_ok & ke_ok & (dur <= 0)).sum())} matched calls have a kernel of zero "
-                        "or negative duration: no bandwidth")  # fmt: skip
+    counts["zero_duration"] = int((matched & ks_ok & ke_ok & (dur <= 0)).sum())
     durf = np.where(timed, dur, np.nan).astype(float)
     msg = _f64(calls["message_bytes"])
     factor = _bus_factors(calls["op"], calls["nranks"])
@@ -762,7 +943,7 @@ def compute_run_metrics(
     om["kernel_busbw_gbps"] = pd.array(kbusbw, dtype="Float64")
 
     # -- cross-rank: wait and transfer per collective instance
-    instances, per_row = _instance_metrics(calls, timed, dur, kernel_bus, problems)
+    instances, per_row, first_rows = _instance_metrics(calls, timed, dur, kernel_bus, counts)
     for col in ("arrival_offset_ns", "wait_ns", "transfer_ns", "arrival_skew_ns"):
         om[col] = per_row[col]
     om["transfer_busbw_gbps"] = per_row["transfer_busbw_gbps"]
@@ -770,7 +951,7 @@ def compute_run_metrics(
     stragglers = _straggler_table(per_row, instances, om)
 
     # -- theoretical limits
-    limits, op_limits = _limits(calls, parsed_nccl_dirs, communicators, single_peer, problems)
+    op_limits = ctx.row_limits(calls, single_peer)
     for col in ("limit_gbps", "limit_link", "limit_source", "limit_scope"):
         om[col] = op_limits[col]
     lim = _f64(om["limit_gbps"])
@@ -780,8 +961,7 @@ def compute_run_metrics(
         om["transfer_efficiency"] = pd.array(_f64(om["transfer_busbw_gbps"]) / lim, dtype="Float64")
 
     # -- algorithm / protocol
-    tun = _read_parsed(parsed_nccl_dirs, "tuning", ["file", "line", "algo", "proto", "call_line", "n_calls"])
-    per_call = _tuning_per_call(calls, tun)
+    per_call = _tuning_per_call(calls, tuning)
     t = calls[["file", "line"]].merge(per_call, on=["file", "line"], how="left")
     t_algo, t_proto = t["t_algo"].astype("string"), t["t_proto"].astype("string")
     inst = calls["instance"].astype("string")
@@ -800,20 +980,81 @@ def compute_run_metrics(
                                   dtype="string")  # fmt: skip
     dup = calls["duplicate_of"].notna().to_numpy()
     algorithms = _transition_table(om, ~dup)
-
     om = coerce_to_schema(om, OP_METRICS_SCHEMA)
-    limits = _limit_summary(limits, om)
-    return RunMetrics(op_metrics=om, instances=instances, stragglers=stragglers, limits=limits,
-                      algorithms=algorithms, problems=problems)  # fmt: skip
+    return _Part(om, instances, first_rows, stragglers, algorithms, _communicator_medians(om), counts)
+
+
+def _problems(counts: dict[str, int], ctx: _RunContext) -> list[str]:
+    """The run's problem messages from the counts of its parts and the run-wide ones."""
+    problems = []
+    if counts.get("zero_duration"):
+        problems.append(f"{counts['zero_duration']} matched calls have a kernel of zero or negative duration: "
+                        "no bandwidth")  # fmt: skip
+    if counts.get("bad_transfer"):
+        problems.append(f"{counts['bad_transfer']} ranks of complete instances ended before the last rank started "
+                        "(clock-sync error larger than the transfer): transfer bandwidth left null")  # fmt: skip
+    for status in ("incomplete", "not_synced"):
+        if counts.get(status):
+            problems.append(f"{counts[status]} of {counts['instances']} collective instances "
+                            f"{status.replace('_', ' ')}: no wait/transfer figures for them (see instances.reason)")
+    return problems + ctx.problems
+
+
+def _add_counts(total: dict[str, int], part: dict[str, int]) -> None:
+    for k, v in part.items():
+        total[k] = total.get(k, 0) + v
+
+
+def _limit_table(ctx: _RunContext, medians: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """The limits table: each communicator's limit with the medians of its timed calls."""
+    if ctx.limits.empty:
+        return coerce_to_schema(ctx.limits, LIMIT_SCHEMA)
+    out = ctx.limits.join(pd.concat(medians) if medians else _communicator_medians(None), on="logical_id")
+    out["ops_timed"] = out["ops_timed"].fillna(0)
+    return coerce_to_schema(out, LIMIT_SCHEMA)
+
+
+def _sorted_concat(frames: Sequence[pd.DataFrame], schema: pa.Schema, by: list[str]) -> pd.DataFrame:
+    """Per-part tables as the run's: concatenated and in the order the whole run gives them."""
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return coerce_to_schema(pd.DataFrame(), schema)
+    out = pd.concat(frames, ignore_index=True).sort_values(by, kind="stable").reset_index(drop=True)
+    return coerce_to_schema(out, schema)
+
+
+def compute_run_metrics(
+    ops: pd.DataFrame,
+    parsed_nccl_dirs: Sequence[Path | str],
+    communicators: pd.DataFrame | None = None,
+) -> RunMetrics:
+    """Compute every metrics table of a run in memory.
+
+    ``ops`` is the run's ops table (``nccltrace.ops.OPS_SCHEMA``), ``parsed_nccl_dirs`` the
+    per-process parse directories (for topology dumps, TUNING lines and the GPU bus ids of the
+    init lines), ``communicators`` the logical communicators (members by rank in comm); without
+    it, membership is taken from the ranks seen in ``ops``. ``write_run_metrics_out_of_core``
+    computes the same tables from an ops file in bounded memory.
+    """
+    calls = _call_rows(ops)
+    ctx = _RunContext(_RunFacts.of(calls), parsed_nccl_dirs, communicators)
+    part = _part_metrics(calls, ctx, _read_parsed(parsed_nccl_dirs, "tuning", _TUNING_COLUMNS))
+    return RunMetrics(op_metrics=part.op_metrics, instances=part.instances, stragglers=part.stragglers,
+                      limits=_limit_table(ctx, [part.medians]), algorithms=part.algorithms,
+                      problems=_problems(part.counts, ctx))  # fmt: skip
 
 
 def _instance_metrics(calls: pd.DataFrame, timed: np.ndarray, dur: np.ndarray, kernel_bus: np.ndarray,
-                      problems: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
-    """Instances table and the per-row cross-rank columns (``timed``/``dur``: calls with a kernel of
-    positive duration on the node clock; ``kernel_bus``: bus bytes of each call's kernel)."""
+                      counts: dict[str, int]) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray]:  # fmt: skip
+    """Instances table, the per-row cross-rank columns and the row of each instance's first call
+    (``timed``/``dur``: calls with a kernel of positive duration on the node clock;
+    ``kernel_bus``: bus bytes of each call's kernel; ``counts``: receives the problem counts)."""
     n = len(calls)
     codes, keys = pd.factorize(calls["instance"].astype("string"), use_na_sentinel=True)
     has = codes >= 0
+    # codes number instances in order of their first row, the order of the instances table
+    first_rows = np.unique(codes[has], return_index=True)[1]
+    first_rows = np.flatnonzero(has)[first_rows]
     s_start, ss_ok = _i64(calls["kernel_start_sync"])
     s_end, se_ok = _i64(calls["kernel_end_sync"])
     matched = (calls["status"] == "matched").fillna(False).to_numpy(dtype=bool)
@@ -876,10 +1117,7 @@ def _instance_metrics(calls: pd.DataFrame, timed: np.ndarray, dur: np.ndarray, k
     t["wait"] = wait
     stats["total_wait"] = t.groupby("code")["wait"].sum()
     stats = stats.astype("Int64")  # stays integer (epoch ns) when joined to the non-complete instances
-    bad = int((transfer <= 0).sum())
-    if bad:
-        problems.append(f"{bad} ranks of complete instances ended before the last rank started (clock-sync error "
-                        "larger than the transfer): transfer bandwidth left null")  # fmt: skip
+    counts["bad_transfer"] = int((transfer <= 0).sum())
 
     per_row = pd.DataFrame(index=range(n))
     for name, vals in (("arrival_offset_ns", t["start"].to_numpy() - fs), ("wait_ns", wait),
@@ -916,12 +1154,11 @@ def _instance_metrics(calls: pd.DataFrame, timed: np.ndarray, dur: np.ndarray, k
     inst = inst.rename(columns={"first_start": "first_start_ns", "last_start": "last_start_ns",
                                 "last_end": "last_end_ns", "total_wait": "total_wait_ns"})  # fmt: skip
     inst = inst.sort_index().reset_index(drop=True)
-    counts = inst["status"].value_counts()
+    status_counts = inst["status"].value_counts()
+    counts["instances"] = len(inst)
     for status in ("incomplete", "not_synced"):
-        if counts.get(status, 0):
-            problems.append(f"{int(counts[status])} of {len(inst)} collective instances {status.replace('_', ' ')}: "
-                            "no wait/transfer figures for them (see instances.reason)")  # fmt: skip
-    return coerce_to_schema(inst, INSTANCE_SCHEMA), per_row
+        counts[status] = int(status_counts.get(status, 0))
+    return coerce_to_schema(inst, INSTANCE_SCHEMA), per_row, first_rows
 
 
 def _straggler_table(per_row: pd.DataFrame, instances: pd.DataFrame, om: pd.DataFrame) -> pd.DataFrame:
@@ -948,132 +1185,16 @@ def _straggler_table(per_row: pd.DataFrame, instances: pd.DataFrame, om: pd.Data
     return coerce_to_schema(s.sort_values(["logical_id", "global_rank"]).reset_index(drop=True), STRAGGLER_SCHEMA)
 
 
-def _limits(calls: pd.DataFrame, parsed_nccl_dirs: Sequence[Path | str], communicators: pd.DataFrame | None,
-            single_peer: np.ndarray, problems: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Limit per logical communicator and per call row (P2P kernels with one peer: the pair)."""
-    links = _read_parsed(parsed_nccl_dirs, "topology_links", ["file", "host", "system", "from_node", "link_type",
-                                                              "bw_gbps", "to_node"])  # fmt: skip
-    systems = _read_parsed(parsed_nccl_dirs, "topology_systems", ["file", "line", "system", "total_bw_gbps"])
-    comms = _read_parsed(parsed_nccl_dirs, "comms", ["file", "line", "host", "pid", "event", "phase", "comm",
-                                                     "bus_id"])  # fmt: skip
-    cl = calls[["host", "pid", "comm", "logical_id"]].dropna().drop_duplicates(["host", "pid", "comm"])
-    comm_lid = {(str(h), int(p), int(c)): int(k) for h, p, c, k in cl[["host", "pid", "comm", "logical_id"]]
-                .itertuples(index=False)}  # fmt: skip
-    topologies = _Topologies(links, systems, comms, comm_lid)
-
-    # where each global rank runs, and on which GPU (bus id of its init lines)
-    known = calls[["global_rank", "host", "pid"]].dropna()
-    proc = known.groupby(known["global_rank"].astype("int64"))[["host", "pid"]].first()
-    bus_of: dict[tuple[str, int], int] = {}
-    if len(comms):
-        c = comms.dropna(subset=["host", "pid", "bus_id"])
-        for (h, p), b in c.groupby(["host", "pid"])["bus_id"].agg(lambda x: x.mode().iloc[0]).items():
-            bus_of[(str(h), int(p))] = int(b)
-
-    def locate(ranks: list[int], lid: int | None) -> _Limit:
-        located, missing = [], []
-        for r in ranks:
-            if r < 0 or r not in proc.index:
-                missing.append(f"rank {r} has no process in the logs" if r >= 0
-                               else "a member left no NCCL log (its global rank is unknown)")
-                continue
-            h, p = str(proc.at[r, "host"]), int(proc.at[r, "pid"])
-            located.append((h, bus_of.get((h, p))))
-        return _locate_limit(located, missing, topologies, lid)
-
-    # members by rank in comm: the communicators table first, then what the ops show
-    lc = calls.loc[calls["logical_id"].notna().to_numpy(), ["logical_id", "nranks", "parallelism", "rank_in_comm",
-                                                             "global_rank"]]  # fmt: skip
-    lid_key = lc["logical_id"].astype("int64")
-    sizes = lc.groupby(lid_key)["nranks"].max()
-    par = lc.groupby(lid_key)["parallelism"].first()
-    members: dict[int, list[int]] = {}
-    if communicators is not None and len(communicators):
-        for lid, mem, nr in zip(communicators["logical_id"], communicators["members"], communicators["nranks"]):
-            if pd.isna(lid):
-                continue
-            listed = [int(x) for x in mem] if isinstance(mem, (list, tuple, np.ndarray)) else []
-            members[int(lid)] = listed or [-1] * (0 if pd.isna(nr) else int(nr))
-    seen = lc.dropna(subset=["rank_in_comm", "global_rank"])
-    seen_members = seen.groupby([seen["logical_id"].astype("int64"), seen["rank_in_comm"].astype("int64")])[
-        "global_rank"].first()  # fmt: skip
-    for (lid, rk), gr in seen_members.items():
-        size = sizes.get(lid)
-        lst = members.setdefault(int(lid), [-1] * (int(size) if not pd.isna(size) else int(rk) + 1))
-        if rk >= len(lst):
-            lst.extend([-1] * (int(rk) + 1 - len(lst)))
-        if lst[rk] < 0:
-            lst[rk] = int(gr)
-
-    rows, comm_limit = [], {}
-    for lid in sorted(members):
-        mem = members[lid]
-        lim = (locate(mem, lid) if len(mem) > 1 else
-               _Limit(None, None, None, "unavailable: single-rank communicator (nothing crosses a link)"))  # fmt: skip
-        comm_limit[lid] = lim
-        located_hosts = {str(proc.at[r, "host"]) for r in mem if r >= 0 and r in proc.index}
-        rows.append({"logical_id": lid, "nranks": len(mem), "parallelism": par.get(lid),
-                     "members": ",".join(str(m) for m in mem), "hosts": len(located_hosts),
-                     "limit_gbps": lim.limit_gbps, "link_type": lim.link_type, "limit_link": lim.limit_link,
-                     "limit_source": lim.limit_source})  # fmt: skip
-    limits = pd.DataFrame(rows)
-    by_source: dict[str, list[int]] = {}
-    for r in rows:
-        if r["nranks"] > 1 and not r["limit_source"].startswith("topology"):
-            by_source.setdefault(r["limit_source"], []).append(r["logical_id"])
-    for src, lids in by_source.items():
-        head = ", ".join(str(x) for x in lids[:8]) + (" ..." if len(lids) > 8 else "")
-        problems.append(f"limit of communicator(s) {head}: {src}")
-
-    # per row: the communicator's limit ...
-    lid = calls["logical_id"].astype("Int64")
-    cols = ["limit_gbps", "limit_link", "limit_source"]
-    tab = pd.DataFrame([[k, v.limit_gbps, v.limit_link, v.limit_source] for k, v in comm_limit.items()],
-                       columns=["logical_id"] + cols).astype({"logical_id": "Int64", "limit_gbps": "Float64"})
-    out = pd.DataFrame({"logical_id": lid}).merge(tab, on="logical_id", how="left")
-    out["limit_scope"] = pd.Series(np.where(lid.notna().to_numpy(), "communicator", None), dtype="string")
-    # ... except P2P kernels talking to one peer only: the two GPUs involved
-    me, peer = calls["global_rank"].astype("Int64"), calls["root"].astype("Int64")
-    is_pair = calls["op"].isin(list(_P2P)).fillna(False).to_numpy() & single_peer
-    is_pair &= (lid.notna() & me.notna() & peer.notna()).to_numpy()
-    if is_pair.any():
-        mm = pd.DataFrame([(k, r, g) for k, mem in members.items() for r, g in enumerate(mem)],
-                          columns=["logical_id", "peer", "peer_global"]).astype("Int64")  # fmt: skip
-        sub = pd.DataFrame({"logical_id": lid[is_pair].to_numpy(), "peer": peer[is_pair].to_numpy(),
-                            "me": me[is_pair].to_numpy()}).astype("Int64")  # fmt: skip
-        sub = sub.merge(mm, on=["logical_id", "peer"], how="left")
-        pg = sub["peer_global"].fillna(-1).astype("int64").to_numpy()
-        mine = sub["me"].astype("int64").to_numpy()
-        sub["a"] = np.where(pg < 0, pg, np.minimum(mine, pg))  # unknown peer (-1): locate() says so
-        sub["b"] = np.where(pg < 0, mine, np.maximum(mine, pg))
-        uniq = sub[["logical_id", "a", "b"]].drop_duplicates()
-        found = []
-        for k, x, y in uniq.itertuples(index=False):  # one iteration per distinct GPU pair
-            lim = (locate([int(x), int(y)], int(k)) if x != y else
-                   _Limit(None, None, None, "unavailable: send to self (no link)"))  # fmt: skip
-            found.append((k, x, y, lim.limit_gbps, lim.limit_link, lim.limit_source))
-        tab = pd.DataFrame(found, columns=["logical_id", "a", "b"] + cols).astype({"limit_gbps": "Float64"})
-        res = sub.merge(tab, on=["logical_id", "a", "b"], how="left")
-        idx = np.flatnonzero(is_pair)
-        for col in cols:
-            out.loc[idx, col] = res[col].to_numpy()
-        out.loc[idx, "limit_scope"] = "pair"
-    return limits, out
-
-
-def _limit_summary(limits: pd.DataFrame, om: pd.DataFrame) -> pd.DataFrame:
-    """Attach per-communicator medians of the timed calls to the limits table."""
-    if limits.empty:
-        return coerce_to_schema(limits, LIMIT_SCHEMA)
+def _communicator_medians(om: pd.DataFrame | None) -> pd.DataFrame:
+    """Per logical communicator: timed calls and the medians of their bandwidth and efficiencies."""
     cols = ["logical_id", "kernel_busbw_gbps", "efficiency", "transfer_efficiency"]
+    if om is None:
+        om = pd.DataFrame({c: pd.Series(dtype="Float64") for c in cols})
     t = om.loc[(om["kernel_busbw_gbps"].notna() & om["logical_id"].notna()).to_numpy(), cols]
     g = t.groupby(t["logical_id"].astype("int64"))
-    summary = pd.DataFrame({"ops_timed": g.size(), "median_busbw_gbps": g["kernel_busbw_gbps"].median(),
-                            "median_efficiency": g["efficiency"].median(),
-                            "median_transfer_efficiency": g["transfer_efficiency"].median()})  # fmt: skip
-    out = limits.join(summary, on="logical_id")
-    out["ops_timed"] = out["ops_timed"].fillna(0)
-    return coerce_to_schema(out, LIMIT_SCHEMA)
+    return pd.DataFrame({"ops_timed": g.size(), "median_busbw_gbps": g["kernel_busbw_gbps"].median(),
+                         "median_efficiency": g["efficiency"].median(),
+                         "median_transfer_efficiency": g["transfer_efficiency"].median()})  # fmt: skip
 
 
 def write_run_metrics(result: RunMetrics, out_dir: Path | str) -> dict[str, Path]:
@@ -1082,8 +1203,244 @@ def write_run_metrics(result: RunMetrics, out_dir: Path | str) -> dict[str, Path
     out_dir.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
     for name, schema in TABLE_SCHEMAS.items():
-        df = coerce_to_schema(getattr(result, name), schema)
-        path = out_dir / f"{name}.parquet"
-        write_table_atomic(pa.Table.from_pandas(df, schema=schema, preserve_index=False), path)
-        paths[name] = path
+        paths[name] = _write_frame(getattr(result, name), schema, out_dir / f"{name}.parquet")
     return paths
+
+
+def _write_frame(df: pd.DataFrame, schema: pa.Schema, path: Path) -> Path:
+    df = coerce_to_schema(df, schema)
+    write_table_atomic(pa.Table.from_pandas(df, schema=schema, preserve_index=False), path)
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# out of core
+
+PART_ROWS = 1 << 18
+"""Call rows per part of the out-of-core metrics (a communicator is never split, so a part
+holds more when one communicator does): a part's frames take about 2 KB per call. Smaller
+parts cost time (per-part overhead) and save little: the run-wide facts dominate below."""
+
+def part_calls(ops_path: Path | str, part_rows: int = PART_ROWS) -> tuple[int, int]:
+    """(call rows of the largest part, call rows of the run) the out-of-core metrics of the ops
+    file will compute with: what their memory depends on. Reads two columns; a kernel shared by
+    communicators (which joins their parts) is not looked for."""
+    pf = pq.ParquetFile(ops_path)
+    rows: dict[int, int] = {}
+    for batch in pf.iter_batches(batch_size=1 << 20, columns=["row_kind", "logical_id"]):
+        t = batch.filter(pc.fill_null(pc.equal(batch["row_kind"], "call"), False))
+        lid = t["logical_id"].to_numpy(zero_copy_only=False)
+        lid = np.where(pd.isna(lid), _NO_LID, lid).astype("int64") if len(lid) else np.zeros(0, "int64")
+        for k, c in zip(*np.unique(lid, return_counts=True)):
+            rows[int(k)] = rows.get(int(k), 0) + int(c)
+    calls = sum(rows.values())
+    return min(calls, max([part_rows, *rows.values()])), calls
+
+
+_NO_LID = np.iinfo(np.int64).min  # part key of calls without a logical communicator
+_LINE_BITS = 40  # call key = file code << 40 | line (a log of 2^40 lines is not a log)
+
+
+@dataclass
+class WrittenMetrics:
+    """What ``write_run_metrics_out_of_core`` wrote: table paths, the run's problems, the op
+    rows and instances written and the parts the run was computed in."""
+
+    paths: dict[str, Path]
+    problems: list[str]
+    op_rows: int
+    instances: int
+    parts: int
+
+
+class _Scan:
+    """First pass over the ops file: the run facts, the call rows of each communicator, the
+    communicators each kernel launch holds calls of, and (when TUNING lines exist) each call's
+    key, so that TUNING lines can be routed to the part of the call they are attached to."""
+
+    def __init__(self, ops_path: Path, batch_rows: int, with_keys: bool) -> None:
+        pf = pq.ParquetFile(ops_path)
+        wanted = ["row_kind", "file", "line", "host", "pid", "comm", "logical_id", "global_rank", "rank_in_comm",
+                  "nranks", "parallelism", "status", "kernel_global_pid", "kernel_correlation_id"]  # fmt: skip
+        facts: list[_RunFacts] = []
+        rows: dict[int, int] = {}
+        kernels, keys, key_lids = [], [], []
+        self.files: dict[str, int] = {}
+        self.calls = 0
+        for batch in pf.iter_batches(batch_size=batch_rows, columns=[c for c in wanted if c in pf.schema_arrow.names]):
+            calls = _call_rows(read_table_batch(batch))
+            if calls.empty:
+                continue
+            self.calls += len(calls)
+            facts.append(_RunFacts.of(calls))
+            lid = _lid_keys(calls)
+            for k, c in zip(*np.unique(lid, return_counts=True)):
+                rows[int(k)] = rows.get(int(k), 0) + int(c)
+            has = ((calls["status"] == "matched").fillna(False).to_numpy(bool)
+                   & calls["kernel_global_pid"].notna().to_numpy() & calls["kernel_correlation_id"].notna().to_numpy())
+            if has.any():
+                kernels.append(pd.DataFrame({"gpid": calls["kernel_global_pid"][has].astype("int64").to_numpy(),
+                                             "corr": calls["kernel_correlation_id"][has].astype("int64").to_numpy(),
+                                             "lid": lid[has]}).drop_duplicates())  # fmt: skip
+            if with_keys:
+                keys.append(self.call_keys(calls["file"], calls["line"], add=True))
+                key_lids.append(lid)
+        self.facts = _RunFacts.combine(facts)
+        self.lid_rows = rows
+        self.kernels = pd.concat(kernels, ignore_index=True) if kernels else pd.DataFrame(columns=["gpid", "corr", "lid"])
+        order = np.argsort(np.concatenate(keys), kind="stable") if keys else np.zeros(0, dtype=np.int64)
+        self.keys = np.concatenate(keys)[order] if keys else np.zeros(0, dtype=np.int64)
+        self.key_lids = np.concatenate(key_lids)[order] if keys else np.zeros(0, dtype=np.int64)
+
+    def call_keys(self, file: pd.Series, line: pd.Series, add: bool = False) -> np.ndarray:
+        """Keys of (file, line) pairs; -1 for a file no call row has (unless ``add``) or no line."""
+        f = file.astype("string")
+        if add:
+            for name in f.dropna().unique():
+                self.files.setdefault(str(name), len(self.files))
+        code = f.map(self.files).astype("Int64").fillna(-1).to_numpy("int64")
+        ln = pd.to_numeric(line, errors="coerce").astype("Int64").fillna(-1).to_numpy("int64")
+        ok = (code >= 0) & (ln >= 0) & (ln < (1 << _LINE_BITS))
+        return np.where(ok, (code << _LINE_BITS) | np.where(ok, ln, 0), -1)
+
+    def parts_of_keys(self, keys: np.ndarray, part_of: dict[int, int]) -> np.ndarray:
+        """The part of the call each key names (``part_of``: part per communicator key); -1 when
+        no call row has the key (such TUNING lines are attached to no call and change nothing)."""
+        if not len(self.keys):
+            return np.full(len(keys), -1, dtype=np.int64)
+        idx = np.clip(np.searchsorted(self.keys, keys), 0, len(self.keys) - 1)
+        found = (keys >= 0) & (self.keys[idx] == keys)
+        return np.where(found, _parts_of(self.key_lids[idx], part_of), -1)
+
+    def parts(self, part_rows: int) -> dict[int, int]:
+        """Part of each communicator key: communicators whose calls share a kernel launch are
+        kept together (union-find), then packed in id order into parts of ``part_rows`` calls."""
+        parent = {k: k for k in self.lid_rows}
+
+        def root(k: int) -> int:
+            while parent[k] != k:
+                parent[k] = parent[parent[k]]
+                k = parent[k]
+            return k
+
+        k = self.kernels.drop_duplicates()
+        shared = k[k.duplicated(["gpid", "corr"], keep=False)]
+        for _, g in shared.groupby(["gpid", "corr"]):
+            lids = [int(x) for x in g["lid"]]
+            for other in lids[1:]:
+                a, b = root(lids[0]), root(other)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+        groups: dict[int, list[int]] = {}
+        for lid in sorted(self.lid_rows):
+            groups.setdefault(root(lid), []).append(lid)
+        part_of: dict[int, int] = {}
+        part, filled = 0, 0
+        for members in groups.values():
+            size = sum(self.lid_rows[m] for m in members)
+            if filled and filled + size > part_rows:
+                part, filled = part + 1, 0
+            filled += size
+            part_of.update(dict.fromkeys(members, part))
+        return part_of
+
+
+def _lid_keys(calls: pd.DataFrame) -> np.ndarray:
+    return calls["logical_id"].astype("Int64").fillna(_NO_LID).to_numpy("int64")
+
+
+def _parts_of(lids: np.ndarray, part_of: dict[int, int]) -> np.ndarray:
+    return pd.Series(lids).map(part_of).fillna(-1).to_numpy("int64")
+
+
+def _spill_by_part(spill: PartSpill, prefix: str, table: pa.Table, parts: np.ndarray) -> None:
+    """Append each row of ``table`` to the part ``parts`` names (rows of part -1 are dropped)."""
+    if not len(parts):
+        return
+    order = np.argsort(parts, kind="stable")
+    sorted_parts = parts[order]
+    table = table.take(pa.array(order))
+    bounds = np.flatnonzero(np.r_[True, sorted_parts[1:] != sorted_parts[:-1], True])
+    for a, b in itertools.pairwise(bounds):
+        if sorted_parts[a] >= 0:
+            spill.append(f"{prefix}-{sorted_parts[a]}", table.slice(a, b - a))
+
+
+def write_run_metrics_out_of_core(ops_path: Path | str, parsed_nccl_dirs: Sequence[Path | str],
+                                  communicators: pd.DataFrame | None, out_dir: Path | str, *,
+                                  part_rows: int = PART_ROWS, batch_rows: int = 1 << 18) -> WrittenMetrics:  # fmt: skip
+    """Compute and write the metrics tables of the ops file ``ops_path`` in bounded memory;
+    the tables equal ``write_run_metrics(compute_run_metrics(...))``.
+
+    Two passes over the ops file in batches of ``batch_rows``: the first gathers the run-wide
+    facts and sizes the communicators; the second routes the call rows into parts of whole
+    communicators (about ``part_rows`` calls each) spilled to a private directory in ``out_dir``.
+    Each part is computed alone; op_metrics and instances are merged back into run order from
+    the spilled results. Peak memory: one part plus the run-wide facts (and 12 bytes per call
+    for the call keys when the logs have TUNING lines).
+    """
+    ops_path, out_dir = Path(ops_path), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dirs = [Path(d) for d in parsed_nccl_dirs]
+    tuning_files = [d / "tuning.parquet" for d in dirs if (d / "tuning.parquet").is_file()]
+    with_tuning = any(pq.read_metadata(f).num_rows for f in tuning_files)
+    scan = _Scan(ops_path, batch_rows, with_tuning)
+    ctx = _RunContext(scan.facts, dirs, communicators)
+    part_of = scan.parts(part_rows)
+    n_parts = max(part_of.values(), default=-1) + 1
+    with PartSpill(out_dir) as spill:
+        if with_tuning:
+            for f in tuning_files:
+                t = pq.read_table(f, columns=_TUNING_COLUMNS)
+                keys = scan.call_keys(t["file"].to_pandas(), t["call_line"].to_pandas())
+                _spill_by_part(spill, "tuning", t, scan.parts_of_keys(keys, part_of))
+        pf = pq.ParquetFile(ops_path)
+        cols = [c for c in OPS_COLUMNS if c in pf.schema_arrow.names]
+        start = 0
+        for batch in pf.iter_batches(batch_size=batch_rows, columns=cols):
+            t = pa.Table.from_batches([batch])
+            t = t.filter(pc.fill_null(pc.equal(t["row_kind"], "call"), False))
+            if not t.num_rows:
+                continue
+            t = t.append_column("_row", pa.array(np.arange(start, start + t.num_rows, dtype=np.int64)))
+            start += t.num_rows
+            lids = _lid_keys(read_table_batch(t.select(["logical_id"])) if "logical_id" in t.column_names
+                             else pd.DataFrame({"logical_id": pd.array([pd.NA] * t.num_rows, dtype="Int64")}))
+            _spill_by_part(spill, "calls", t, _parts_of(lids, part_of))
+        if start != scan.calls:
+            raise RuntimeError(f"{ops_path}: {scan.calls} call rows in the first pass, {start} in the second "
+                               "(the file changed while metrics read it)")  # fmt: skip
+        counts: dict[str, int] = {}
+        stragglers, algorithms, medians, instances = [], [], [], 0
+        for p in range(n_parts):
+            table = spill.read(f"calls-{p}")
+            if table is None:
+                continue
+            frame = read_table_batch(table)
+            rows = frame["_row"].to_numpy("int64")
+            tun = spill.read(f"tuning-{p}")
+            part = _part_metrics(_call_rows(frame), ctx,
+                                 read_table_batch(tun) if tun is not None else pd.DataFrame(columns=_TUNING_COLUMNS))
+            del frame, table
+            spill.append(f"om-{p}", pa.Table.from_pandas(part.op_metrics, schema=OP_METRICS_SCHEMA,
+                                                         preserve_index=False).append_column("_row", pa.array(rows)))
+            spill.append(f"inst-{p}", pa.Table.from_pandas(part.instances, schema=INSTANCE_SCHEMA, preserve_index=False)
+                         .append_column("_row", pa.array(rows[part.instance_rows], type=pa.int64())))
+            instances += len(part.instances)
+            stragglers.append(part.stragglers)
+            algorithms.append(part.algorithms)
+            medians.append(part.medians)
+            _add_counts(counts, part.counts)
+        parts_written = [spill.finish(f"om-{p}") for p in range(n_parts)]
+        inst_written = [spill.finish(f"inst-{p}") for p in range(n_parts)]
+        paths = {"op_metrics": out_dir / "op_metrics.parquet", "instances": out_dir / "instances.parquet"}
+        op_rows = merge_sorted_parts([x for x in parts_written if x], "_row", scan.calls, paths["op_metrics"],
+                                     OP_METRICS_SCHEMA)  # fmt: skip
+        merge_sorted_parts([x for x in inst_written if x], "_row", scan.calls, paths["instances"], INSTANCE_SCHEMA)
+    paths["stragglers"] = _write_frame(_sorted_concat(stragglers, STRAGGLER_SCHEMA, ["logical_id", "global_rank"]),
+                                       STRAGGLER_SCHEMA, out_dir / "stragglers.parquet")  # fmt: skip
+    paths["limits"] = _write_frame(_limit_table(ctx, medians), LIMIT_SCHEMA, out_dir / "limits.parquet")
+    paths["algorithms"] = _write_frame(_sorted_concat(algorithms, ALGORITHM_SCHEMA, ["logical_id", "op", "min_bytes"]),
+                                       ALGORITHM_SCHEMA, out_dir / "algorithms.parquet")  # fmt: skip
+    return WrittenMetrics({name: paths[name] for name in TABLE_SCHEMAS}, _problems(counts, ctx), op_rows, instances,
+                          n_parts)  # fmt: skip

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from nccltrace.campaign import expand_campaign, validate_runs
 from nccltrace.job_memory import mem_mb, parquet_rows
-from nccltrace.metrics import PARSED_TABLES
+from nccltrace.metrics import PARSED_TABLES, part_calls
 from nccltrace.nccl.log_reader import TABLE_NAMES as NCCL_TABLES
 from nccltrace.provenance import stage_code_hash
 from nccltrace.run_layout import METRIC_TABLES, RunLayout
@@ -218,12 +218,22 @@ def proc_host(wildcards):
 
 def job_mem(stage, rows=None):
     """Resource function: the stage's measured memory (nccltrace.job_memory) for the rows that
-    drive its peak, ``rows(wildcards, input)``."""
-    return lambda wc, input: mem_mb(stage, rows(wc, input) if rows else 0)
+    drive its peak, ``rows(wildcards, input)``: a count, or (rows, run rows)."""
+
+    def mem(wc, input):
+        n = rows(wc, input) if rows else 0
+        return mem_mb(stage, *n) if isinstance(n, tuple) else mem_mb(stage, n)
+
+    return mem
 
 
 def ops_rows(wc, input):
     return parquet_rows(input.ops)
+
+
+def metrics_part_calls(wc, input):
+    """(calls of the largest part, calls of the run) of the out-of-core metrics; none yet in a dry run."""
+    return part_calls(input.ops) if Path(input.ops).is_file() else (0, 0)
 
 
 def export_bytes(wc, input):

@@ -14,9 +14,9 @@ rule metrics:
     params:
         code=stage_code_hash("metrics"),
         processes=nccl_processes,
-    # measured per op of the run (nccltrace.job_memory)
+    # measured per call of its largest part and of the run (nccltrace.job_memory)
     resources:
-        mem_mb=job_mem("metrics", ops_rows),
+        mem_mb=job_mem("metrics", metrics_part_calls),
     log:
         RUN.log("metrics"),
     benchmark:
