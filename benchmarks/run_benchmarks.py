@@ -27,6 +27,13 @@ trace      Chrome trace export through ``write_run_traces`` (what the workflow's
 stages     The run-level stages (metrics, volume, trace, report: ``nccltrace.stages``, as their
            rules call them), each in a fresh interpreter, on the same tiled run: time, peak RSS
            and peak RSS per op (what sets the rules' mem_mb). Full 10^6 and 4*10^6 ops, quick 10^5.
+scaling    Peak RSS and time of each run-level stage against the number of ranks, at a constant
+           amount of work per rank: the scale-1024 campaign's run shape (TP8/SP, PP8, VPP2, 10
+           iterations, 8 micro-batches per pipeline, NCCL 2.28) on 8, 32 and 128 nodes = 64, 256
+           and 1024 ranks (quick: TP2 PP2 VPP2 on 1 and 2 four-GPU nodes), emulated and analysed
+           through the ops table in this process, then each stage in a fresh interpreter. With
+           ``--baseline REV`` the same stages of git revision REV run on the same run first
+           ("today vs new, same machine, same run").
 e2e        The Snakemake workflow end to end (``snakemake --cores N``, ``--directory`` a scratch
            directory so nothing lands in the repository's results/): wall time, jobs, peak memory
            (Snakemake's benchmark TSVs, the head process and the whole process tree) and per-rule
@@ -70,7 +77,7 @@ sys.path.insert(0, str(HERE))
 import bench_align
 import bench_parse
 
-SECTIONS = ("parse", "nsys", "align", "clocksync", "trace", "stages", "e2e")
+SECTIONS = ("parse", "nsys", "align", "clocksync", "trace", "stages", "scaling", "e2e")
 
 # --------------------------------------------------------------------------- figures
 
@@ -107,6 +114,7 @@ class Context:
     cores: int
     keep: bool = False  # keep e2e results (--workdir)
     campaigns: set[str] | None = None  # e2e full mode: only these (--campaigns)
+    baseline: str | None = None  # scaling: git revision measured beside this checkout (--baseline)
 
 
 def _log(msg: str) -> None:
@@ -150,9 +158,12 @@ def _child_cmd(kind: str, cfg: dict[str, Any]) -> list[str]:
     return [sys.executable, str(Path(__file__).resolve()), "--child", kind, json.dumps(cfg)]
 
 
-def run_child(kind: str, cfg: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-    """One measurement in a fresh interpreter (its peak RSS is its own); returns its JSON figures."""
-    proc = subprocess.run(_child_cmd(kind, cfg), capture_output=True, text=True, timeout=timeout, check=False)
+def run_child(kind: str, cfg: dict[str, Any], timeout: float | None = None,
+              env: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """One measurement in a fresh interpreter (its peak RSS is its own); returns its JSON figures.
+    ``env``: variables added to the child's environment (PYTHONPATH of a baseline's sources)."""
+    proc = subprocess.run(_child_cmd(kind, cfg), capture_output=True, text=True, timeout=timeout, check=False,
+                          env={**os.environ, **env} if env else None)  # fmt: skip
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark child {kind} {cfg} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -697,6 +708,65 @@ def section_stages(sec: Section, ctx: Context) -> None:
     shutil.rmtree(d, ignore_errors=True)
 
 
+def _scaling_run(d: Path, nodes: int, quick: bool) -> Path:
+    """Emulate and analyse (through the ops table) one run of the scaling shape; its run dir."""
+    from nccltrace.emulator.run import emulate_run
+    from nccltrace.pipeline import analyze_run
+
+    if quick:
+        shape = {"tp": 2, "pp": 2, "vpp": 2, "gpus_per_node": 4, "num_layers": 4, "hidden_size": 256,
+                 "num_attention_heads": 8, "seq_length": 512, "iterations": 2}  # fmt: skip
+    else:
+        shape = {"tp": 8, "pp": 8, "vpp": 2, "gpus_per_node": 8, "num_layers": 16, "hidden_size": 2048,
+                 "num_attention_heads": 16, "seq_length": 2048, "iterations": 10, "hardware": "h100"}
+    ranks = nodes * shape["gpus_per_node"]
+    dp = ranks // (shape["tp"] * shape["pp"])
+    cfg = {**shape, "name": f"scaling-{ranks}", "nodes": nodes, "sequence_parallel": True,
+           "micro_batch_size": 1, "global_batch_size": 8 * dp, "precision": "bf16", "nccl_version": "2.28.3",
+           "nsys_version": "2024.6", "init_style": "split", "seed": 1,
+           "imperfections": {"fuse_grouped_p2p": True, "single_rank_comm_ops": -1}}  # fmt: skip
+    emulate_run(cfg, d / "raw")
+    analyze_run(d / "raw", d / "run", progress=False, until="ops")
+    return d / "run"
+
+
+def _baseline_src(rev: str, dest: Path) -> Path:
+    """The package sources of git revision ``rev`` (for the baseline's children's PYTHONPATH)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(HERE.parent), "archive", rev, "src"], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    return dest / "src"
+
+
+def section_scaling(sec: Section, ctx: Context) -> None:
+    """Peak RSS of each run-level stage at 64, 256 and 1024 ranks (constant work per rank)."""
+    nodes = [1, 2] if ctx.quick else [8, 32, 128]
+    d = ctx.work / "scaling"
+    baseline = _baseline_src(ctx.baseline, d / "baseline") if ctx.baseline else None
+    for n in nodes:
+        _log(f"scaling: emulating and analysing {n} nodes")
+        run = _scaling_run(d / f"n{n}", n, ctx.quick)
+        import pyarrow.parquet as pq
+
+        ops = pq.read_metadata(run / "ops" / "ops.parquet").num_rows
+        ranks = len([p for p in (run / "parsed" / "nccl").iterdir() if p.is_dir()])
+        case = f"{ranks} ranks"
+        sec.add(case, "ops rows", ops, "rows")
+        cfg = {"run_dir": str(run), "run_yaml": str(run.parent / "raw" / "run.yaml")}
+        for stage in RUN_STAGES:
+            if baseline is not None:
+                try:
+                    r = run_child("stage", {**cfg, "stage": stage}, env={"PYTHONPATH": str(baseline)})
+                    sec.add(case, f"{stage} peak RSS, {ctx.baseline}", r["peak_rss_mb"], "MiB")
+                except RuntimeError as e:
+                    sec.notes.append(f"{case}: {stage} of {ctx.baseline} failed: {str(e).splitlines()[0]}")
+            r = run_child("stage", {**cfg, "stage": stage})
+            sec.add(case, f"{stage} peak RSS", r["peak_rss_mb"], "MiB")
+            sec.add(case, f"{stage} time", r["wall_s"], "s")
+        if not ctx.keep:
+            shutil.rmtree(d / f"n{n}", ignore_errors=True)
+
+
 # --------------------------------------------------------------------------- e2e
 
 
@@ -894,7 +964,7 @@ def section_e2e(sec: Section, ctx: Context) -> None:
 
 RUNNERS: dict[str, Callable[[Section, Context], None]] = {
     "parse": section_parse, "nsys": section_nsys, "align": section_align, "clocksync": section_clocksync,
-    "trace": section_trace, "stages": section_stages, "e2e": section_e2e,
+    "trace": section_trace, "stages": section_stages, "scaling": section_scaling, "e2e": section_e2e,
 }  # fmt: skip
 
 
@@ -1003,6 +1073,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="snakemake --cores for e2e (default: all)")
     ap.add_argument("--workdir", metavar="DIR", help="generated inputs and e2e results go here and are kept "
                     "(default: a temporary directory, removed)")  # fmt: skip
+    ap.add_argument("--baseline", metavar="REV", help="scaling: also measure the stages of this git revision "
+                    "on the same runs (e.g. the commit before a memory change)")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -1023,7 +1095,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp = tempfile.TemporaryDirectory(prefix="nccltrace-bench-")
         work = Path(tmp.name)
     ctx = Context(quick=args.quick, work=work, cores=max(1, args.cores), keep=bool(args.workdir),
-                  campaigns=set(args.campaigns.split(",")) if args.campaigns else None)
+                  campaigns=set(args.campaigns.split(",")) if args.campaigns else None, baseline=args.baseline)
     sections: list[Section] = []
     t_start = time.perf_counter()
     try:
