@@ -1406,7 +1406,11 @@ def write_run_metrics_out_of_core(ops_path: Path | str, parsed_nccl_dirs: Sequen
             start += t.num_rows
             lids = _lid_keys(read_table_batch(t.select(["logical_id"])) if "logical_id" in t.column_names
                              else pd.DataFrame({"logical_id": pd.array([pd.NA] * t.num_rows, dtype="Int64")}))
-            _spill_by_part(spill, "calls", t, _parts_of(lids, part_of))
+            parts = _parts_of(lids, part_of)
+            if (parts < 0).any():
+                raise RuntimeError(f"{ops_path}: communicators the first pass did not see (the file changed while "
+                                   "metrics read it)")  # fmt: skip
+            _spill_by_part(spill, "calls", t, parts)
         if start != scan.calls:
             raise RuntimeError(f"{ops_path}: {scan.calls} call rows in the first pass, {start} in the second "
                                "(the file changed while metrics read it)")  # fmt: skip
