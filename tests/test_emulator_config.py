@@ -143,3 +143,15 @@ def test_capture_is_normalised_and_tags_the_run_id_but_is_absent_from_a_plain_co
     assert cfg.run_id.endswith("_dp4_cap1-10_rk0.2") and cfg.capture_window.profiles(2)
     assert EmulatorConfig.from_dict(cfg.to_dict()) == cfg
     assert "capture" not in EmulatorConfig().to_dict() and EmulatorConfig().capture_window is None
+
+
+def test_a_single_gpu_job_emulates_to_empty_logs_without_failing(tmp_path):
+    # one GPU: no communicator, nothing for NCCL to log; the job's end is its start
+    from nccltrace.emulator.run import emulate_run
+
+    cfg = {"model": "tiny", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 64,
+           "vocab_size": 512, "micro_batch_size": 1, "global_batch_size": 2, "iterations": 2, "nodes": 1,
+           "gpus_per_node": 1, "precision": "bf16"}  # fmt: skip
+    res = emulate_run(cfg, tmp_path / "raw")
+    assert res.n_ranks == 1 and res.n_ops == 0 and res.duration_ns == 0
+    assert [p.stat().st_size for p in res.log_files] == [0]

@@ -481,7 +481,8 @@ class Skeleton:
 
     @property
     def job_end_ns(self) -> int:
-        return int(max(int(e.max()) for e in self.end if len(e)))
+        # a job without a single NCCL unit (one GPU, nothing to communicate) ends at its start
+        return int(max((int(e.max()) for e in self.end if len(e)), default=0))
 
 
 # --------------------------------------------------------------------------- per-rank realisation
