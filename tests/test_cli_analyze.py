@@ -15,6 +15,7 @@ import pytest
 from nccltrace.cli import main
 from nccltrace.emulator.run import emulate_run
 from nccltrace.pipeline import NO_EXPORT_REASON
+from nccltrace.run_layout import RunLayout
 from nccltrace.tables import read_table
 
 # TP=2 x PP=2 over 2 nodes of 2 GPUs, one iteration: two exports, grouped P2P, single-rank
@@ -49,19 +50,24 @@ def test_analyze_writes_the_workflow_layout_with_manifests(analyzed):
     procs = sorted(p.stem for p in (raw / "nccl").glob("nccl_*.log"))
     hosts = sorted(p.stem for p in (raw / "nsys").glob("*.sqlite"))
     assert len(procs) == 4 and hosts == ["node000", "node001"]
-    stage_dirs = {**{out / "parsed" / "nccl" / p: "parse_nccl" for p in procs},
-                  **{out / "parsed" / "nsys" / h: "parse_nsys" for h in hosts},
-                  **{out / "aligned" / p: "align" for p in procs},
+    layout = RunLayout(out)
+    # per-process directories by node: parsed/nccl/<host>/<proc>/, aligned/<host>/<proc>/
+    assert layout.parsed_nccl(procs[0]) == out / "parsed" / "nccl" / "node000" / procs[0]
+    assert layout.aligned(procs[-1]) == out / "aligned" / "node001" / procs[-1]
+    assert layout.find_processes() == procs and layout.find_hosts() == hosts
+    stage_dirs = {**{layout.parsed_nccl(p): "parse_nccl" for p in procs},
+                  **{layout.parsed_nsys(h): "parse_nsys" for h in hosts},
+                  **{layout.aligned(p): "align" for p in procs},
                   out / "parsed": "parse_summary", out / "communicators": "communicators", out / "ops": "ops",
                   out: "analyze"}  # fmt: skip
     for d, stage in stage_dirs.items():
         manifest = json.loads((d / "manifest.json").read_text())
         assert manifest["stage"] == stage and manifest["outputs"] and not manifest["partial"], d
     for p in procs:
-        assert (out / "parsed" / "nccl" / p / "calls.parquet").exists()
-        assert (out / "aligned" / p / "alignment.parquet").exists()
+        assert layout.parsed_nccl_table(p, "calls").exists()
+        assert layout.alignment(p).exists()
     for h in hosts:
-        assert (out / "parsed" / "nsys" / h / "kernels.parquet").exists()
+        assert layout.parsed_nsys_table(h, "kernels").exists()
     for name in ("ops", "parallelism", "clock_sync"):
         assert (out / "ops" / f"{name}.parquet").exists()
     summary = json.loads((out / "parsed" / "parse_summary.json").read_text())
@@ -91,12 +97,13 @@ def test_matched_ops_name_the_kernels_of_the_ground_truth(analyzed):
 
 def test_align_command_reproduces_the_per_process_alignment(analyzed, tmp_path, capsys):
     _, out = analyzed
-    proc = min((out / "aligned").iterdir()).name
-    host = proc.removeprefix("nccl_").rsplit("_", 1)[0]
-    rc = main(["align", str(out / "parsed" / "nccl" / proc), str(out / "parsed" / "nsys" / host), "-o", str(tmp_path)])
+    layout = RunLayout(out)
+    proc = layout.find_processes()[0]
+    rc = main(["align", str(layout.parsed_nccl(proc)), str(layout.parsed_nsys(layout.host_of(proc))), "-o",
+               str(tmp_path)])  # fmt: skip
     assert rc == 0 and "matched" in capsys.readouterr().out
     mine = read_table(tmp_path / "alignment.parquet")
-    pd.testing.assert_frame_equal(mine, read_table(out / "aligned" / proc / "alignment.parquet"))
+    pd.testing.assert_frame_equal(mine, read_table(layout.alignment(proc)))
     assert json.loads((tmp_path / "manifest.json").read_text())["stage"] == "align"
 
 
@@ -113,7 +120,9 @@ def test_host_without_export_is_unmatched_and_partial(analyzed, tmp_path, capsys
     assert main(["analyze", str(flat), "-o", str(out), "-q", "--tp", "2", "--pp", "2"]) == 0
     err = capsys.readouterr().err
     assert "node node001: no nsys export" in err and "slurm-17.log" in err
-    for d in (out / "aligned").iterdir():
+    layout = RunLayout(out)
+    assert len(layout.find_processes()) == 4
+    for d in (layout.aligned(p) for p in layout.find_processes()):
         table = read_table(d / "alignment.parquet")
         calls = table[table["row_kind"] == "call"]
         manifest = json.loads((d / "manifest.json").read_text())
@@ -198,16 +207,15 @@ def test_validate_quick_alignment_prints_table_4_5(capsys, tmp_path):
 def test_trace_and_report_read_only_the_processes_and_nodes_they_are_given(analyzed, tmp_path):
     """A stage reads the paths it was given, never what else lies in the run directory: a
     damaged stray process and node beside the run's own change nothing."""
-    from nccltrace.run_layout import RunLayout
     from nccltrace.stages.report import run_report
     from nccltrace.stages.trace import run_trace
 
-    raw, out = analyzed
+    raw, _ = analyzed
     until_volume = tmp_path / "run"
     assert main(["analyze", str(raw), "-o", str(until_volume), "-q", "--until", "volume"]) == 0
     layout = RunLayout(until_volume)
-    procs = sorted(p.name for p in (until_volume / "parsed" / "nccl").iterdir() if p.is_dir())
-    hosts = sorted(p.name for p in (until_volume / "parsed" / "nsys").iterdir() if p.is_dir())
+    procs, hosts = layout.find_processes(), layout.find_hosts()
+    assert len(procs) == 4 and len(hosts) == 2
     for stray in (layout.parsed_nccl("nccl_ghost_1"), layout.parsed_nsys("ghost")):
         stray.mkdir(parents=True)
         for name in ("calls.parquet", "kernels.parquet", "nvtx.parquet", "session.json", "manifest.json"):

@@ -236,7 +236,7 @@ def test_analyze_locates_a_declared_step_window_without_timestamps(untimed_windo
     assert s["fp"] == 0 and s["recall"] >= 0.99, s
     quality = read_table(tmp_path / "o" / "ops" / "alignment_quality.parquet")
     assert set(quality["check"]) >= {"capture_window", "log_time", "cross_rank", "nvtx_range"}
-    record = json.loads(next((tmp_path / "o" / "aligned").glob("*/alignment_quality.json")).read_text())
+    record = json.loads(next((tmp_path / "o" / "aligned").glob("*/*/alignment_quality.json")).read_text())
     window = next(c for c in record["checks"] if c["check"] == "capture_window")
     assert window["located_by"] == "declared_steps" and window["outside"] > 0
 

@@ -23,6 +23,7 @@ from nccltrace.metrics import (
     write_run_metrics,
 )
 from nccltrace.ops import OPS_SCHEMA
+from nccltrace.run_layout import RunLayout
 from nccltrace.tables import TABLES, coerce_to_schema, read_table, write_table_atomic
 
 T0 = 1_760_000_000_000_000_000  # an epoch in ns: arithmetic must stay exact at this magnitude
@@ -534,7 +535,8 @@ def emulated(tmp_path_factory):
     out = base / "out"
     ops = read_table(out / "ops" / "ops.parquet")
     comms = read_table(out / "communicators" / "communicators.parquet")
-    dirs = sorted(p for p in (out / "parsed" / "nccl").iterdir() if p.is_dir())
+    layout = RunLayout(out)
+    dirs = [layout.parsed_nccl(p) for p in layout.find_processes()]
     return base / "raw", ops, compute_run_metrics(ops, dirs, comms)
 
 

@@ -12,7 +12,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from nccltrace.emulator.run import emulate_run
-from nccltrace.metrics import TABLE_SCHEMAS, compute_run_metrics, part_calls, write_run_metrics_out_of_core
+from nccltrace.metrics import (
+    TABLE_SCHEMAS,
+    compute_run_metrics,
+    part_calls,
+    write_run_metrics_out_of_core,
+)
 from nccltrace.pipeline import analyze_run
 from nccltrace.run_layout import RunLayout
 from nccltrace.tables import read_table
@@ -43,7 +48,7 @@ def run(request, tmp_path_factory) -> RunLayout:
 
 
 def _dirs(layout: RunLayout) -> list[Path]:
-    return sorted(p for p in (layout.root / "parsed" / "nccl").iterdir() if p.is_dir())
+    return [layout.parsed_nccl(p) for p in layout.find_processes()]
 
 
 def _in_memory(layout: RunLayout, ops: pd.DataFrame | None = None):

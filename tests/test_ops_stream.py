@@ -11,6 +11,7 @@ import yaml
 from nccltrace.cli import main
 from nccltrace.emulator.run import emulate_run
 from nccltrace.ops import stream_run_ops
+from nccltrace.run_layout import RunLayout
 from nccltrace.tables import read_table
 
 CFG = {
@@ -32,10 +33,11 @@ def analysed(tmp_path_factory) -> Path:
 
 def _inputs(base: Path) -> tuple:
     out = base / "out"
-    procs = sorted(p.name for p in (out / "aligned").iterdir() if p.is_dir())
-    sessions = {p.name: p / "session.json" for p in (out / "parsed" / "nsys").iterdir()}
+    layout = RunLayout(out)
+    procs = layout.find_processes()
+    sessions = {h: layout.session(h) for h in layout.find_hosts()}
     settings = yaml.safe_load((base / "raw" / "run.yaml").read_text())["config"]
-    return ([out / "aligned" / p / "alignment.parquet" for p in procs], [out / "parsed" / "nccl" / p for p in procs],
+    return ([layout.alignment(p) for p in procs], [layout.parsed_nccl(p) for p in procs],
             out / "communicators" / "communicators.parquet", out / "communicators" / "communicator_members.parquet",
             sessions, settings)  # fmt: skip
 
@@ -86,7 +88,7 @@ def test_stages_reading_only_their_declared_ops_columns_give_the_same_tables(ana
     v_full = volume.volume_validation(settings, full, run="r")
     v_cols = volume.volume_validation(settings, read_table(ops_path, columns=volume.OPS_COLUMNS), run="r")
     pd.testing.assert_frame_equal(v_full, v_cols)
-    dirs = sorted(p for p in (out / "parsed" / "nccl").iterdir() if p.is_dir())
+    dirs = [RunLayout(out).parsed_nccl(p) for p in RunLayout(out).find_processes()]
     comms = read_table(out / "communicators" / "communicators.parquet")
     m_full = metrics.compute_run_metrics(full, dirs, comms)
     m_cols = metrics.compute_run_metrics(read_table(ops_path, columns=metrics.OPS_COLUMNS), dirs, comms)

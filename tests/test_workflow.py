@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from nccltrace.run_layout import RunLayout
 from nccltrace.tables import read_table
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,10 +27,44 @@ SMALL = {
 }
 
 
-def _snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
+def _snakemake(workdir: Path, *args: str, snakefile: Path = REPO / "Snakefile") -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(snakefile), "--directory", str(workdir),
            "--configfile", str(workdir / "config.yaml"), "--cores", "2", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=900)
+
+
+def _repo_copy(repo: Path) -> Path:
+    """A copy of the workflow and the package, for a test that edits the code."""
+    import shutil
+
+    repo.mkdir()
+    for part in ("Snakefile", "workflow", "src", "config", "envs"):
+        src = REPO / part
+        if src.is_dir():
+            shutil.copytree(src, repo / part, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy2(src, repo / part)
+    return repo
+
+
+def _job_stats(output: str) -> dict[str, int]:
+    """Rule -> job count from Snakemake's 'Job stats' table (the first one printed)."""
+    stats: dict[str, int] = {}
+    block = output.split("Job stats:", 1)
+    for line in block[1].splitlines()[3:] if len(block) == 2 else []:
+        m = re.match(r"^(\w+)\s+(\d+)$", line.strip())
+        if not m:
+            break
+        if m.group(1) != "total":
+            stats[m.group(1)] = int(m.group(2))
+    return stats
+
+
+# one run of 2 nodes x 4 GPUs (TP=4, DP=2): 8 processes, 4 per node
+EIGHT = {**SMALL, "campaign": "eight",
+         "hardware": {"T": {"gpu": "T4", "nodes": 2, "gpus_per_node": 4, "preset": "a40"}},
+         "matrix": [{"models": ["tiny"], "hardware": ["T"], "parallelism": [{"tp": 4}]}]}  # fmt: skip
+EIGHT_RUN = "tiny_T4_n2_tp4_pp1_ep1_cp1_vpp1_sp0_dp2"
 
 
 def _analyze_gives_the_workflows_tables(run_dir: Path, out: Path) -> None:
@@ -74,9 +110,16 @@ def test_workflow_emulates_and_parses_every_run_then_has_nothing_to_do(tmp_path)
         assert summary["processes"] == 4 and summary["nodes"] == 2 and not summary["partial"]
         # Every logged op of the emulated run is recovered by the parser.
         assert summary["totals"]["call"] == len(truth)
-        for proc_dir in (base / "parsed" / "nccl").iterdir():
-            manifest = json.loads((proc_dir / "manifest.json").read_text())
+        # one parse and one align job per node, each process's manifests inside its node's directory
+        layout = RunLayout(base)
+        procs = layout.find_processes()
+        assert len(procs) == 4 and layout.find_hosts() == ["node000", "node001"]
+        for proc in procs:
+            manifest = json.loads(layout.manifest(layout.parsed_nccl(proc)).read_text())
             assert manifest["stage"] == "parse_nccl" and manifest["inputs"]
+            assert json.loads(layout.manifest(layout.aligned(proc)).read_text())["stage"] == "align"
+        assert sorted(p.name for p in (base / "logs" / "parse_node").iterdir()) == ["node000.log", "node001.log"]
+        assert sorted(p.name for p in (base / "benchmarks" / "align_node").iterdir()) == ["node000.tsv", "node001.tsv"]
         assert (base / "raw" / "manifest.json").exists()
         comms = read_table(base / "communicators" / "communicators.parquet")
         assert len(comms) > 0 and comms.complete.all()
@@ -109,14 +152,7 @@ def test_a_code_change_reruns_its_stage_even_when_snakemake_lost_the_jobs_metada
     outside the closure re-runs nothing."""
     import shutil
 
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    for part in ("Snakefile", "workflow", "src", "config", "envs"):
-        src = REPO / part
-        if src.is_dir():
-            shutil.copytree(src, repo / part, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        else:
-            shutil.copy2(src, repo / part)
+    repo = _repo_copy(tmp_path / "repo")
     one = {**SMALL, "matrix": [{**SMALL["matrix"][0], "parallelism": [{"tp": 2}]}]}
     work = tmp_path / "work"
     work.mkdir()
@@ -125,14 +161,12 @@ def test_a_code_change_reruns_its_stage_even_when_snakemake_lost_the_jobs_metada
     target = f"results/small/{run}/communicators/communicators.parquet"
 
     def snakemake(*args: str) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(repo / "Snakefile"), "--directory", str(work),
-               "--configfile", str(work / "config.yaml"), "--cores", "2", *args]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        return _snakemake(work, *args, snakefile=repo / "Snakefile")
 
     first = snakemake(target)
     assert first.returncode == 0, first.stderr[-4000:]
     shutil.rmtree(work / ".snakemake" / "metadata")  # as after a SIGKILL
-    # a module outside parse_nccl's and communicators' closure: nothing to do
+    # a module outside parse_node's and communicators' closure: nothing to do
     (repo / "src" / "nccltrace" / "trace.py").write_text((repo / "src" / "nccltrace" / "trace.py").read_text() + "\n#\n")
     quiet = snakemake("-n", target)
     assert quiet.returncode == 0 and "Nothing to be done" in quiet.stdout + quiet.stderr, quiet.stdout[-3000:]
@@ -141,4 +175,71 @@ def test_a_code_change_reruns_its_stage_even_when_snakemake_lost_the_jobs_metada
     versions.write_text(versions.read_text() + "\n# a change\n")
     dry = snakemake("-n", target)
     text = dry.stdout + dry.stderr
-    assert dry.returncode == 0 and "parse_nccl" in text and "communicators" in text, text[-3000:]
+    assert dry.returncode == 0 and "parse_node" in text and "communicators" in text, text[-3000:]
+
+
+@pytest.mark.slow
+def test_a_run_is_parsed_and_aligned_in_one_job_per_node_not_per_process(tmp_path):
+    """The per-run job graph grows with the nodes: once the run is acquired, a dry run of 8
+    processes on 2 nodes shows one parse and one align job per node and one job of each
+    run-level stage, never a job per process."""
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(EIGHT))
+    raw = tmp_path / "results" / "eight" / EIGHT_RUN / "raw"
+    acquired = _snakemake(tmp_path, str(raw.relative_to(tmp_path)))
+    assert acquired.returncode == 0, acquired.stderr[-4000:]
+    assert len(list((raw / "nccl").glob("nccl_*.log"))) == 8 and len(list((raw / "nsys").glob("*.sqlite"))) == 2
+    dry = _snakemake(tmp_path, "-n")
+    assert dry.returncode == 0, dry.stderr[-4000:]
+    stats = _job_stats(dry.stdout + dry.stderr)
+    assert stats.get("parse_node") == 2 and stats.get("align_node") == 2, stats
+    assert not {"parse_nccl", "parse_nsys", "align"} & set(stats), stats
+    per_run = {rule: n for rule, n in stats.items() if rule not in ("parse_node", "align_node", "code_stamp")}
+    assert per_run and set(per_run.values()) == {1}, stats  # parse_summary, communicators, ops, ..., all
+    # a node job runs its processes one after another: it asks for the larger peak, not the sum
+    from nccltrace.job_memory import mem_mb
+
+    asked = dict(re.findall(r"rule parse_node:.*?host=(\w+).*?mem_mb=(\d+)", dry.stdout + dry.stderr, re.DOTALL))
+    assert sorted(asked) == ["node000", "node001"], (dry.stdout + dry.stderr)[-3000:]
+    for host, mb in asked.items():
+        assert int(mb) == max(mem_mb("parse_nccl"), mem_mb("parse_nsys", (raw / "nsys" / f"{host}.sqlite").stat().st_size))
+
+
+@pytest.mark.slow
+def test_a_process_whose_stage_raises_fails_its_node_job_by_name_after_the_others(tmp_path):
+    """A stage that raises for one process (a bug, not a damaged log: those are partial) fails
+    the node's job with a message naming the process, after the node's other processes were
+    done; Snakemake removes the node job's output directory, and the other node completes."""
+    repo = _repo_copy(tmp_path / "repo")
+    (tmp_path / "work").mkdir()
+    work = tmp_path / "work"
+    (work / "config.yaml").write_text(yaml.safe_dump(EIGHT))
+    raw = work / "results" / "eight" / EIGHT_RUN / "raw"
+    assert _snakemake(work, str(raw.relative_to(work)), snakefile=repo / "Snakefile").returncode == 0
+    victim = sorted(p.stem for p in (raw / "nccl").glob("nccl_node001_*.log"))[1]
+    stage = repo / "src" / "nccltrace" / "stages" / "parse_nccl.py"
+    stage.write_text(stage.read_text() + f"""
+
+_run_parse_nccl = run_parse_nccl
+
+
+def run_parse_nccl(log_file, out_dir, settings=None):  # a bug that strikes one process
+    if Path(log_file).stem == {victim!r}:
+        raise KeyError("injected")
+    return _run_parse_nccl(log_file, out_dir, settings)
+""")
+    layout = RunLayout(raw.parent)
+    target = layout.parse_summary.relative_to(work)
+    failed = _snakemake(work, "--keep-going", str(target), snakefile=repo / "Snakefile")
+    assert failed.returncode != 0
+    # said on the console and in the node job's log, with the process's name
+    assert f"FAILED: parse_node of node node001: {victim}: KeyError: 'injected'" in failed.stderr
+    log = (raw.parent / "logs" / "parse_node" / "node001.log").read_text()
+    assert f"parse_node of node node001: 1 of 5 failed ({victim}: KeyError: 'injected')" in log
+    assert "Traceback" in log and "The other 4 were done" in log
+    # the node's other processes were parsed before the job failed (their lines are in its log) ...
+    others = [p for p in sorted(p.stem for p in (raw / "nccl").glob("nccl_node001_*.log")) if p != victim]
+    assert all(f"{p}: {{" in log for p in others), log[-3000:]
+    # ... but a failed job's outputs are removed: nothing half-done stays behind; the other node is complete
+    assert not layout.parsed_nccl_node("node001").exists() and not layout.parsed_nsys("node001").exists()
+    assert len([p for p in layout.find_processes() if layout.host_of(p) == "node000"]) == 4
+    assert (layout.parsed_nsys("node000") / "manifest.json").is_file()

@@ -20,6 +20,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ from nccltrace.acquisition.raw import RawImportError, import_raw, read_status
 from nccltrace.campaign import expand_campaign
 from nccltrace.emulator.run import emulate_run
 from nccltrace.provenance import write_manifest
+from nccltrace.run_layout import RunLayout
 from nccltrace.tables import read_table
 
 REPO = Path(__file__).resolve().parents[1]
@@ -117,7 +119,7 @@ def _emulated(hardware: dict, out: Path) -> Path:
 def _snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
            "--configfile", str(workdir / "config.yaml"), "--cores", "2", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=1800)
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +157,7 @@ def _json(path: Path) -> dict:
 def _banner(base: Path) -> str:
     """The status banner of a run report, as text."""
     page = (base / "report" / "report.html").read_text()
-    m = re.search(r'<section class="banner[^"]*" id="status">(.*?)</section>', page, re.S)
+    m = re.search(r'<section class="banner[^"]*" id="status">(.*?)</section>', page, re.DOTALL)
     assert m, "run report has no status banner"
     return htmllib.unescape(re.sub(r"<[^>]+>", " ", m.group(1)))
 
@@ -163,7 +165,7 @@ def _banner(base: Path) -> str:
 def _campaign_row(campaign: dict, case: str) -> str:
     page = (campaign["results"] / "campaign" / "report.html").read_text()
     table = page[page.index('id="status-table"'):]
-    row = re.search(rf"<tr><td>{re.escape(campaign['runs'][case])}</td>(.*?)</tr>", table, re.S)
+    row = re.search(rf"<tr><td>{re.escape(campaign['runs'][case])}</td>(.*?)</tr>", table, re.DOTALL)
     assert row, f"{case} is not in the campaign's status table"
     return htmllib.unescape(re.sub(r"<[^>]+>", " ", row.group(1)))
 
@@ -188,7 +190,8 @@ def _assert_partial_all_the_way(campaign: dict, case: str, cause: str) -> None:
 
 def _calls(base: Path, proc_glob: str):
     """Call rows of the alignments of the processes matching ``proc_glob``."""
-    tables = [read_table(d / "alignment.parquet") for d in sorted((base / "aligned").glob(proc_glob))]
+    layout = RunLayout(base)
+    tables = [read_table(layout.alignment(p)) for p in layout.find_processes() if fnmatch(p, proc_glob)]
     assert tables, proc_glob
     return [t[t["row_kind"] == "call"] for t in tables]
 

@@ -144,7 +144,7 @@ def first_run(workdir, local_slurm):  # noqa: F811
     deadline = started + 900
     marker = results / GOOD / "raw" / "status.json"
     while time.monotonic() < deadline and head.poll() is None:
-        if marker.exists() and list((results / GOOD / "parsed").glob("nccl/*/parse_report.json")):
+        if marker.exists() and list((results / GOOD / "parsed").glob("nccl/*/*/parse_report.json")):
             break
         time.sleep(0.5)
     assert head.poll() is None, f"the head finished before it could be interrupted:\n{head.stdout.read()[-4000:]}"
@@ -217,7 +217,7 @@ def test_training_jobs_went_through_sbatch_with_the_hardware_profile(first_run, 
         assert "gpu:4" in gres, info
         assert info["MinMemoryNode"] == "900M" and info["NumNodes"].startswith("1"), info
     others = [j for j in (local_slurm.job_info(x["id"]) for x in local_slurm.jobs() if x["id"].isdigit())
-              if "rule_parse_nccl" in j.get("Comment", "")]
+              if "rule_parse_node" in j.get("Comment", "")]
     assert others and all("gpu" not in j.get("TresPerNode", "") for j in others)  # analysis jobs get no GPU
 
 
@@ -236,7 +236,7 @@ def test_an_analysis_code_change_reruns_exactly_the_downstream_stages(first_run,
     assert rerun.returncode == 0, rerun.stdout[-6000:] + rerun.stderr[-6000:]
     stats = _job_stats(rerun.stdout + rerun.stderr)
     assert stats.get("metrics") == 1, stats
-    assert not {"train", "nsys_export", "acquire", "parse_nccl", "parse_nsys", "align", "ops"} & set(stats), stats
+    assert not {"train", "nsys_export", "acquire", "parse_node", "align_node", "ops"} & set(stats), stats
     assert {"report", "campaign_report"} <= set(stats), stats
     for path, mtime in capture.items():
         assert path.stat().st_mtime_ns == mtime, f"{path} changed on re-analysis"

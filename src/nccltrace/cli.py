@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .stages import STAGES
+from .stages import STAGES, NodeStageError
 
 
 def _progress_bar(total: int, desc: str, enabled: bool):
@@ -195,8 +195,8 @@ def cmd_align(args: argparse.Namespace) -> int:
     import pyarrow.parquet as pq
 
     from .align.correlate import align_files
-    from .stages.align import alignment_summary
     from .provenance import write_manifest
+    from .stages.align import alignment_summary
 
     calls = _table_in(args.calls, "calls.parquet")
     kernels = _table_in(args.kernels, "kernels.parquet")
@@ -474,6 +474,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except NodeStageError as exc:
+        # some processes of a node failed (each one's traceback is printed as it failed)
+        if not exc.bad_input:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except (FileNotFoundError, ValueError) as exc:
         # Bad input: a clear one-line message, no traceback.
         print(f"error: {exc}", file=sys.stderr)

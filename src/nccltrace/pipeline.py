@@ -74,9 +74,9 @@ class RawInputs:
     problems: list[str] = field(default_factory=list)  # NCCL lines finding them could not attribute
 
     def host_of(self, proc: str) -> str:
-        from .align.correlate import process_key
+        from .run_layout import RunLayout
 
-        return process_key(proc)[0]
+        return RunLayout.host_of(proc)
 
 
 def find_raw_inputs(raw_dir: Path | str, staging: Path | str | None = None) -> RawInputs:
@@ -86,8 +86,8 @@ def find_raw_inputs(raw_dir: Path | str, staging: Path | str | None = None) -> R
     name, ``.gz``, one file per rank or a combined stdout of all ranks) and normalised there;
     without, only ``nccl_<host>_<pid>.log`` files are taken. Raises ``FileNotFoundError`` when
     the directory, every log or every export is missing."""
-    from .align.correlate import process_key
     from .log_discovery import discover_logs, is_canonical_log
+    from .run_layout import process_key
 
     raw = Path(raw_dir)
     if not raw.is_dir():
@@ -199,15 +199,21 @@ def _bar(total: int, desc: str, unit: str, enabled: bool):
     return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, file=sys.stderr, leave=False)
 
 
-def _remove_stale(stage_dir: Path, keep: set[str]) -> None:
-    """Drop per-process/per-node directories of an earlier analysis into the same output that
-    this run does not have, so ``out_dir`` describes one run. Only directories holding a
-    manifest (written by nccltrace) are removed."""
+def _remove_stale(stage_dir: Path, keep: Mapping[str, set[str] | None]) -> None:
+    """Drop per-node directories (and, in a kept node's, per-process ones: ``keep[node]``) of an
+    earlier analysis into the same output that this run does not have, so ``out_dir`` describes
+    one run. Only directories holding a manifest, or directories of them (written by nccltrace),
+    are removed."""
     if not stage_dir.is_dir():
         return
     for d in stage_dir.iterdir():
-        if d.is_dir() and d.name not in keep and (d / "manifest.json").exists():
+        if not d.is_dir():
+            continue
+        ours = (d / "manifest.json").exists() or any((c / "manifest.json").exists() for c in d.iterdir() if c.is_dir())
+        if d.name not in keep and ours:
             shutil.rmtree(d)
+        elif d.name in keep and keep[d.name] is not None:
+            _remove_stale(d, dict.fromkeys(keep[d.name] or (), None))
 
 
 def _int_or_none(v: Any) -> int | None:
@@ -239,12 +245,11 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
     from .parallelism import ParallelSizes
     from .provenance import write_manifest
     from .run_layout import RunLayout
-    from .stages.align import run_align
+    from .stages.align_node import run_align_node
     from .stages.communicators import run_communicators
     from .stages.metrics import run_metrics
     from .stages.ops import run_ops
-    from .stages.parse_nccl import run_parse_nccl
-    from .stages.parse_nsys import run_parse_nsys
+    from .stages.parse_node import run_parse_node
     from .stages.parse_summary import run_parse_summary
     from .stages.report import run_report
     from .stages.trace import run_trace
@@ -283,23 +288,22 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
             f"{', '.join(f'{p.name} (host {h})' for h, p in sorted(assigned.exports.items()))}); each export must "
             f"be captured on a host of the logs; {_EXPORT_HINT}")
     no_export = [h for h in log_hosts if h not in assigned.exports]
-    for stage_dir, keep in ((out / "parsed" / "nccl", set(procs)), (out / "parsed" / "nsys", {*hosts, *no_export}),
-                            (out / "aligned", set(procs))):
+    nodes = sorted({*hosts, *no_export})
+    procs_of = {h: [p for p in procs if inputs.host_of(p) == h] for h in nodes}
+    for stage_dir, keep in ((out / "parsed" / "nccl", {h: set(procs_of[h]) for h in nodes}),
+                            (out / "parsed" / "nsys", dict.fromkeys(nodes, None)),
+                            (out / "aligned", {h: set(procs_of[h]) for h in log_hosts})):
         _remove_stale(stage_dir, keep)
 
-    # 1. NCCL logs, one process at a time (as the workflow's per-process jobs).
-    with _bar(len(procs), "parse NCCL logs", "proc", progress) as bar:
-        for proc in procs:
-            _say(run_parse_nccl(inputs.logs[proc], layout.parsed_nccl(proc), run_settings), problems, notes)
-            bar.update(1)
-    # 2. nsys exports, one node at a time; a log host without one gets the workflow's empty
-    #    'no export' tables, so its calls are aligned as 'no_export'.
-    with _bar(len(hosts) + len(no_export), "parse nsys exports", "node", progress) as bar:
-        for host in [*hosts, *no_export]:
-            res = run_parse_nsys(assigned.exports.get(host), layout.parsed_nsys(host), host, run_settings,
-                                 unusable=assigned.unusable.get(host), remedy=ANALYZE_REMEDY)
+    # 1-2. One node at a time, as the workflow's parse_node jobs: the NCCL log of each of its
+    #      processes, then its nsys export; a log host without one gets the workflow's empty
+    #      'no export' tables, so its calls are aligned as 'no_export'.
+    with _bar(len(procs) + len(nodes), "parse NCCL logs and nsys exports", "file", progress) as bar:
+        for host in nodes:
+            res = run_parse_node(layout, host, {p: inputs.logs[p] for p in procs_of[host]}, assigned.exports.get(host),
+                                 run_settings, unusable=assigned.unusable.get(host), remedy=ANALYZE_REMEDY,
+                                 done=lambda _: bar.update(1))  # fmt: skip
             _say(res, problems, notes)
-            bar.update(1)
 
     # 3. Communicators (exact, from init/split lines); their world size completes the settings.
     comm = run_communicators(layout, procs, run_settings)
@@ -322,13 +326,13 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
                                 remedy=ANALYZE_REMEDY)  # fmt: skip
     _say(summary, problems, notes)
 
-    # 4. Alignment per process.
+    # 4. Alignment, one node at a time (as the workflow's align_node jobs), one process after another.
     if mode == "exact":
         _require_payloads(layout, [h for h in hosts if h in log_hosts])
     with _bar(len(procs), f"align ({mode})", "proc", progress) as bar:
-        for proc in procs:
-            _say(run_align(layout, proc, inputs.host_of(proc), mode=mode, capture_steps=steps), problems, notes)
-            bar.update(1)
+        for host in log_hosts:
+            _say(run_align_node(layout, host, procs_of[host], mode=mode, capture_steps=steps,
+                                done=lambda _: bar.update(1)), problems, notes)  # fmt: skip
 
     # 5. The run's enriched ops (labels, instances, clock sync), then metrics through the report.
     ops = run_ops(layout, procs, hosts, run_settings)

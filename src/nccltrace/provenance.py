@@ -22,8 +22,9 @@ import json
 import os
 import platform
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from . import __version__
 from .tables import SCHEMA_VERSION, write_json_atomic
@@ -62,12 +63,12 @@ def code_version() -> dict[str, Any]:
             h.update(f.read_bytes())
     info: dict[str, Any] = {"nccltrace": __version__, "source_sha256": h.hexdigest()}
     try:
-        commit = subprocess.run(["git", "-C", str(pkg), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=5)
+        commit = subprocess.run(["git", "-C", str(pkg), "rev-parse", "HEAD"], check=False, capture_output=True,
+                                text=True, timeout=5)
         if commit.returncode == 0:
             info["git_commit"] = commit.stdout.strip()
             dirty = subprocess.run(["git", "-C", str(pkg), "status", "--porcelain", "--", str(pkg)],
-                                   capture_output=True, text=True, timeout=5)
+                                   check=False, capture_output=True, text=True, timeout=5)
             info["git_dirty"] = bool(dirty.stdout.strip())
     except (OSError, subprocess.SubprocessError):
         pass
@@ -82,8 +83,8 @@ def code_version() -> dict[str, Any]:
 STAGE_ENTRIES: dict[str, tuple[str, ...]] = {
     "emulate": ("emulator/run.py",),
     **{stage: (f"stages/{stage}.py",) for stage in (
-        "parse_nccl", "parse_nsys", "parse_summary", "communicators", "align", "ops", "metrics", "volume", "trace",
-        "report", "campaign_report")},
+        "parse_nccl", "parse_nsys", "parse_node", "parse_summary", "communicators", "align", "align_node", "ops",
+        "metrics", "volume", "trace", "report", "campaign_report")},
 }
 STAGE_DATA: dict[str, tuple[str, ...]] = {"emulate": ("nsys/ddl",), "report": ("templates",),
                                           "campaign_report": ("templates",)}
@@ -243,7 +244,7 @@ def write_manifest(
         own = [f"stage {stage} marked its results partial"]  # no cause known: say at least where
     manifest = {
         "stage": stage,
-        "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "code": code_version(),
         "tools": tool_versions(),
         "table_schema_version": SCHEMA_VERSION,

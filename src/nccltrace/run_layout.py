@@ -5,16 +5,23 @@ The workflow's rules, the stages and ``nccltrace analyze`` all name a run's file
 wildcard pattern (``RunLayout("results/c/{run}")``) gives the rules their output patterns::
 
     <run>/raw/                                  acquired inputs (nccl/<proc>.log, nsys/<host>.sqlite, run.yaml)
-    <run>/parsed/nccl/<proc>/                   per-process log tables
+    <run>/parsed/nccl/<host>/<proc>/            per-process log tables, by node
     <run>/parsed/nsys/<host>/                   per-node export tables
     <run>/communicators/                        communicators.parquet, communicator_members.parquet
-    <run>/aligned/<proc>/                       alignment.parquet, alignment_quality.json
+    <run>/aligned/<host>/<proc>/                alignment.parquet, alignment_quality.json, by node
     <run>/ops/                                  ops, parallelism, clock_sync, alignment_quality
     <run>/metrics/                              op_metrics, instances, stragglers, limits, algorithms
     <run>/volume/                               volume_validation (.parquet, .csv)
     <run>/trace/                                trace.json.gz, trace.summary.json.gz
     <run>/report/                               tables/, plots/, report.html
     <run>/logs/, <run>/benchmarks/              the workflow's job logs and benchmark records
+
+A process is named after its log, ``nccl_<host>_<pid>`` (``NCCL_DEBUG_FILE=nccl_%h_%p.log``), so
+its node is known from its name (:func:`process_key`). The per-process directories are grouped by
+node because the workflow parses and aligns one node per job: ``parsed/nccl/<host>/``,
+``parsed/nsys/<host>/`` and ``aligned/<host>/`` are the outputs of a node's jobs (Snakemake
+cannot name per-process outputs of a job whose processes are only known once the run is
+acquired).
 """
 
 from __future__ import annotations
@@ -23,12 +30,29 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ALIGNMENT_QUALITY_FILE", "METRIC_TABLES", "RunLayout"]
+__all__ = ["ALIGNMENT_QUALITY_FILE", "METRIC_TABLES", "RunLayout", "process_key"]
 
 METRIC_TABLES = ("op_metrics", "instances", "stragglers", "limits", "algorithms")
 """The tables of the metrics stage, in the order it writes them."""
 ALIGNMENT_QUALITY_FILE = "alignment_quality.json"
 """A process's alignment-quality record, beside its alignment table."""
+
+
+def process_key(log_stem: str) -> tuple[str, int]:
+    """(host, pid) of a per-process log named ``nccl_<host>_<pid>`` (``NCCL_DEBUG_FILE=nccl_%h_%p.log``)."""
+    body = log_stem.removeprefix("nccl_")
+    host, _, pid = body.rpartition("_")
+    if not host or not pid.isdigit():
+        raise ValueError(f"log name {log_stem!r} is not nccl_<host>_<pid>; name per-process logs with "
+                         "NCCL_DEBUG_FILE=<dir>/nccl_%h_%p.log")
+    return host, int(pid)
+
+
+def _host_or_none(name: str) -> str | None:
+    try:
+        return process_key(name)[0]
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -65,34 +89,44 @@ class RunLayout:
     def run_yaml(self) -> Path:
         return self._p("raw", "run.yaml")
 
+    @staticmethod
+    def host_of(proc: str) -> str:
+        """The node of process ``proc`` (``nccl_<host>_<pid>``)."""
+        return process_key(proc)[0]
+
     def parsed_nccl_table(self, proc: str, table: str) -> Path:
-        return self._p("parsed", "nccl", proc, f"{table}.parquet")
+        return self.parsed_nccl(proc) / f"{table}.parquet"
 
     def parsed_nsys_table(self, host: str, table: str) -> Path:
         return self._p("parsed", "nsys", host, f"{table}.parquet")
 
     def parse_report(self, proc: str) -> Path:
-        return self._p("parsed", "nccl", proc, "parse_report.json")
+        return self.parsed_nccl(proc) / "parse_report.json"
 
     def session(self, host: str) -> Path:
         return self._p("parsed", "nsys", host, "session.json")
 
     def alignment(self, proc: str) -> Path:
-        return self._p("aligned", proc, "alignment.parquet")
+        return self.aligned(proc) / "alignment.parquet"
 
     def alignment_quality(self, proc: str) -> Path:
-        return self._p("aligned", proc, ALIGNMENT_QUALITY_FILE)
+        return self.aligned(proc) / ALIGNMENT_QUALITY_FILE
 
     def log(self, stage: str, unit: str | None = None) -> Path:
-        """A workflow job's log: ``logs/<stage>.log`` or, per process/node, ``logs/<stage>/<unit>.log``."""
+        """A workflow job's log: ``logs/<stage>.log`` or, per node, ``logs/<stage>/<unit>.log``."""
         return self._p("logs", stage, f"{unit}.log") if unit else self._p("logs", f"{stage}.log")
 
     def benchmark(self, stage: str, unit: str | None = None) -> Path:
         """A workflow job's benchmark record (same naming as :meth:`log`)."""
         return self._p("benchmarks", stage, f"{unit}.tsv") if unit else self._p("benchmarks", f"{stage}.tsv")
 
+    def parsed_nccl_node(self, host: str) -> Path:
+        """The parsed logs of node ``host``'s processes (one directory each): the output of its parse job."""
+        return self._p("parsed", "nccl", host)
+
     def parsed_nccl(self, proc: str) -> Path:
-        return self._p("parsed", "nccl", proc)
+        """Process ``proc``'s parsed log tables, parse report and manifest."""
+        return self.parsed_nccl_node(self.host_of(proc)) / proc
 
     def parsed_nsys(self, host: str) -> Path:
         return self._p("parsed", "nsys", host)
@@ -113,8 +147,24 @@ class RunLayout:
     def members(self) -> Path:
         return self._p("communicators", "communicator_members.parquet")
 
+    def aligned_node(self, host: str) -> Path:
+        """The alignments of node ``host``'s processes (one directory each): the output of its align job."""
+        return self._p("aligned", host)
+
     def aligned(self, proc: str) -> Path:
-        return self._p("aligned", proc)
+        return self.aligned_node(self.host_of(proc)) / proc
+
+    def find_processes(self) -> list[str]:
+        """The processes whose parsed logs are on disk, sorted: for readers given a run directory
+        without its list of processes (the workflow and ``analyze`` pass theirs)."""
+        base = self._p("parsed", "nccl")
+        found = (d for d in base.glob("*/nccl_*") if d.is_dir()) if base.is_dir() else ()
+        return sorted(d.name for d in found if _host_or_none(d.name) == d.parent.name)
+
+    def find_hosts(self) -> list[str]:
+        """The nodes whose parsed exports are on disk, sorted (see :meth:`find_processes`)."""
+        base = self._p("parsed", "nsys")
+        return sorted(d.name for d in base.iterdir() if d.is_dir()) if base.is_dir() else []
 
     # run-level stages
     @property
@@ -193,7 +243,8 @@ class RunLayout:
 
     def stage_manifests(self, procs: Iterable[str], hosts: Iterable[str]) -> list[Path]:
         """The manifest of every stage up to the trace, for processes ``procs`` and nodes
-        ``hosts``: what a run's report shows (each stage's provenance and partial reasons)."""
+        ``hosts``: what a run's report shows (each stage's provenance and partial reasons).
+        With neither, the run-level stages' manifests only."""
         procs, hosts = list(procs), list(hosts)
         dirs = [*(self.parsed_nccl(p) for p in procs), *(self.parsed_nsys(h) for h in hosts),
                 self.parse_summary.parent, self.communicators_dir, *(self.aligned(p) for p in procs),

@@ -26,9 +26,9 @@ def tables_markdown() -> str:
                                                                    "lines (nccltrace.communicators)."}),
         "communicator_members": MEMBER_SCHEMA.with_metadata({"doc": "Each process's communicator pointer with its "
                                                                     "logical communicator, rank and global rank."}),
-        "alignment": ALIGNMENT_SCHEMA.with_metadata({"doc": "Per process (aligned/<proc>/): every call line with "
-                                                            "its kernel or why none, and every kernel no call was "
-                                                            "matched to (nccltrace.align)."}),
+        "alignment": ALIGNMENT_SCHEMA.with_metadata({"doc": "Per process (aligned/<host>/<proc>/): every call "
+                                                            "line with its kernel or why none, and every kernel no "
+                                                            "call was matched to (nccltrace.align)."}),
         "alignment_quality": QUALITY_SCHEMA.with_metadata({"doc": "Per run (ops/): per process and check, the "
                                                                   "matches the check confirmed, contradicted "
                                                                   "(demoted) and could not test "

@@ -1006,7 +1006,7 @@ def _write(prep: _Prepared, out_path: Path, *, ranks: Iterable[int] | None, wind
     if len(shown_list) == 1 and len(prep.procs) > 1:
         notes.append("single-process file: cross-rank flow arrows are only in the full trace")
 
-    with atomic_output(out_path) as tmp:
+    with atomic_output(out_path) as tmp:  # noqa: SIM117 (one with would not fit a line)
         with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=_GZIP_LEVEL, mtime=0) as gz:
             gz.write(b'{"traceEvents":[\n')
             sink = _Sink(gz, max_events - 1 if max_events is not None else None)
@@ -1220,7 +1220,7 @@ def _write_summary(prep: _Prepared, out_path: Path, *, max_events: int | None, r
     origin = prep.origin
     notes = list(prep.notes)
     counts: dict[str, int] = {}
-    with atomic_output(out_path) as tmp:
+    with atomic_output(out_path) as tmp:  # noqa: SIM117 (one with would not fit a line)
         with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=_GZIP_LEVEL, mtime=0) as gz:
             gz.write(b'{"traceEvents":[\n')
             sink = _Sink(gz, None)
@@ -1388,7 +1388,7 @@ def load_run_inputs(run_dir: Path | str, *, before_ns: int | None = None, column
     """The inputs of ``write_chrome_trace`` from a workflow run directory.
 
     Reads ops/ops.parquet (joined with kernel launch geometry from parsed/nsys/*/kernels.parquet
-    and buffers/stream/reduction from parsed/nccl/*/calls.parquet when present),
+    and buffers/stream/reduction from parsed/nccl/*/*/calls.parquet when present),
     metrics/op_metrics.parquet, ops/parallelism.parquet and parsed/nsys/*/nvtx.parquet with the
     export's session.json (host name and UTC offset).
 
@@ -1416,8 +1416,7 @@ def load_run_inputs(run_dir: Path | str, *, before_ns: int | None = None, column
                                                      "kernel_correlation_id": "correlation_id"})  # fmt: skip
     nvtx: dict[str, pd.DataFrame] = {}
     kernels = []
-    nsys_dirs = ([layout.parsed_nsys(h) for h in hosts] if hosts is not None
-                 else sorted(layout.parsed_nsys("*").parent.glob("*/")))  # fmt: skip
+    nsys_dirs = [layout.parsed_nsys(h) for h in (hosts if hosts is not None else layout.find_hosts())]
     for d in nsys_dirs:
         session = {}
         if (d / "session.json").is_file():
@@ -1449,7 +1448,8 @@ def load_run_inputs(run_dir: Path | str, *, before_ns: int | None = None, column
     if not light and {"file", "line"} <= set(ops.columns):
         lines = ops[["file", "line"]].dropna().drop_duplicates().astype({"file": "string", "line": "Int64"})
     call_tables = ([layout.parsed_nccl_table(p, "calls") for p in procs] if procs is not None
-                   else sorted(layout.parsed_nccl("*").parent.glob("*/calls.parquet")))  # fmt: skip
+                   else [t for t in (layout.parsed_nccl_table(p, "calls") for p in layout.find_processes())
+                         if t.is_file()])  # fmt: skip
     for p in [] if lines is None else call_tables:
         c = _read_matching(p, ["file", "line", "sendbuff", "recvbuff", "stream", "redop_name"], lines)
         if c is not None:

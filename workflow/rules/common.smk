@@ -4,11 +4,9 @@ from pathlib import Path
 
 from nccltrace.campaign import expand_campaign, validate_runs
 from nccltrace.job_memory import mem_mb, parquet_rows
-from nccltrace.metrics import PARSED_TABLES, part_calls
-from nccltrace.nccl.log_reader import TABLE_NAMES as NCCL_TABLES
+from nccltrace.metrics import part_calls
 from nccltrace.provenance import stage_code_hash
 from nccltrace.run_layout import METRIC_TABLES, RunLayout
-from nccltrace.stages.parse_nsys import NSYS_TABLES
 
 RUNS = {run.run_id: run for run in expand_campaign(config)}
 # Every run is checked before anything is queued (divisibility, experts, VPP, batch sizes, ...).
@@ -27,7 +25,6 @@ def run_layout(wildcards):
 
 wildcard_constraints:
     run="[A-Za-z0-9_.-]+",
-    proc="nccl_[A-Za-z0-9_.-]+",
     host="[A-Za-z0-9_.-]+",
 
 
@@ -158,19 +155,39 @@ def _each(path_of, layout, keys):
     return out
 
 
-def per_process(path_of):
-    """Input function: ``path_of(layout, proc)`` (a path or a list) for every process of the run."""
-    return lambda wc: _each(path_of, run_layout(wc), nccl_processes(wc))
+# Per-process work runs in per-node jobs (parse_node, align_node), whose outputs are per-node
+# directories: a job's outputs cannot depend on the processes a checkpoint finds. Rules after
+# them take those directories as inputs (the files in them have no rule of their own).
 
 
-def per_node(path_of):
-    """Input function: ``path_of(layout, host)`` (a path or a list) for every node (nsys export)."""
+def log_hosts(run):
+    """Nodes with NCCL logs (the hosts of the run's processes)."""
+    return sorted({RunLayout.host_of(proc) for proc in processes_of(run)})
+
+
+def node_hosts(run):
+    """Every node with something to parse: NCCL logs, an nsys export, or both."""
+    return sorted({*log_hosts(run), *export_hosts(run)})
+
+
+def per_log_node(path_of):
+    """Input function: ``path_of(layout, host)`` (a path or a list) for every node with NCCL logs."""
+    return lambda wc: _each(path_of, run_layout(wc), log_hosts(wc.run))
+
+
+def per_export_node(path_of):
+    """Input function: ``path_of(layout, host)`` (a path or a list) for every node with an nsys export."""
     return lambda wc: _each(path_of, run_layout(wc), nsys_hosts(wc))
 
 
-def of_proc_host(path_of):
-    """Input function: ``path_of(layout, host)`` for the node of the job's process."""
-    return lambda wc: path_of(run_layout(wc), proc_host(wc))
+def per_node(path_of):
+    """Input function: ``path_of(layout, host)`` (a path or a list) for every node (logs or export)."""
+    return lambda wc: _each(path_of, run_layout(wc), node_hosts(wc.run))
+
+
+def node_processes(wildcards):
+    """The processes of the job's node (its NCCL logs), sorted."""
+    return [proc for proc in processes_of(wildcards.run) if RunLayout.host_of(proc) == wildcards.host]
 
 
 def analysis_targets(wildcards):
@@ -179,7 +196,7 @@ def analysis_targets(wildcards):
     out = []
     for run in acquired_runs():
         layout = RunLayout(f"{RESULTS}/{run}")
-        out += [layout.alignment(proc) for proc in processes_of(run)]
+        out += [layout.aligned_node(host) for host in log_hosts(run)]
         out += [layout.parse_summary, layout.communicators, layout.ops, layout.metric("op_metrics"),
                 layout.volume, layout.trace, layout.report_html]  # fmt: skip
     return out
@@ -203,17 +220,14 @@ def failed_runs(wildcards):
     return out
 
 
-def nsys_hosts(wildcards):
-    raw = Path(raw_dir(wildcards))
+def export_hosts(run):
+    """Nodes with an nsys export."""
+    raw = Path(checkpoints.acquire.get(run=run).output.raw)
     return sorted(p.stem for p in (raw / "nsys").glob("*.sqlite"))
 
 
-def proc_host(wildcards):
-    """Host of a per-process log named nccl_<host>_<pid>."""
-    from nccltrace.align.correlate import process_key
-
-    return process_key(wildcards.proc)[0]
-
+def nsys_hosts(wildcards):
+    return export_hosts(wildcards.run)
 
 
 def job_mem(stage, rows=None):
@@ -227,6 +241,24 @@ def job_mem(stage, rows=None):
     return mem
 
 
+def node_job_mem(*stages):
+    """Resource function of a per-node job, which runs ``stages`` (``(stage, rows)`` as job_mem
+    takes them) one process after another: its peak is the largest of theirs, not their sum."""
+    return lambda wc, input: max(job_mem(stage, rows)(wc, input) for stage, rows in stages)
+
+
+def node_calls(wc, input):
+    """Calls of the node's largest process (its parsed calls table; none yet in a dry run)."""
+    layout = run_layout(wc)
+    return max((parquet_rows(layout.parsed_nccl_table(proc, "calls")) for proc in node_processes(wc)), default=0)
+
+
+def alignment_rows(wc, input):
+    """Rows of the run's alignment tables (none yet in a dry run)."""
+    layout = run_layout(wc)
+    return sum(parquet_rows(layout.alignment(proc)) for proc in nccl_processes(wc))
+
+
 def ops_rows(wc, input):
     return parquet_rows(input.ops)
 
@@ -237,5 +269,6 @@ def metrics_part_calls(wc, input):
 
 
 def export_bytes(wc, input):
+    """Size of the node's nsys export (0 for a node without one)."""
     export = RunLayout.of_raw(input.raw).raw_export(wc.host)
     return export.stat().st_size if export.is_file() else 0

@@ -1,47 +1,45 @@
-# Correlation: per-process alignment of call lines with kernels (fanned out), then per run.
+# Correlation: the alignment of call lines with kernels, one job per node, then per run.
 
 
-rule align:
+rule align_node:
     input:
-        code=code_stamp("align"),
-        calls=RUN.parsed_nccl_table("{proc}", "calls"),
-        # init lines: their logged commIds name communicators in NCCL's NVTX payloads
-        comms=RUN.parsed_nccl_table("{proc}", "comms"),
-        versions=RUN.parsed_nccl_table("{proc}", "versions"),
-        kernels=of_proc_host(lambda layout, host: layout.parsed_nsys_table(host, "kernels")),
-        session=of_proc_host(lambda layout, host: layout.session(host)),
-        nvtx=of_proc_host(lambda layout, host: layout.parsed_nsys_table(host, "nvtx")),
-        launches=of_proc_host(lambda layout, host: layout.parsed_nsys_table(host, "launches_without_kernel")),
+        code=code_stamp("align_node"),
+        # each process's calls, init lines (their logged commIds name communicators in NCCL's
+        # NVTX payloads) and versions
+        parsed=RUN.parsed_nccl_node("{host}"),
+        # the node's kernels, session, NVTX ranges and launches without a kernel
+        export=RUN.parsed_nsys("{host}"),
     output:
-        alignment=RUN.alignment("{proc}"),
-        quality=RUN.alignment_quality("{proc}"),
-        manifest=RUN.manifest(RUN.aligned("{proc}")),
+        # per process: alignment.parquet, alignment_quality.json and manifest in <proc>/
+        aligned=directory(RUN.aligned_node("{host}")),
     params:
-        code=stage_code_hash("align"),
-        host=proc_host,
+        code=stage_code_hash("align_node"),
+        processes=node_processes,
         mode=config.get("analysis", {}).get("alignment", "default"),
         nccl_version=lambda wc: RUNS[wc.run].settings.get("nccl_version"),
         settings=run_settings,
+    # one process at a time: the largest process's calls
     resources:
-        mem_mb=job_mem("align", lambda wc, input: parquet_rows(input.calls)),
+        mem_mb=job_mem("align", node_calls),
     log:
-        RUN.log("align", "{proc}"),
+        RUN.log("align_node", "{host}"),
     benchmark:
-        RUN.benchmark("align", "{proc}")
+        RUN.benchmark("align_node", "{host}")
     conda:
         "../../envs/analysis.yaml"
     script:
-        "../scripts/align.py"
+        "../scripts/align_node.py"
 
 
 rule ops:
     input:
         code=code_stamp("ops"),
-        alignments=per_process(lambda layout, proc: layout.alignment(proc)),
-        qualities=per_process(lambda layout, proc: layout.alignment_quality(proc)),
+        # each process's alignment and its quality record
+        aligned=per_log_node(lambda layout, host: layout.aligned_node(host)),
         # each process's parsed call lines (arguments the alignment table does not carry)
-        calls=per_process(lambda layout, proc: layout.parsed_nccl_table(proc, "calls")),
-        sessions=per_node(lambda layout, host: layout.session(host)),
+        parsed=per_log_node(lambda layout, host: layout.parsed_nccl_node(host)),
+        # each export's session (clocks)
+        exports=per_export_node(lambda layout, host: layout.parsed_nsys(host)),
         communicators=RUN.communicators,
         members=RUN.members,
     output:
@@ -57,7 +55,7 @@ rule ops:
         settings=run_settings,
     # one process at a time plus the clock fit (at most 2 million rows)
     resources:
-        mem_mb=job_mem("ops", lambda wc, input: sum(parquet_rows(p) for p in input.alignments)),
+        mem_mb=job_mem("ops", alignment_rows),
     log:
         RUN.log("ops"),
     benchmark:

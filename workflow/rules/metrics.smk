@@ -7,7 +7,7 @@ rule metrics:
         ops=RUN.ops,
         communicators=RUN.communicators,
         # each process's TUNING lines, topology dumps and init lines (links, bus ids)
-        parsed=per_process(lambda layout, proc: [layout.parsed_nccl_table(proc, t) for t in PARSED_TABLES]),
+        parsed=per_log_node(lambda layout, host: layout.parsed_nccl_node(host)),
     output:
         **{name: RUN.metric(name) for name in METRIC_TABLES},
         manifest=RUN.manifest(RUN.metrics_dir),
@@ -58,10 +58,8 @@ rule trace:
         labels=RUN.labels,
         op_metrics=RUN.metric("op_metrics"),
         # kernel geometry, NVTX ranges and session clocks of each node; call buffers of each process
-        kernels=per_node(lambda layout, host: layout.parsed_nsys_table(host, "kernels")),
-        nvtx=per_node(lambda layout, host: layout.parsed_nsys_table(host, "nvtx")),
-        sessions=per_node(lambda layout, host: layout.session(host)),
-        calls=per_process(lambda layout, proc: layout.parsed_nccl_table(proc, "calls")),
+        exports=per_export_node(lambda layout, host: layout.parsed_nsys(host)),
+        parsed=per_log_node(lambda layout, host: layout.parsed_nccl_node(host)),
     output:
         trace=RUN.trace,
         summary=RUN.trace_summary,

@@ -1,61 +1,40 @@
-# Parsing: fanned out per process (NCCL logs) and per node (nsys exports), then summarised.
+# Parsing: one job per node (every NCCL log of its processes and its nsys export), then summarised.
 
 
-rule parse_nccl:
+rule parse_node:
     input:
-        code=code_stamp("parse_nccl"),
+        code=code_stamp("parse_node"),
         raw=raw_dir,
     output:
-        tables=[RUN.parsed_nccl_table("{proc}", table) for table in NCCL_TABLES],
-        report=RUN.parse_report("{proc}"),
-        manifest=RUN.manifest(RUN.parsed_nccl("{proc}")),
+        # per-process tables, parse reports and manifests in <proc>/ (parse_nccl's), one per log
+        nccl=directory(RUN.parsed_nccl_node("{host}")),
+        # the export's tables, session.json and manifest (parse_nsys's); 'no export' tables without one
+        nsys=directory(RUN.parsed_nsys("{host}")),
     params:
-        code=stage_code_hash("parse_nccl"),
+        code=stage_code_hash("parse_node"),
+        processes=node_processes,
         settings=run_settings,
+    # one process, then the export, at a time: the larger of the two peaks
     resources:
-        mem_mb=job_mem("parse_nccl"),
+        mem_mb=node_job_mem(("parse_nccl", None), ("parse_nsys", export_bytes)),
     log:
-        RUN.log("parse_nccl", "{proc}"),
+        RUN.log("parse_node", "{host}"),
     benchmark:
-        RUN.benchmark("parse_nccl", "{proc}")
+        RUN.benchmark("parse_node", "{host}")
     conda:
         "../../envs/analysis.yaml"
     script:
-        "../scripts/parse_nccl.py"
-
-
-rule parse_nsys:
-    input:
-        code=code_stamp("parse_nsys"),
-        raw=raw_dir,
-    output:
-        tables=[RUN.parsed_nsys_table("{host}", table) for table in NSYS_TABLES],
-        session=RUN.session("{host}"),
-        manifest=RUN.manifest(RUN.parsed_nsys("{host}")),
-    params:
-        code=stage_code_hash("parse_nsys"),
-        settings=run_settings,
-    resources:
-        mem_mb=job_mem("parse_nsys", export_bytes),
-    log:
-        RUN.log("parse_nsys", "{host}"),
-    benchmark:
-        RUN.benchmark("parse_nsys", "{host}")
-    conda:
-        "../../envs/analysis.yaml"
-    script:
-        "../scripts/parse_nsys.py"
+        "../scripts/parse_node.py"
 
 
 rule parse_summary:
     input:
         code=code_stamp("parse_summary"),
-        reports=per_process(lambda layout, proc: layout.parse_report(proc)),
-        # the parse job's manifest says what the parser does not judge (a log cut mid-line)
-        manifests=per_process(lambda layout, proc: layout.manifest(layout.parsed_nccl(proc))),
-        sessions=per_node(lambda layout, host: layout.session(host)),
-        # NCCL kernels of processes without a log
-        kernels=per_node(lambda layout, host: layout.parsed_nsys_table(host, "kernels")),
+        # each process's parse report and manifest (which says what the parser does not judge,
+        # a log cut mid-line)
+        logs=per_log_node(lambda layout, host: layout.parsed_nccl_node(host)),
+        # each export's session and kernels (NCCL kernels of processes without a log)
+        exports=per_export_node(lambda layout, host: layout.parsed_nsys(host)),
         raw=raw_dir,
     output:
         summary=RUN.parse_summary,
@@ -78,7 +57,8 @@ rule parse_summary:
 rule communicators:
     input:
         code=code_stamp("communicators"),
-        comms=per_process(lambda layout, proc: layout.parsed_nccl_table(proc, "comms")),
+        # each process's init lines (comms.parquet)
+        parsed=per_log_node(lambda layout, host: layout.parsed_nccl_node(host)),
     output:
         communicators=RUN.communicators,
         members=RUN.members,

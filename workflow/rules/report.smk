@@ -15,8 +15,11 @@ rule report:
         # the parse summary names gaps in the inputs (missing logs/exports); its manifest's
         # partial flag and reasons reach the report's manifest and the campaign report
         summary=RUN.parse_summary,
-        # every stage's provenance and partial reasons, shown in the report
-        manifests=lambda wc: run_layout(wc).stage_manifests(nccl_processes(wc), nsys_hosts(wc)),
+        # every stage's provenance and partial reasons, shown in the report: the run-level
+        # stages' manifests, and those of each process and export in the per-node directories
+        manifests=lambda wc: run_layout(wc).stage_manifests((), ()),
+        parsed=per_log_node(lambda layout, host: [layout.parsed_nccl_node(host), layout.aligned_node(host)]),
+        exports=per_export_node(lambda layout, host: layout.parsed_nsys(host)),
         raw=raw_dir,
     output:
         tables=directory(RUN.report_tables),

@@ -13,11 +13,19 @@ import pandas as pd
 import pyarrow as pa
 
 from ..nccl.versions import NcclVersion
+from ..run_layout import process_key
 from ..tables import _NULLABLE_DTYPES
 from ..tables import documented_field as _f
 from .default import AlignParams, align_units
+from .sequences import (
+    FAMILIES,
+    GENERIC,
+    NO_TIME,
+    build_kernel_sequence,
+    build_log_units,
+    is_nccl_kernel,
+)
 from .window import log_unlocated, step_lines, unlocated_message, window_unlocated
-from .sequences import FAMILIES, GENERIC, NO_TIME, build_kernel_sequence, build_log_units, is_nccl_kernel
 
 MODES = ("default", "thesis", "exact")
 NO_EXPORT_REASON = "no_export"
@@ -295,7 +303,7 @@ def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kerne
         if len(replayed) or captured.any():
             n_cap = int(captured.sum())  # duplicate lines have no launch unit, so none is counted twice
             checks.append({"check": "cuda_graph", "applicable": True, "confirmed": 0, "contradicted": 0,
-                           "not_checkable": int(len(replayed)), "message": (
+                           "not_checkable": len(replayed), "message": (
                 f"{_process_name(calls)}: {n_cap} call(s) were captured into CUDA graphs (their launches lie "
                 f"inside cudaStreamBeginCapture..EndCapture: reason '{GRAPH_CAPTURED_REASON}') and "
                 f"{len(replayed)} NCCL kernels were launched by graph replays (cudaGraphLaunch: kernel rows with "
@@ -321,7 +329,7 @@ def _log_gaps(units, process: str) -> dict:
     volumes miss them. Named in the console, and the run is partial."""
     ph = np.flatnonzero(units.placeholder)
     out = {"check": "log_gaps", "applicable": bool(units.informative_comm.any()), "confirmed": 0,
-           "contradicted": 0, "not_checkable": int(len(ph))}
+           "contradicted": 0, "not_checkable": len(ph)}
     if not len(ph):
         return out
     real = np.flatnonzero(~units.placeholder)
@@ -620,16 +628,6 @@ def _align_exact(calls, kernels, nvtx, utc_offset_ns=None, version=None, capture
 def family_name(code: int) -> str:
     """Name of a kernel family code."""
     return "Generic" if code == GENERIC else FAMILIES[code]
-
-
-def process_key(log_stem: str) -> tuple[str, int]:
-    """(host, pid) of a per-process log named ``nccl_<host>_<pid>`` (``NCCL_DEBUG_FILE=nccl_%h_%p.log``)."""
-    body = log_stem.removeprefix("nccl_")
-    host, _, pid = body.rpartition("_")
-    if not host or not pid.isdigit():
-        raise ValueError(f"log name {log_stem!r} is not nccl_<host>_<pid>; name per-process logs with "
-                         "NCCL_DEBUG_FILE=<dir>/nccl_%h_%p.log")
-    return host, int(pid)
 
 
 def _own_process(calls: pd.DataFrame, process: str) -> tuple[int, pd.DataFrame]:

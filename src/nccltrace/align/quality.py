@@ -28,7 +28,7 @@ model, and a match a check contradicts is demoted to unmatched with the check's 
   even when each rank is self-consistent; and a communicator's instances end in opCount
   order, which catches claims shifted alike on several ranks.
 
-The per-process record is ``aligned/<process>/alignment_quality.json`` (:func:`write_quality`);
+The per-process record is ``aligned/<host>/<process>/alignment_quality.json`` (:func:`write_quality`);
 the run's table is ``ops/alignment_quality.parquet`` (``QUALITY_SCHEMA``), shown in the run
 report's section "Can I trust these matches?".
 """

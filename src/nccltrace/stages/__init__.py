@@ -3,16 +3,22 @@ by the workflow's rule scripts and by ``nccltrace analyze`` alike. A stage takes
 paths (a :class:`~nccltrace.run_layout.RunLayout` and what the rule lists) and settings, writes
 its outputs and manifest, and returns a :class:`StageResult`: what "partial" means and the
 message of each problem are decided here, once, so the console, the manifest and the report
-say the same."""
+say the same.
+
+The per-process stages (parse_nccl, align) and the per-node parse_nsys run in per-node jobs
+(stages parse_node and align_node, :func:`each_process`): one interpreter does a node's
+processes one after another."""
 
 from __future__ import annotations
 
 import sys
+import traceback
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["STAGES", "StageResult"]
+__all__ = ["STAGES", "NodeStageError", "StageResult", "each_process"]
 
 STAGES = ("ops", "metrics", "volume", "trace", "report")
 """The stages ``nccltrace analyze`` can stop after (``--until``); parsing through the ops table
@@ -43,3 +49,68 @@ class StageResult:
             print(f"PARTIAL: {p}")
             if sys.stderr is not sys.__stderr__:
                 print(f"PARTIAL: {p}", file=sys.__stderr__)
+
+
+class NodeStageError(RuntimeError):
+    """A per-node job's stage raised for some of the node's processes (``failures``: unit ->
+    exception). The others were done; the message names every unit that failed."""
+
+    def __init__(self, stage: str, host: str, failures: dict[str, BaseException], done: int) -> None:
+        self.stage, self.host, self.failures = stage, host, failures
+        units = len(failures) + done
+        what = "; ".join(f"{u}: {type(e).__name__}: {e}" for u, e in failures.items())
+        super().__init__(f"{stage} of node {host}: {len(failures)} of {units} failed ({what}). The other "
+                         f"{done} were done, but the node's results are incomplete: the workflow removes the "
+                         "outputs of a failed job; fix the cause and run again")
+
+    @property
+    def bad_input(self) -> bool:
+        """Every failure is an input the stage refused (``ValueError``/``FileNotFoundError``)."""
+        return all(isinstance(e, (ValueError, FileNotFoundError)) for e in self.failures.values())
+
+
+def each_process(stage: str, host: str, units: Iterable[str], run_one: Callable[[str], StageResult],
+                 done: Callable[[str], None] | None = None) -> StageResult:  # fmt: skip
+    """Run ``run_one(unit)`` for each of node ``host``'s units (its processes, and its export),
+    one after another in this interpreter, and combine their results into one of ``stage``.
+    A damaged input is partial, as the unit's stage decides; a unit whose stage raises does not
+    stop the others: its traceback goes to the job's log and, once every unit has run,
+    :class:`NodeStageError` names each failed unit (the first exception as its cause).
+    ``done(unit)`` is called after each unit (progress)."""
+    import gc
+
+    results: dict[str, StageResult] = {}
+    failures: dict[str, BaseException] = {}
+    for unit in units:
+        try:
+            results[unit] = run_one(unit)
+        except Exception as exc:  # noqa: BLE001 - collected, named and raised below
+            failures[unit] = exc
+            print(f"FAILED: {stage} of node {host}: {unit}: {type(exc).__name__}: {exc}")
+            traceback.print_exc(file=sys.stdout)
+            if sys.stderr is not sys.__stderr__:
+                print(f"FAILED: {stage} of node {host}: {unit}: {type(exc).__name__}: {exc}", file=sys.__stderr__)
+        # one unit's frames are garbage before the next starts: the job's peak is its largest unit's
+        gc.collect()
+        _release_arrow_memory()
+        if done is not None:
+            done(unit)
+    combined = StageResult(stage)
+    for unit, r in results.items():
+        combined.outputs += r.outputs
+        combined.partial |= r.partial
+        combined.problems += [p for p in r.problems if p not in combined.problems]
+        combined.notes += [n for n in r.notes if n not in combined.notes]
+        combined.details[unit] = r
+    combined.summary = "\n".join(f"{unit}: {r.summary}" for unit, r in results.items()) or f"node {host}: nothing to do"
+    if failures:
+        combined.echo()  # what was done, before the error says what was not
+        raise NodeStageError(stage, host, failures, len(results)) from next(iter(failures.values()))
+    return combined
+
+
+def _release_arrow_memory() -> None:
+    """Return Arrow's freed pages (its allocator keeps them for reuse) when pyarrow is loaded."""
+    pa = sys.modules.get("pyarrow")
+    if pa is not None:
+        pa.default_memory_pool().release_unused()

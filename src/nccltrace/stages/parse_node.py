@@ -1,0 +1,51 @@
+"""Stage parse_node: one node's inputs in one job: the NCCL log of each of its processes
+(stage parse_nccl, one after another) and its nsys export (stage parse_nsys).
+
+One job per node rather than one per process keeps a large run's job count at the order of its
+nodes (a scheduler's cost, and an interpreter start-up per job). Each process's tables, parse
+report and manifest are parse_nccl's own, in ``parsed/nccl/<host>/<proc>/``; the export's are
+parse_nsys's, in ``parsed/nsys/<host>/``. A node with logs but no export gets parse_nsys's 'no
+export' tables (its calls are aligned as ``no_export``); a node with an export but no log gets
+its export's tables and an empty ``parsed/nccl/<host>/`` (the parse summary says the export is
+not used). Damaged inputs are partial, as those stages decide; a stage that raises for one
+process does not stop the others, and the job then fails naming it
+(:class:`~nccltrace.stages.NodeStageError`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..acquisition.raw import WORKFLOW_REMEDY, Remedy
+from ..run_layout import RunLayout
+from . import StageResult, each_process
+from .parse_nccl import run_parse_nccl
+from .parse_nsys import run_parse_nsys
+
+__all__ = ["run_parse_node"]
+
+
+def run_parse_node(layout: RunLayout, host: str, logs: Mapping[str, Path | str], export: Path | str | None,
+                   settings: Mapping[str, Any] | None = None, *, unusable: str | None = None,
+                   remedy: Remedy = WORKFLOW_REMEDY, done: Callable[[str], None] | None = None) -> StageResult:  # fmt: skip
+    """Parse node ``host``'s logs (``logs``: process -> its log, every process of the node) into
+    ``layout.parsed_nccl(proc)`` and its export into ``layout.parsed_nsys(host)``; ``export``,
+    ``unusable`` and ``remedy`` as :func:`~nccltrace.stages.parse_nsys.run_parse_nsys` takes
+    them. ``done(unit)`` after each process and after the export (progress)."""
+    settings = dict(settings or {})
+    strangers = [p for p in logs if layout.host_of(p) != host]
+    if strangers:
+        raise ValueError(f"parse_node of node {host}: {', '.join(strangers)} belong to other nodes")
+    layout.parsed_nccl_node(host).mkdir(parents=True, exist_ok=True)
+    export_unit = f"export {Path(export).name if export is not None else host + '.sqlite'}"
+
+    def run_one(unit: str) -> StageResult:
+        if unit == export_unit:
+            return run_parse_nsys(export, layout.parsed_nsys(host), host, settings, unusable=unusable, remedy=remedy)
+        return run_parse_nccl(logs[unit], layout.parsed_nccl(unit), settings)
+
+    result = each_process("parse_node", host, [*sorted(logs), export_unit], run_one, done)
+    nsys = result.details.get(export_unit)
+    result.details["hostname"] = nsys.details.get("hostname") if nsys is not None else None
+    return result

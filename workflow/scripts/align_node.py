@@ -1,0 +1,19 @@
+"""Rule align_node: correlate the NCCL call lines of each of one node's processes with the
+node's kernels, in one job (nccltrace.stages.align_node)."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(snakemake.scriptdir)))  # noqa: F821
+from _bootstrap import setup
+
+setup(snakemake)  # noqa: F821
+from nccltrace.capture import CaptureWindow
+from nccltrace.run_layout import RunLayout
+from nccltrace.stages.align_node import run_align_node
+
+sm = snakemake  # noqa: F821
+window = CaptureWindow.of_settings(dict(sm.params.settings))
+run_align_node(RunLayout(Path(sm.output.aligned).parents[1]), sm.wildcards.host, sm.params.processes,
+               mode=sm.params.mode, nccl_version=sm.params.nccl_version,
+               capture_steps=window.loop_indices if window else None).echo()

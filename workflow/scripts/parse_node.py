@@ -1,0 +1,21 @@
+"""Rule parse_node: one node's NCCL logs (one per process) and nsys export, parsed in one job
+(nccltrace.stages.parse_node)."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(snakemake.scriptdir)))  # noqa: F821
+from _bootstrap import setup
+
+setup(snakemake)  # noqa: F821
+from nccltrace.acquisition.raw import read_status
+from nccltrace.run_layout import RunLayout
+from nccltrace.stages.parse_node import run_parse_node
+
+sm = snakemake  # noqa: F821
+host = sm.wildcards.host
+layout = RunLayout.of_raw(sm.input.raw)
+# judged at import, where the file's surroundings (a leftover journal) were visible
+unusable = (read_status(sm.input.raw).get("unusable_exports") or {}).get(host)
+run_parse_node(layout, host, {proc: layout.raw_log(proc) for proc in sm.params.processes}, layout.raw_export(host),
+               dict(sm.params.settings), unusable=unusable).echo()
