@@ -247,8 +247,11 @@ def child_stage(cfg: dict[str, Any]) -> dict[str, Any]:
     from nccltrace.stages.volume import run_volume
 
     layout = RunLayout(cfg["run_dir"])
-    procs = sorted(p.name for p in (layout.root / "parsed" / "nccl").iterdir() if p.is_dir())
-    hosts = sorted(p.name for p in (layout.root / "parsed" / "nsys").iterdir() if p.is_dir())
+    if hasattr(layout, "find_processes"):
+        procs, hosts = layout.find_processes(), layout.find_hosts()
+    else:  # a --baseline revision from before the per-node layout (parsed/nccl/<proc>/)
+        procs = sorted(p.name for p in (layout.root / "parsed" / "nccl").iterdir() if p.is_dir())
+        hosts = sorted(p.name for p in (layout.root / "parsed" / "nsys").iterdir() if p.is_dir())
     run_yaml = Path(cfg["run_yaml"])
     calls = {
         "metrics": lambda: run_metrics(layout, [layout.parsed_nccl(p) for p in procs]),
@@ -512,6 +515,7 @@ def _seed_run(d: Path) -> Path:
     from nccltrace.emulator.run import emulate_run
     from nccltrace.metrics import compute_run_metrics, write_run_metrics
     from nccltrace.pipeline import analyze_run
+    from nccltrace.run_layout import RunLayout
     from nccltrace.tables import read_table
 
     cfg = {"model": "bench", "num_layers": 4, "hidden_size": 256, "num_attention_heads": 8, "seq_length": 512,
@@ -522,7 +526,8 @@ def _seed_run(d: Path) -> Path:
     emulate_run(cfg, d / "raw")
     run = d / "run"
     analyze_run(d / "raw", run, progress=False)
-    result = compute_run_metrics(read_table(run / "ops" / "ops.parquet"), sorted((run / "parsed" / "nccl").glob("*/")),
+    layout = RunLayout(run)
+    result = compute_run_metrics(read_table(layout.ops), [layout.parsed_nccl(p) for p in layout.find_processes()],
                                  read_table(run / "communicators" / "communicators.parquet"))  # fmt: skip
     write_run_metrics(result, run / "metrics")
     return run
@@ -591,6 +596,8 @@ def tile_run(seed: Path, dest: Path, n_ops: int) -> int:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    from nccltrace.run_layout import RunLayout
+
     ops_t = pq.read_table(seed / "ops" / "ops.parquet")
     n_call = int(pc.sum(pc.equal(ops_t["row_kind"], "call")).as_py())
     copies = max(1, math.ceil(n_ops / n_call))
@@ -598,7 +605,7 @@ def tile_run(seed: Path, dest: Path, n_ops: int) -> int:
     t1 = int(pc.max(ops_t["kernel_end_utc"]).as_py())
     span = (t1 - t0) + 1_000_000_000  # the next copy starts 1 s after the previous one ends
     kernels = sorted((seed / "parsed" / "nsys").glob("*/kernels.parquet"))
-    calls = sorted((seed / "parsed" / "nccl").glob("*/calls.parquet"))
+    calls = [RunLayout(seed).parsed_nccl_table(p, "calls") for p in RunLayout(seed).find_processes()]
     L = max(_max_of([seed / "ops" / "ops.parquet", *calls], "line"), 0) + 1
     C = max(_max_of(kernels, "correlation_id"), _max_of([seed / "ops" / "ops.parquet"], "kernel_correlation_id")) + 1
     OC = max(_max_of([seed / "ops" / "ops.parquet", *calls], "op_count"), 0) + 1
@@ -738,8 +745,34 @@ def _baseline_src(rev: str, dest: Path) -> Path:
     return dest / "src"
 
 
+def _per_process_view(run: Path, dest: Path) -> Path:
+    """``run`` (per-node layout: parsed/nccl/<host>/<proc>/, aligned/<host>/<proc>/) seen in the
+    per-process layout of revisions before it, through symbolic links; the run-level stages'
+    output directories are the view's own. For a --baseline revision's stages."""
+    from nccltrace.run_layout import RunLayout
+
+    layout = RunLayout(run)
+    shutil.rmtree(dest, ignore_errors=True)
+    (dest / "parsed" / "nccl").mkdir(parents=True)
+    (dest / "aligned").mkdir()
+    for name in ("raw", "ops", "communicators"):
+        if (run / name).exists():
+            (dest / name).symlink_to((run / name).resolve())
+    (dest / "parsed" / "nsys").symlink_to((run / "parsed" / "nsys").resolve())
+    for f in (run / "parsed").iterdir():
+        if f.is_file():
+            (dest / "parsed" / f.name).symlink_to(f.resolve())
+    for proc in layout.find_processes():
+        (dest / "parsed" / "nccl" / proc).symlink_to(layout.parsed_nccl(proc).resolve())
+        if layout.aligned(proc).is_dir():
+            (dest / "aligned" / proc).symlink_to(layout.aligned(proc).resolve())
+    return dest
+
+
 def section_scaling(sec: Section, ctx: Context) -> None:
     """Peak RSS of each run-level stage at 64, 256 and 1024 ranks (constant work per rank)."""
+    from nccltrace.run_layout import RunLayout
+
     nodes = [1, 2] if ctx.quick else [8, 32, 128]
     d = ctx.work / "scaling"
     baseline = _baseline_src(ctx.baseline, d / "baseline") if ctx.baseline else None
@@ -749,14 +782,16 @@ def section_scaling(sec: Section, ctx: Context) -> None:
         import pyarrow.parquet as pq
 
         ops = pq.read_metadata(run / "ops" / "ops.parquet").num_rows
-        ranks = len([p for p in (run / "parsed" / "nccl").iterdir() if p.is_dir()])
+        ranks = len(RunLayout(run).find_processes())
         case = f"{ranks} ranks"
         sec.add(case, "ops rows", ops, "rows")
         cfg = {"run_dir": str(run), "run_yaml": str(run.parent / "raw" / "run.yaml")}
+        view = _per_process_view(run, d / f"n{n}" / "baseline-view") if baseline is not None else None
         for stage in RUN_STAGES:
             if baseline is not None:
                 try:
-                    r = run_child("stage", {**cfg, "stage": stage}, env={"PYTHONPATH": str(baseline)})
+                    r = run_child("stage", {**cfg, "run_dir": str(view), "stage": stage},
+                                  env={"PYTHONPATH": str(baseline)})  # fmt: skip
                     sec.add(case, f"{stage} peak RSS, {ctx.baseline}", r["peak_rss_mb"], "MiB")
                 except RuntimeError as e:
                     sec.notes.append(f"{case}: {stage} of {ctx.baseline} failed: {str(e).splitlines()[0]}")
@@ -879,7 +914,7 @@ def run_campaign(config: dict[str, Any], d: Path, cores: int) -> dict[str, Any]:
             "benchmarks": _read_benchmarks(d / "results" / str(config["campaign"]))}  # fmt: skip
 
 
-PER_RANK_RULES = ("parse_nccl", "parse_nsys", "align")
+PER_NODE_RULES = ("parse_node", "align_node")
 
 
 def startup_cpu_s(rule: str) -> float:
@@ -944,8 +979,8 @@ def section_e2e(sec: Section, ctx: Context) -> None:
                 sec.add(rc, "max RSS", float(row["max_rss"]), "MiB", show=show)
                 if row["cpu"] > 0:
                     sec.add(rc, "summed CPU time", float(row["cpu"]), "s", show=False)
-            # per-rank jobs: how much of their CPU is starting the interpreter and importing
-            for rule in PER_RANK_RULES:
+            # per-node jobs: how much of their CPU is starting the interpreter and importing
+            for rule in PER_NODE_RULES:
                 if rule in per.index and per.at[rule, "cpu"] > 0:
                     start = startup_cpu_s(rule)
                     share = min(1.0, start * per.at[rule, "jobs"] / per.at[rule, "cpu"])
