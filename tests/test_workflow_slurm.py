@@ -137,14 +137,17 @@ def _cancel_all(cluster) -> None:
 
 @pytest.fixture(scope="module")
 def first_run(workdir, local_slurm):  # noqa: F811
-    """Scenario 1: SIGKILL the head once the good run's raw data exists, then resume."""
+    """Scenario 1: SIGKILL the head once the good run's raw data exists and is parsed, then resume."""
     results = workdir / "results" / "slurmtest"
     head = subprocess.Popen(_cmd(workdir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=workdir)
     started = time.monotonic()
     deadline = started + 900
     marker = results / GOOD / "raw" / "status.json"
     while time.monotonic() < deadline and head.poll() is None:
-        if marker.exists() and list((results / GOOD / "parsed").glob("nccl/*/*/parse_report.json")):
+        # the good run's node is parsed: its align job has started, so its parse job (one per
+        # node, several processes) has finished and its outputs are recorded complete
+        parsed = list((results / GOOD / "parsed").glob("nccl/*/*/parse_report.json"))
+        if marker.exists() and parsed and list((results / GOOD / "aligned").glob("*")):
             break
         time.sleep(0.5)
     assert head.poll() is None, f"the head finished before it could be interrupted:\n{head.stdout.read()[-4000:]}"
@@ -171,6 +174,7 @@ def test_a_killed_run_resumes_without_redoing_finished_work(first_run, workdir):
         assert path.stat().st_mtime_ns == mtime, f"{path} was recomputed after the resume"
     stats = _job_stats(resumed.stdout + resumed.stderr)
     assert stats.get("train", 0) <= 1  # at most the crashing run's, never the finished capture again
+    assert "parse_node" not in stats, stats  # the good run's one node was parsed before the kill
     assert (workdir / "results" / "slurmtest" / "campaign" / "report.html").is_file()
 
 

@@ -9,6 +9,9 @@ rule align_node:
         parsed=RUN.parsed_nccl_node("{host}"),
         # the node's kernels, session, NVTX ranges and launches without a kernel
         export=RUN.parsed_nsys("{host}"),
+        # the acquired run, whose logs name the node's processes (params): a job running
+        # remotely (SLURM) resolves checkpoint-dependent params only from a declared input
+        raw=raw_dir,
     output:
         # per process: alignment.parquet, alignment_quality.json and manifest in <proc>/
         aligned=directory(RUN.aligned_node("{host}")),
