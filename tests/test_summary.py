@@ -285,3 +285,22 @@ def test_emulated_dp4_run_matches_ground_truth_and_thesis_counts(dp4_run):
     assert kernels == {"AllReduce": 220, "AllGather": 84, "Broadcast": 4}
     rv = t["rank_volume"]
     assert len(rv) == 4 and rv["bytes"].nunique() == 1  # data parallelism: every rank moves the same
+
+
+def test_comm_share_of_span_pairs_each_rank_with_its_own_span():
+    """Ranks whose rows come in another order than their numbers (here 2, 0, 1): each rank's
+    kernel time is divided by its own span (it was divided by the spans in order of appearance)."""
+    time_and_span = {2: (300, 400), 0: (100, 1000), 1: (200, 1000)}  # shares 0.75, 0.1, 0.2
+    rows, metrics = [], []
+    for rank, (busy, span) in time_and_span.items():
+        for line, (start, end) in enumerate(((0, 10), (span - 10, span)), start=1):
+            rows.append(_row(file=f"r{rank}.log", line=line, global_rank=rank, nranks=3, status="matched",
+                             kernel_correlation_id=line, kernel_start_sync=start, kernel_end_sync=end))
+            metrics.append({"file": f"r{rank}.log", "line": line, "duration_ns": busy / 2, "wait_ns": 0.0,
+                            "transfer_ns": busy / 2, "arrival_skew_ns": 0.0})
+    ops = pd.DataFrame(rows)
+    for c in ("line", "kernel_correlation_id", "kernel_start_sync", "kernel_end_sync"):
+        ops[c] = ops[c].astype("Int64")
+    tl = run_tables(ops, op_metrics=pd.DataFrame(metrics))["time_lost"].iloc[0]
+    assert tl["comm_share_of_span"] == pytest.approx(0.2)  # median of 0.1, 0.2, 0.75
+    assert tl["calls_timed"] == 6 and tl["comm_time_s"] == pytest.approx(600e-9)

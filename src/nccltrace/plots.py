@@ -15,7 +15,8 @@ from __future__ import annotations
 import re
 import textwrap
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from .batches import FirstSeen
 from .summary import LARGE_MESSAGE_BYTES, format_bytes_binary
 
 GIB = float(1 << 30)
@@ -262,20 +264,21 @@ def _plot_message_sizes(tables: Mapping[str, pd.DataFrame], title: str) -> Figur
     return fig
 
 
-def _timeline_kernels(ops: pd.DataFrame) -> pd.DataFrame:
-    """Distinct kernels of multi-rank, non-duplicate calls with synchronised times."""
-    c = ops[(ops["row_kind"].astype("string") == "call") & ops["duplicate_of"].isna()]
-    c = c[(pd.to_numeric(c["nranks"], errors="coerce") != 1).fillna(True)]
-    c = c[c["kernel_start_sync"].notna() & c["kernel_end_sync"].notna() & c["global_rank"].notna()]
-    c = c.drop_duplicates(["host", "kernel_global_pid", "kernel_correlation_id"])
-    return pd.DataFrame({
-        "rank": c["global_rank"].astype("int64").to_numpy(),
-        "host": c["host"].astype("string").fillna("?").to_numpy(),
-        "start": c["kernel_start_sync"].astype("int64").to_numpy(),
-        "end": c["kernel_end_sync"].astype("int64").to_numpy(),
-        "parallelism": c["parallelism"].astype("string").fillna("unknown").to_numpy(),
-        "key": (c["op"].astype("string").fillna("?") + "@" + c["logical_id"].astype("string").fillna("?")).to_numpy(),
-    }).sort_values(["rank", "start", "end"], kind="stable").reset_index(drop=True)
+# Columns of the ops table the timeline reads: every row once (TimelineBuilder.add), then the
+# rows near the window again (TimelineBuilder.collect).
+TIMELINE_COLUMNS = ["row_kind", "duplicate_of", "nranks", "kernel_start_sync", "kernel_end_sync", "global_rank", "host",
+                    "kernel_global_pid", "kernel_correlation_id", "op", "logical_id", "parallelism"]  # fmt: skip
+WINDOW_COLUMNS = ["row_kind", "duplicate_of", "nranks", "kernel_start_sync", "kernel_end_sync", "global_rank",
+                  "parallelism"]  # fmt: skip
+
+
+def _timeline_rows(ops: pd.DataFrame) -> np.ndarray:
+    """Positions of the rows whose kernels the timeline shows: multi-rank, non-duplicate calls with
+    synchronised kernel times and a global rank."""
+    keep = (ops["row_kind"].astype("string") == "call").fillna(False) & ops["duplicate_of"].isna()
+    keep &= (pd.to_numeric(ops["nranks"], errors="coerce") != 1).fillna(True)
+    keep &= ops["kernel_start_sync"].notna() & ops["kernel_end_sync"].notna() & ops["global_rank"].notna()
+    return np.flatnonzero(keep.to_numpy(dtype=bool))
 
 
 def sequence_period(keys: np.ndarray, max_period: int = 20000, tolerance: float = 0.005) -> tuple[int, float]:
@@ -302,13 +305,16 @@ def sequence_period(keys: np.ndarray, max_period: int = 20000, tolerance: float 
     return p, float(scores[p - 1])
 
 
-def _idle_gaps(k: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """(gap_start, gap_end) of the intervals in which no rank runs a communication kernel."""
-    order = np.argsort(k["start"].to_numpy(), kind="stable")
-    st, en = k["start"].to_numpy()[order], k["end"].to_numpy()[order]
+def _busy_union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The union of the closed intervals [start, end] as sorted disjoint (start, end) arrays: the
+    times some rank runs a communication kernel. The union of unions is the union of all, so the
+    intervals of batches merge into the run's."""
+    order = np.argsort(start, kind="stable")
+    st, en = start[order], end[order]
     reach = np.maximum.accumulate(en)
-    is_gap = st[1:] > reach[:-1]
-    return reach[:-1][is_gap], st[1:][is_gap]
+    new = np.r_[True, st[1:] > reach[:-1]]  # an interval starting after all before it ended
+    last = np.r_[np.flatnonzero(new)[1:] - 1, len(st) - 1]
+    return st[new], reach[last]
 
 
 def _boundary_near(gs: np.ndarray, ge: np.ndarray, lo: float, hi: float) -> int | None:
@@ -320,6 +326,150 @@ def _boundary_near(gs: np.ndarray, ge: np.ndarray, lo: float, hi: float) -> int 
     return int((gs[i] + ge[i]) // 2)
 
 
+@dataclass
+class Timeline:
+    """What the timeline figure draws: ``kernels`` (rank, start, end, parallelism) inside the
+    window on the ranks shown, sorted by rank and time; ``ranks`` (one row each); the host of
+    each rank's earliest kernel; the window (start_ns, end_ns) and how it was chosen."""
+
+    kernels: pd.DataFrame
+    ranks: list[int]
+    hosts: dict[int, str]
+    window: tuple[int, int]
+    how: str
+
+
+class TimelineBuilder:
+    """The timeline figure's data from the ops table in batches, in two passes over it and in
+    memory that does not hold the rows: ``add`` each batch (:data:`TIMELINE_COLUMNS`), then
+    ``collect`` the kernels inside the window from the same batches read again
+    (:data:`WINDOW_COLUMNS` suffice).
+
+    The first pass keeps what the window needs: the lowest rank's kernel sequence (its period
+    is the iteration), the union of all kernels' intervals (its gaps are the idle phases), the
+    ranks with the host of their earliest kernel; and which rows repeat a kernel an earlier row
+    already showed (a fused group's later calls), so the second pass draws each kernel once.
+    ``kernels``: a kernel-key set to share with a :class:`~nccltrace.summary.RunTablesBuilder`
+    fed the same rows (the timeline asks its own question of it)."""
+
+    def __init__(self, max_ranks: int = 64, kernels: FirstSeen | None = None) -> None:
+        self.max_ranks = max_ranks
+        self._seen = kernels if kernels is not None else FirstSeen()
+        self._repeats: list[np.ndarray] = []  # row numbers of calls whose kernel an earlier row showed
+        self._rows = 0  # rows added so far
+        self._first: dict[int, tuple[int, int, str]] = {}  # rank -> (start, end, host) of its earliest kernel
+        self._busy = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))  # union of the kernels' intervals
+        self._busy_new: list[tuple[np.ndarray, np.ndarray]] = []  # batches' unions not merged into it yet
+        self._low_rank: int | None = None
+        self._low: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (start, end, key id) of the lowest rank
+        self._keys: dict[str, int] = {}  # 'op@logical_id' -> id
+
+    def add(self, ops: pd.DataFrame) -> None:
+        """First pass: the next rows of the ops table."""
+        rows = _timeline_rows(ops)
+        c = ops.iloc[rows, [ops.columns.get_loc(col) for col in TIMELINE_COLUMNS]]
+        first = self._seen.first(c["host"], c["kernel_global_pid"], c["kernel_correlation_id"], tag=1)
+        if not first.all():
+            self._repeats.append(self._rows + rows[~first])
+        self._rows += len(ops)
+        c = c[first]
+        if c.empty:
+            return
+        rank = c["global_rank"].astype("int64").to_numpy()
+        start = c["kernel_start_sync"].astype("int64").to_numpy()
+        end = c["kernel_end_sync"].astype("int64").to_numpy()
+        host = c["host"].astype("string").fillna("?").to_numpy()
+        order = np.lexsort((end, start, rank))  # stable: ties keep the rows' order
+        firsts = order[np.r_[True, rank[order][1:] != rank[order][:-1]]]
+        for i in firsts:  # an earlier batch wins a tie, as the earlier row does within one
+            r, t = int(rank[i]), (int(start[i]), int(end[i]))
+            if r not in self._first or t < self._first[r][:2]:
+                self._first[r] = (*t, str(host[i]))
+        self._busy_new.append(_busy_union(start, end))
+        if sum(len(b[0]) for b in self._busy_new) > max(len(self._busy[0]) // 4, 1 << 16):
+            self._merge_busy()  # now and then: merging every batch would copy the whole union each time
+        low = int(rank.min())
+        if self._low_rank is None or low < self._low_rank:
+            self._low_rank, self._low = low, []
+        if low == self._low_rank:
+            sel = rank == low
+            lo = c[sel]
+            key = lo["op"].astype("string").fillna("?") + "@" + lo["logical_id"].astype("string").fillna("?")
+            codes, uniques = pd.factorize(key)
+            ids = np.array([self._keys.setdefault(k, len(self._keys)) for k in uniques], dtype=np.int64)[codes]
+            self._low.append((start[sel], end[sel], ids))
+
+    def _merge_busy(self) -> None:
+        parts = [self._busy, *self._busy_new]
+        self._busy = _busy_union(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+        self._busy_new = []
+
+    def window(self) -> tuple[int, int, str] | None:
+        """(start_ns, end_ns, how) of about one training iteration in the middle of the run (see
+        :func:`iteration_window`); None without kernel times."""
+        return None if self._low_rank is None else self._window()
+
+    def _window(self) -> tuple[int, int, str]:
+        if self._busy_new:
+            self._merge_busy()
+        start, end, keys = (np.concatenate(parts) for parts in zip(*self._low))
+        order = np.lexsort((end, start))
+        starts, keys = start[order], keys[order]
+        p, score = sequence_period(keys)
+        n = len(starts)
+        if p >= 2 and score >= 0.8 and n > 2 * p:
+            mid = slice(n // 4, n - n // 4 - p)
+            period = float(np.median(starts[p:][mid] - starts[:-p][mid])) if n - n // 4 - p > n // 4 else 0.0
+            if period > 0:
+                gs, ge = self._busy[1][:-1], self._busy[0][1:]  # idle gaps: between the busy intervals
+                t_mid = float(starts[n // 2])
+                a = _boundary_near(gs, ge, t_mid - period / 2, t_mid + period / 2)
+                a = int(t_mid - period / 2) if a is None else a
+                b = _boundary_near(gs, ge, a + 0.9 * period, a + 1.1 * period)
+                b = int(a + period) if b is None else b
+                return a, b, f"about one iteration ({p} kernels on rank {self._low_rank}, period match {score:.0%})"
+        t0, t1 = int(self._busy[0][0]), int(self._busy[1][-1])
+        centre, half = (t0 + t1) // 2, max((t1 - t0) // 20, 1)
+        return centre - half, centre + half, "middle tenth of the run (no repeating iteration found)"
+
+    def collect(self, batches: Iterable[pd.DataFrame], window: tuple[int, int] | None = None) -> Timeline | None:
+        """Second pass: the kernels inside ``window`` (default: :meth:`window`) on up to
+        ``max_ranks`` evenly spaced ranks, from the batches of the same table in the same order;
+        None without kernel times."""
+        if self._low_rank is None:  # no kernel times
+            return None
+        a, b, how = self._window() if window is None else (*window, "requested window")
+        ranks = sorted(self._first)
+        if len(ranks) > self.max_ranks:  # evenly spaced subset keeps the figure readable
+            ranks = [ranks[i] for i in np.linspace(0, len(ranks) - 1, self.max_ranks).round().astype(int)]
+        repeats = np.sort(np.concatenate(self._repeats)) if self._repeats else np.zeros(0, dtype=np.int64)
+        parts, seen = [], 0
+        for ops in batches:
+            rows = _timeline_rows(ops)
+            c = ops.iloc[rows, [ops.columns.get_loc(col) for col in WINDOW_COLUMNS]]
+            start, end = c["kernel_start_sync"].astype("int64"), c["kernel_end_sync"].astype("int64")
+            keep = ((end >= a) & (start <= b) & c["global_rank"].isin(ranks)).to_numpy(dtype=bool)
+            keep &= ~np.isin(seen + rows, repeats)
+            seen += len(ops)
+            parts.append(pd.DataFrame({
+                "rank": c["global_rank"].astype("int64").to_numpy()[keep], "start": start.to_numpy()[keep],
+                "end": end.to_numpy()[keep], "parallelism": c["parallelism"].astype("string").fillna("unknown")
+                .to_numpy()[keep]}))  # fmt: skip
+        if seen != self._rows:
+            raise ValueError(f"the timeline's second pass read {seen} rows, its first {self._rows}: not the same table")
+        k = pd.concat(parts, ignore_index=True).sort_values(["rank", "start", "end"], kind="stable")
+        k["parallelism"] = k["parallelism"].astype("str")  # whatever dtype empty batches gave the column
+        hosts = {r: self._first[r][2] for r in ranks}
+        return Timeline(k.reset_index(drop=True), ranks, hosts, (a, b), how)
+
+
+def timeline_of(ops: pd.DataFrame, window: tuple[int, int] | None = None, max_ranks: int = 64) -> Timeline | None:
+    """The timeline figure's data of an ops table in memory (one batch of :class:`TimelineBuilder`)."""
+    builder = TimelineBuilder(max_ranks)
+    builder.add(ops)
+    return builder.collect([ops], window)
+
+
 def iteration_window(ops: pd.DataFrame) -> tuple[int, int, str] | None:
     """(start_ns, end_ns, how) of about one training iteration in the middle of the run, on the
     synchronised clock; None without kernel times.
@@ -329,47 +479,20 @@ def iteration_window(ops: pd.DataFrame) -> tuple[int, int, str] | None:
     window starts in the longest interval in which no rank communicates within one iteration of the
     middle of the run, and ends in the longest such interval about one iteration later. Without a
     clear period, the middle tenth of the run is shown."""
-    return _window(_timeline_kernels(ops))
+    builder = TimelineBuilder()
+    builder.add(ops)
+    return builder.window()
 
 
-def _window(k: pd.DataFrame) -> tuple[int, int, str] | None:
-    if k.empty:
+def _plot_timeline(timeline: Timeline | pd.DataFrame | None, title: str, window: tuple[int, int] | None = None,
+                   max_ranks: int = 64) -> Figure | None:  # fmt: skip
+    """The timeline excerpt of a :class:`Timeline`, or of an ops table in memory (``window``,
+    ``max_ranks``: see :meth:`TimelineBuilder.collect`)."""
+    if isinstance(timeline, pd.DataFrame):
+        timeline = timeline_of(timeline, window, max_ranks)
+    if timeline is None:
         return None
-    r0 = k[k["rank"] == k["rank"].min()].reset_index(drop=True)
-    p, score = sequence_period(r0["key"].to_numpy())
-    if p >= 2 and score >= 0.8 and len(r0) > 2 * p:
-        n = len(r0)
-        starts = r0["start"].to_numpy()
-        mid = slice(n // 4, n - n // 4 - p)
-        period = float(np.median(starts[p:][mid] - starts[:-p][mid])) if n - n // 4 - p > n // 4 else 0.0
-        if period > 0:
-            gs, ge = _idle_gaps(k)
-            t_mid = float(starts[n // 2])
-            a = _boundary_near(gs, ge, t_mid - period / 2, t_mid + period / 2)
-            a = int(t_mid - period / 2) if a is None else a
-            b = _boundary_near(gs, ge, a + 0.9 * period, a + 1.1 * period)
-            b = int(a + period) if b is None else b
-            return a, b, f"about one iteration ({p} kernels on rank {int(r0['rank'][0])}, period match {score:.0%})"
-    t0, t1 = int(k["start"].min()), int(k["end"].max())
-    centre, half = (t0 + t1) // 2, max((t1 - t0) // 20, 1)
-    return centre - half, centre + half, "middle tenth of the run (no repeating iteration found)"
-
-
-def _plot_timeline(ops: pd.DataFrame, title: str, window: tuple[int, int] | None,
-                   max_ranks: int = 64) -> Figure | None:
-    every = _timeline_kernels(ops)
-    if every.empty:
-        return None
-    if window is None:
-        a, b, how = _window(every)
-    else:
-        a, b = window
-        how = "requested window"
-    ranks = sorted(every["rank"].unique())
-    if len(ranks) > max_ranks:  # evenly spaced subset keeps the figure readable
-        ranks = [ranks[i] for i in np.linspace(0, len(ranks) - 1, max_ranks).round().astype(int)]
-    k = every[(every["end"] >= a) & (every["start"] <= b) & every["rank"].isin(ranks)]
-    hosts = every.groupby("rank")["host"].first()
+    k, ranks, hosts, (a, b) = timeline.kernels, timeline.ranks, timeline.hosts, timeline.window
     fig = _figure(14, max(3.0, 0.42 * len(ranks) + 1.8))
     ax = fig.subplots()
     span_ms = (b - a) / 1e6
@@ -389,7 +512,7 @@ def _plot_timeline(ops: pd.DataFrame, title: str, window: tuple[int, int] | None
     ax.grid(axis="y", visible=False)
     ax.legend(handles=[Patch(color=par_color(p), label=p) for p in pars], title="parallelism", loc="upper left",
               bbox_to_anchor=(1.0, 1.0), frameon=False)
-    ax.set_title(f"Communication kernels over {span_ms:.1f} ms: {how}")
+    ax.set_title(f"Communication kernels over {span_ms:.1f} ms: {timeline.how}")
     fig.suptitle(f"{title} - timeline excerpt".strip(" -"))
     _note(fig, f"{len(k):,} kernels of multi-rank calls; a fused group of P2P calls is one bar. Open the full "
                "trace in Perfetto for every event.")
@@ -442,19 +565,22 @@ def _plot_bandwidth(tables: Mapping[str, pd.DataFrame], title: str) -> Figure | 
 
 
 def run_plots(
-    ops: pd.DataFrame,
+    ops: pd.DataFrame | None,
     tables: Mapping[str, pd.DataFrame],
     out_dir: Path | str,
     title: str = "",
     *,
     formats: Sequence[str] = ("png",),
     window: tuple[int, int] | None = None,
+    timeline: Timeline | None = None,
 ) -> dict[str, Path]:
     """Draw the run figures into ``out_dir``; returns {file name: path} of what was drawn.
 
     Names: op_counts, volume_by_op, rank_volume, message_sizes, timeline, bandwidth (each
     ``<name>.<format>``); a figure without data (no calls, no kernel times, no metrics) is skipped.
-    ``window`` (start_ns, end_ns on the synchronised clock) overrides the detected iteration."""
+    The timeline comes from ``ops`` in memory, with ``window`` (start_ns, end_ns on the
+    synchronised clock) overriding the detected iteration; or, when the run's ops table is read in
+    batches (``ops`` None), from ``timeline`` (:meth:`TimelineBuilder.collect`)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
@@ -464,7 +590,7 @@ def run_plots(
             "volume_by_op": _plot_volume_by_op(tables, title),
             "rank_volume": _plot_rank_volume(tables, title),
             "message_sizes": _plot_message_sizes(tables, title),
-            "timeline": _plot_timeline(ops, title, window),
+            "timeline": _plot_timeline(timeline if ops is None else ops, title, window),
             "bandwidth": _plot_bandwidth(tables, title),
         }
         for name, fig in figures.items():

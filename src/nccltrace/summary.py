@@ -13,12 +13,17 @@ kernel, so they are kept apart in ``*_single_rank`` columns instead of inflating
 
 Bandwidth statistics come from the per-op metrics table (``metrics/op_metrics.parquet``, keyed
 by (file, line)) and validation from ``volume/volume_validation.parquet``; both are optional.
+
+The tables are built by :class:`RunTablesBuilder` from the ops table fed in batches (the report
+stage reads the run's table so, with its op-metrics rows alongside: :func:`iter_run_batches`);
+:func:`run_tables` is the same on a table in memory. Memory holds per-group sums and counts, one
+int64 per distinct kernel and the float values the medians and quantiles are taken over.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +31,13 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from .tables import atomic_output, read_table_batch, write_table_atomic
+from .batches import FirstSeen, GroupValues, KeyIds, PartialSums, median_of_counts
+from .tables import (
+    atomic_output,
+    iter_record_batches,
+    read_table_batch,
+    write_table_atomic,
+)
 from .tables import documented_field as _f
 
 # The ops columns run_tables and nccltrace.plots.run_plots read (the workflow reads only these;
@@ -275,37 +286,11 @@ def _bucket_columns(k: pd.Series) -> dict[str, pd.Series]:
 def _kernel_op(names: pd.Series, ops: pd.Series) -> pd.Series:
     """Kernel type from NCCL kernel names (ncclKernel_X_..., ncclDevKernel_X_...); generic kernels
     and unknown names fall back to the call's function."""
-    fam = names.astype("string").str.extract(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")[0]
-    fam = fam.where(fam != "Generic")
+    # a run has few distinct kernel names: parse each once
+    codes, uniques = pd.factorize(names.astype("string"))
+    fam = pd.Series(uniques, dtype="string").str.extract(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")[0]
+    fam = pd.Series(fam.where(fam != "Generic").array.take(codes, allow_fill=True), index=names.index)
     return fam.fillna(ops.astype("string")).astype("string")
-
-
-def _prepare(ops: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(countable calls, duplicate lines): call rows split by duplicate_of, with helper columns."""
-    calls = ops[ops["row_kind"].astype("string") == "call"].copy()
-    calls["parallelism"] = calls["parallelism"].astype("string").fillna(UNKNOWN)
-    calls["op"] = calls["op"].astype("string").fillna(UNKNOWN)
-    calls["bytes"] = pd.to_numeric(calls["bytes"], errors="coerce").fillna(0).astype("int64")
-    # nranks null (unresolved call) counts as multi-rank: only a logged size of 1 proves no data moved
-    calls["single"] = (pd.to_numeric(calls["nranks"], errors="coerce") == 1).fillna(False).astype(bool)
-    dup = calls["duplicate_of"].notna()
-    return calls[~dup], calls[dup]
-
-
-def _n_ranks(calls: pd.DataFrame) -> int:
-    return max(int(calls["global_rank"].nunique(dropna=True)), 1)
-
-
-def _grouped(base: pd.DataFrame, dups: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """calls/bytes (multi-rank), single-rank calls/bytes and duplicate lines per group."""
-    multi, single = base[~base["single"]], base[base["single"]]
-    parts = [
-        multi.groupby(keys, dropna=False).agg(calls=("op", "size"), bytes=("bytes", "sum")),
-        single.groupby(keys, dropna=False).agg(calls_single_rank=("op", "size"), bytes_single_rank=("bytes", "sum")),
-        dups.groupby(keys, dropna=False).agg(duplicate_lines=("op", "size")),
-    ]
-    out = pd.concat(parts, axis=1).fillna(0).astype("int64").reset_index()
-    return out.sort_values(keys, na_position="last", kind="stable").reset_index(drop=True)
 
 
 def _share(x: pd.Series) -> pd.Series:
@@ -313,201 +298,411 @@ def _share(x: pd.Series) -> pd.Series:
     return x / total if total > 0 else pd.Series([float("nan")] * len(x), index=x.index)
 
 
-def _mode(s: pd.Series) -> Any:
-    s = s.dropna()
-    if s.empty:
+def _mode(counts: pd.Series) -> Any:
+    """The most frequent value of {value: count} (NA without values); ties broken alphabetically
+    so the table does not depend on row order."""
+    if counts.empty:
         return pd.NA
-    counts = s.astype(str).value_counts()
-    # ties broken alphabetically so the table does not depend on row order
-    best = counts[counts == counts.max()].index
-    return min(best)
+    return min(counts.index[counts == counts.max()])
+
+
+def _f64(frame: pd.DataFrame, column: str) -> np.ndarray:
+    """A column as a float64 array (NaN for missing values, all NaN when the column is absent)."""
+    if column not in frame:
+        return np.full(len(frame), np.nan)
+    return pd.to_numeric(frame[column], errors="coerce").astype("Float64").to_numpy(dtype=np.float64, na_value=np.nan)
 
 
 # --------------------------------------------------------------------------- run tables
+#
+# One implementation whether the ops table is in memory or read in batches: RunTablesBuilder
+# takes the table a batch at a time and keeps per-group partial aggregates (sums, value counts,
+# the values a median needs), never the rows; run_tables feeds it the whole table as one batch.
+
+_COUNTS = ["calls", "bytes", "calls_single_rank", "bytes_single_rank", "duplicate_lines", "matched_calls"]
+# the finest grouping of the counts: every count table is a sum over some of these keys
+_FINE = ["parallelism", "op", "global_rank", "bucket"]
+# the op-metrics columns joined to the calls (file, line are the key)
+_METRIC_VALUES = [c for c in OP_METRICS_COLUMNS if c not in ("file", "line")]
+_BW_KEYS = ["parallelism", "logical_id", "nranks", "op", "bucket"]
+# bandwidth table column: the per-call value whose median it is
+_BW_MEDIANS = {"algbw_median_gbps": "algbw_gbps", "transfer_busbw_median_gbps": "transfer_busbw_gbps",
+               "duration_median_ns": "duration_ns", "wait_share_median": "wait_share",
+               "efficiency_median": "efficiency"}  # fmt: skip
+_BW_MODES = ["limit_link", "algorithm", "protocol"]
+_LARGE_BUCKET = LARGE_MESSAGE_BYTES.bit_length() - 1  # message_bytes >= LARGE_MESSAGE_BYTES <=> bucket >= this
 
 
-def _op_counts(base: pd.DataFrame, dups: pd.DataFrame) -> pd.DataFrame:
-    t = _grouped(base, dups, ["parallelism", "op"])
-    matched = base[~base["single"] & (base["status"].astype("string") == "matched")]
-    m = matched.groupby(["parallelism", "op"]).size().rename("matched_calls")
-    t = t.merge(m, left_on=["parallelism", "op"], right_index=True, how="left")
-    t["matched_calls"] = t["matched_calls"].fillna(0)
+def _prepare(ops: pd.DataFrame, metrics: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The call rows of ``ops`` (the columns the tables read) with helper columns: ``bytes`` as
+    int64 (0 when missing), ``bucket`` (its size bucket), ``dup`` (a duplicate log line: never
+    counted), ``single`` (on a single-rank communicator), ``multi`` (countable: neither),
+    ``matched``; and the op-metrics columns of ``metrics``, the call rows' metrics in their order."""
+    is_call = (ops["row_kind"].astype("string") == "call").fillna(False).to_numpy(dtype=bool)
+    calls = ops.loc[is_call, [c for c in OPS_COLUMNS if c in ops]].reset_index(drop=True)
+    calls["parallelism"] = calls["parallelism"].astype("string").fillna(UNKNOWN)
+    calls["op"] = calls["op"].astype("string").fillna(UNKNOWN)
+    calls["bytes"] = pd.to_numeric(calls["bytes"], errors="coerce").fillna(0).astype("int64")
+    calls["bucket"] = size_bucket(calls["bytes"])
+    calls["dup"] = calls["duplicate_of"].notna().to_numpy(dtype=bool)
+    # nranks null (unresolved call) counts as multi-rank: only a logged size of 1 proves no data moved
+    calls["single"] = (pd.to_numeric(calls["nranks"], errors="coerce") == 1).fillna(False).astype(bool)
+    calls["multi"] = ~calls["dup"] & ~calls["single"]
+    calls["matched"] = (calls["status"].astype("string") == "matched").fillna(False).astype(bool)
+    if metrics is not None:
+        if len(metrics) != len(calls):
+            raise ValueError(f"{len(metrics)} op-metrics rows for {len(calls)} call rows")
+        for c in _METRIC_VALUES:
+            if c in metrics:
+                calls[c] = metrics[c].array
+    return calls
+
+
+def _metrics_of_calls(ops: pd.DataFrame, op_metrics: pd.DataFrame) -> pd.DataFrame:
+    """The op-metrics row of each call row of ``ops`` by (file, line), in the calls' order (all
+    null where the metrics have none)."""
+    is_call = (ops["row_kind"].astype("string") == "call").fillna(False).to_numpy(dtype=bool)
+    keyed = op_metrics[[c for c in OP_METRICS_COLUMNS if c in op_metrics]].drop_duplicates(["file", "line"])
+    return ops.loc[is_call, ["file", "line"]].merge(keyed, on=["file", "line"], how="left")
+
+
+def _alignment_rows(ops: pd.DataFrame) -> pd.DataFrame:
+    """(row_kind, status, reason) of every row of ``ops``, with ``rows`` 1 to count them."""
+    kind = ops["row_kind"].astype("string")
+    # a duplicate line may carry another reason in older tables; name it by what makes it uncounted
+    dup = (kind == "call") & ops["duplicate_of"].notna()
+    return pd.DataFrame({"row_kind": kind, "status": ops["status"].astype("string").mask(dup, "unmatched"),
+                         "reason": ops["reason"].astype("string").mask(dup, "duplicate_line"), "rows": 1})  # fmt: skip
+
+
+def _fine_rows(calls: pd.DataFrame) -> pd.DataFrame:
+    """Each call's contribution to the counts, keyed by (parallelism, op, global rank, size bucket)."""
+    multi, dup = calls["multi"], calls["dup"]
+    single = calls["single"] & ~dup
+    return calls[_FINE].assign(
+        calls=multi.astype("int64"), bytes=calls["bytes"].where(multi, 0),
+        calls_single_rank=single.astype("int64"), bytes_single_rank=calls["bytes"].where(single, 0),
+        duplicate_lines=dup.astype("int64"), matched_calls=(multi & calls["matched"]).astype("int64"))  # fmt: skip
+
+
+def _grouped(fine: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """The counts per group of ``keys`` (sorted, missing keys last), summed from the finest grouping."""
+    t = fine.groupby(keys, dropna=False, sort=False, as_index=False)[_COUNTS].sum()
+    t[_COUNTS] = t[_COUNTS].astype("int64")
+    return t.sort_values(keys, na_position="last", kind="stable").reset_index(drop=True)
+
+
+def _op_counts(fine: pd.DataFrame) -> pd.DataFrame:
+    t = _grouped(fine, ["parallelism", "op"])
     t["share_calls"] = _share(t["calls"])
     t["share_bytes"] = _share(t["bytes"])
     return _frame(t, RUN_SCHEMAS["op_counts"])
 
 
-def _kernels(base: pd.DataFrame) -> pd.DataFrame:
-    """One row per distinct kernel matched to countable multi-rank calls (first call of a fused group)."""
-    # only the columns the kernel tables use: a copy of every column per kernel was the report's peak
-    cols = ["host", "kernel_global_pid", "kernel_correlation_id", "kernel_name", "op", "parallelism", "kernel_start",
-            "kernel_end"]  # fmt: skip
-    mask = ((base["status"].astype("string") == "matched") & base["kernel_correlation_id"].notna()).to_numpy(bool)
-    mask &= ~base["single"].to_numpy(bool)  # countable (multi-rank) calls only
-    k = base.loc[mask, [c for c in cols if c in base]]
-    k = k[~k.duplicated(["host", "kernel_global_pid", "kernel_correlation_id"]).to_numpy()]
-    k = k.assign(kernel_op=_kernel_op(k["kernel_name"], k["op"]),
-                 dur=(pd.to_numeric(k["kernel_end"]) - pd.to_numeric(k["kernel_start"])).fillna(0).astype("int64"))
-    return k
-
-
 def _kernel_counts(kernels: pd.DataFrame) -> pd.DataFrame:
-    t = kernels.groupby(["parallelism", "kernel_op"]).agg(kernels=("op", "size"), kernel_time_ns=("dur", "sum"))
-    t = t.reset_index().sort_values(["parallelism", "kernel_op"], kind="stable")
+    t = kernels.sort_values(["parallelism", "kernel_op"], kind="stable").reset_index(drop=True)
     t["share_kernels"] = _share(t["kernels"])
     return _frame(t, RUN_SCHEMAS["kernel_counts"])
 
 
-def _volume_by(base: pd.DataFrame, dups: pd.DataFrame, key: str, nranks: int) -> pd.DataFrame:
-    t = _grouped(base, dups, [key])
-    multi = base[~base["single"]]
-    per_rank = multi.groupby([key, "global_rank"], dropna=False)["bytes"].sum().groupby(level=0).max()
+def _volume_by(fine: pd.DataFrame, sizes: pd.DataFrame, key: str, nranks: int) -> pd.DataFrame:
+    """Volume per ``key`` ('op' or 'parallelism'); ``sizes``: multi-rank calls per (parallelism, op, bytes)."""
+    t = _grouped(fine, [key])
+    # sum per (key, rank) of the ranks with multi-rank calls first, then the largest
+    per_rank = fine.groupby([key, "global_rank"], dropna=False)[["calls", "bytes"]].sum()
+    per_rank = per_rank.loc[per_rank["calls"] > 0, "bytes"].groupby(level=0).max()
     t["bytes_per_rank_max"] = t[key].map(per_rank).astype("Float64").fillna(0.0)
     t["bytes_per_rank_mean"] = t["bytes"] / nranks
-    t["bytes_per_call_median"] = t[key].map(multi.groupby(key)["bytes"].median()).astype("Float64")
+    hist = sizes.groupby([key, "bytes"], as_index=False)["n"].sum()
+    median = {k: median_of_counts(h["bytes"].to_numpy(), h["n"].to_numpy()) for k, h in hist.groupby(key)}
+    t["bytes_per_call_median"] = t[key].map(pd.Series(median, dtype="float64")).astype("Float64")
     t["share_bytes"] = _share(t["bytes"])
     return _frame(t, RUN_SCHEMAS["volume_by_op" if key == "op" else "volume_by_parallelism"])
 
 
-def _rank_volume(base: pd.DataFrame, dups: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    t = _grouped(base, dups, ["global_rank"])
-    hosts = pd.concat([base, dups]).groupby("global_rank", dropna=False)["host"].agg(
+def _rank_volume(fine: pd.DataFrame, rank_hosts: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    t = _grouped(fine, ["global_rank"])
+    hosts = rank_hosts.groupby("global_rank", dropna=False)["host"].agg(
         lambda s: ",".join(sorted(set(s.dropna().astype(str)))))
     t["host"] = t["global_rank"].map(hosts)
     t["share_bytes"] = _share(t["bytes"])
-    by_op = _grouped(base, dups, ["global_rank", "op"])
+    by_op = _grouped(fine, ["global_rank", "op"])
     by_op = by_op[(by_op["calls"] > 0) | (by_op["calls_single_rank"] > 0)]
     return _frame(t, RUN_SCHEMAS["rank_volume"]), _frame(by_op, RUN_SCHEMAS["rank_volume_by_op"])
 
 
-def _message_sizes(base: pd.DataFrame, dups: pd.DataFrame) -> pd.DataFrame:
-    b = base.assign(bucket=size_bucket(base["bytes"]))
-    d = dups.assign(bucket=size_bucket(dups["bytes"]))
-    t = _grouped(b, d, ["bucket", "op"])
+def _message_sizes(fine: pd.DataFrame) -> pd.DataFrame:
+    t = _grouped(fine, ["bucket", "op"])
     t = t[(t["calls"] > 0) | (t["calls_single_rank"] > 0)].reset_index(drop=True)
     t = t.assign(**_bucket_columns(t["bucket"]))
     return _frame(t, RUN_SCHEMAS["message_sizes"])
 
 
-def _bandwidth(base: pd.DataFrame, op_metrics: pd.DataFrame | None) -> pd.DataFrame:
-    schema = RUN_SCHEMAS["bandwidth"]
-    if op_metrics is None or op_metrics.empty or "busbw_gbps" not in op_metrics:
-        return _frame(pd.DataFrame(), schema)
-    keep = [c for c in ("file", "line", "duration_ns", "algbw_gbps", "busbw_gbps", "wait_ns", "transfer_ns",
-                        "transfer_busbw_gbps", "limit_gbps", "limit_link", "efficiency", "algorithm", "protocol")
-            if c in op_metrics]  # fmt: skip
-    m = op_metrics[keep].drop_duplicates(["file", "line"])
-    multi = base[~base["single"]][["file", "line", "parallelism", "logical_id", "nranks", "op", "message_bytes"]]
-    j = multi.merge(m, on=["file", "line"], how="inner")
-    j = j[pd.to_numeric(j["busbw_gbps"], errors="coerce").notna()].copy()
-    if j.empty:
-        return _frame(pd.DataFrame(), schema)
-    for c in ("busbw_gbps", "algbw_gbps", "transfer_busbw_gbps", "efficiency", "limit_gbps", "duration_ns", "wait_ns"):
-        j[c] = pd.to_numeric(j[c], errors="coerce").astype("float64") if c in j else np.nan
-    dur = j["duration_ns"].where(j["duration_ns"] > 0)
-    j["wait_share"] = j["wait_ns"] / dur
-    j["bucket"] = size_bucket(j["message_bytes"])
-    j["logical_id"] = j["logical_id"].astype("Int64").fillna(-1)
-    j["nranks"] = j["nranks"].astype("Int64").fillna(-1)
-    keys = ["parallelism", "logical_id", "nranks", "op", "bucket"]
-    rows = []
-    for key, g in j.groupby(keys, sort=True):
-        bw = g["busbw_gbps"]
-        rows.append(dict(zip(keys, key), calls=len(g), busbw_p10_gbps=bw.quantile(0.1),
-                         busbw_median_gbps=bw.median(), busbw_p90_gbps=bw.quantile(0.9),
-                         algbw_median_gbps=g["algbw_gbps"].median(),
-                         transfer_busbw_median_gbps=g["transfer_busbw_gbps"].median(),
-                         duration_median_ns=g["duration_ns"].median(), wait_share_median=g["wait_share"].median(),
-                         efficiency_median=g["efficiency"].median(), limit_gbps=g["limit_gbps"].median(),
-                         limit_link=_mode(g["limit_link"]) if "limit_link" in g else pd.NA,
-                         algorithm=_mode(g["algorithm"]) if "algorithm" in g else pd.NA,
-                         protocol=_mode(g["protocol"]) if "protocol" in g else pd.NA))  # fmt: skip
-    t = pd.DataFrame(rows)
-    t = t.assign(**_bucket_columns(t["bucket"]))
-    for c in ("logical_id", "nranks"):  # -1 was only a groupby placeholder for unknown
-        t[c] = t[c].astype("Int64").where(t[c] >= 0)
-    return _frame(t, schema)
-
-
-def _alignment(ops: pd.DataFrame) -> pd.DataFrame:
-    kind = ops["row_kind"].astype("string")
-    status = ops["status"].astype("string")
-    reason = ops["reason"].astype("string")
-    # a duplicate line may carry another reason in older tables; name it by what makes it uncounted
-    dup = (kind == "call") & ops["duplicate_of"].notna()
-    reason = reason.mask(dup, "duplicate_line")
-    status = status.mask(dup, "unmatched")
-    t = pd.DataFrame({"row_kind": kind, "status": status, "reason": reason})
-    t = t.groupby(["row_kind", "status", "reason"], dropna=False).size().rename("rows").reset_index()
+def _alignment(counts: pd.DataFrame) -> pd.DataFrame:
+    keys = ["row_kind", "status", "reason"]
+    t = counts.sort_values(keys, na_position="last", kind="stable")
+    t["rows"] = t["rows"].astype("int64")
     t["share"] = t["rows"] / t.groupby("row_kind", dropna=False)["rows"].transform("sum")
     t = t.sort_values(["row_kind", "status", "rows"], ascending=[True, True, False], kind="stable")
     return _frame(t, RUN_SCHEMAS["alignment"])
 
 
-def _overview(ops: pd.DataFrame, base: pd.DataFrame, dups: pd.DataFrame, kernels: pd.DataFrame,
-              bandwidth_calls: pd.Series | None) -> pd.DataFrame:
-    multi = base[~base["single"]]
-    per_rank = multi.groupby("global_rank")["bytes"].sum()
-    ranks = _n_ranks(pd.concat([base, dups]))
-    # ranks whose calls were all single-rank still count, with zero volume
-    per_rank = per_rank.reindex(sorted(set(base["global_rank"].dropna().astype(int))), fill_value=0)
-    start = pd.to_numeric(multi["kernel_start_sync"], errors="coerce")
-    end = pd.to_numeric(multi["kernel_end_sync"], errors="coerce")
-    span = int(end.max() - start.min()) if start.notna().any() and end.notna().any() else pd.NA
-    matched = int((multi["status"].astype("string") == "matched").sum())
-    row = {
-        "ranks": ranks, "hosts": int(pd.concat([base, dups])["host"].nunique()),
-        "call_lines": int((ops["row_kind"].astype("string") == "call").sum()),
-        "calls": len(multi), "calls_single_rank": int(base["single"].sum()), "duplicate_lines": len(dups),
-        "kernels": len(kernels), "matched_calls": matched,
-        "matched_share": matched / len(multi) if len(multi) else pd.NA,
-        "bytes": int(multi["bytes"].sum()), "bytes_single_rank": int(base.loc[base["single"], "bytes"].sum()),
-        "bytes_per_rank_mean": float(multi["bytes"].sum()) / ranks,
-        "bytes_per_rank_min": float(per_rank.min()) if len(per_rank) else pd.NA,
-        "bytes_per_rank_max": float(per_rank.max()) if len(per_rank) else pd.NA,
-        "span_ns": span,
-        "busbw_median_gbps": float(bandwidth_calls.median()) if bandwidth_calls is not None
-        and bandwidth_calls.notna().any() else pd.NA,
-    }  # fmt: skip
-    return _frame(pd.DataFrame([row]), RUN_SCHEMAS["overview"])
+class _Bandwidth:
+    """Partial aggregates of the bandwidth table: per group of :data:`_BW_KEYS`, the calls with a
+    bus bandwidth, their values for the medians and quantiles, and counts of the values taken
+    by limits, link types, algorithms and protocols (they repeat; their median or mode is taken)."""
+
+    def __init__(self) -> None:
+        self.groups = KeyIds()
+        self.calls = PartialSums(["g"], {"calls": "sum"})
+        self.values = GroupValues(["busbw_gbps", *_BW_MEDIANS.values()])
+        self.limits = PartialSums(["g", "value"], {"n": "sum"})
+        self.modes = PartialSums(["g", "column", "value"], {"n": "sum"})
+
+    def add(self, multi: pd.DataFrame) -> None:
+        """Add one batch's multi-rank calls (with their op-metrics columns)."""
+        j = multi[~np.isnan(_f64(multi, "busbw_gbps"))]
+        if j.empty:
+            return
+        g = self.groups.codes(pd.DataFrame({  # -1: a groupby placeholder for unknown, null again in the table
+            "parallelism": j["parallelism"], "logical_id": j["logical_id"].astype("Int64").fillna(-1),
+            "nranks": j["nranks"].astype("Int64").fillna(-1), "op": j["op"], "bucket": size_bucket(j["message_bytes"])}))
+        ids, n = np.unique(g, return_counts=True)
+        self.calls.add(pd.DataFrame({"g": ids, "calls": n}))
+        values = {c: _f64(j, c) for c in ("busbw_gbps", "algbw_gbps", "transfer_busbw_gbps", "duration_ns",
+                                          "efficiency")}  # fmt: skip
+        dur = values["duration_ns"]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            values["wait_share"] = _f64(j, "wait_ns") / np.where(dur > 0, dur, np.nan)
+        self.values.add(g, values)
+        limit = _f64(j, "limit_gbps")
+        self.limits.add(pd.DataFrame({"g": g, "value": limit, "n": 1})[~np.isnan(limit)])
+        for c in _BW_MODES:
+            if c in j:
+                # counted per (group, value code), named by the few distinct values
+                codes, uniques = pd.factorize(j[c])
+                has = codes >= 0
+                key, n = np.unique(g[has] * len(uniques) + codes[has], return_counts=True)
+                names = np.array([str(v) for v in uniques], dtype=object)
+                self.modes.add(pd.DataFrame({"g": key // max(len(uniques), 1), "column": c,
+                                             "value": names[key % max(len(uniques), 1)], "n": n}))  # fmt: skip
+
+    def table(self) -> pd.DataFrame:
+        """The ``bandwidth`` table, one row per group in key order."""
+        calls = self.calls.total().set_index("g")["calls"]
+        if calls.empty:
+            return _frame(pd.DataFrame(), RUN_SCHEMAS["bandwidth"])
+        limits = {g: (t["value"].to_numpy(), t["n"].to_numpy()) for g, t in self.limits.total().groupby("g")}
+        modes = {k: t.set_index("value")["n"] for k, t in self.modes.total().groupby(["g", "column"])}
+        rows = []
+        for g in sorted(calls.index, key=lambda i: self.groups.keys[i]):
+            bw = pd.Series(self.values.get(g, "busbw_gbps"), dtype="float64")
+            row = dict(zip(_BW_KEYS, self.groups.keys[g]), calls=int(calls[g]), busbw_p10_gbps=bw.quantile(0.1),
+                       busbw_median_gbps=bw.median(), busbw_p90_gbps=bw.quantile(0.9),
+                       limit_gbps=median_of_counts(*limits[g]) if g in limits else np.nan)  # fmt: skip
+            row.update({name: self.values.median(g, c) for name, c in _BW_MEDIANS.items()})
+            row.update({c: _mode(modes.get((g, c), pd.Series(dtype="int64"))) for c in _BW_MODES})
+            rows.append(row)
+        t = pd.DataFrame(rows)
+        t = t.assign(**_bucket_columns(t["bucket"]))
+        for c in ("logical_id", "nranks"):
+            t[c] = t[c].astype("Int64").where(t[c] >= 0)
+        return _frame(t, RUN_SCHEMAS["bandwidth"])
+
+    def busbw_median_large(self) -> Any:
+        """Median bus bandwidth of the calls whose message size S is at least 1 MiB (NA without)."""
+        groups = [int(g) for g in self.calls.total()["g"] if self.groups.keys[int(g)][-1] >= _LARGE_BUCKET]
+        values = np.concatenate([self.values.get(g, "busbw_gbps") for g in groups] or [np.zeros(0)])
+        # no missing values are kept: numpy's median in place is Series.median without a copy
+        return float(np.median(values, overwrite_input=True)) if len(values) else pd.NA
 
 
-def _time_lost(base: pd.DataFrame, op_metrics: pd.DataFrame | None, stragglers: pd.DataFrame | None) -> pd.DataFrame:
-    """The ``time_lost`` table (see its schema)."""
-    schema = RUN_SCHEMAS["time_lost"]
-    if op_metrics is None or op_metrics.empty or "duration_ns" not in op_metrics:
-        return _frame(pd.DataFrame(), schema)
-    cols = [c for c in ("file", "line", "duration_ns", "wait_ns", "transfer_ns", "arrival_skew_ns") if c in op_metrics]
-    multi = base[~base["single"]][["file", "line", "parallelism", "logical_id", "global_rank", "kernel_start_sync",
-                                   "kernel_end_sync"]]  # fmt: skip
-    j = multi.merge(op_metrics[cols].drop_duplicates(["file", "line"]), on=["file", "line"], how="inner")
-    for c in ("duration_ns", "wait_ns", "transfer_ns", "arrival_skew_ns", "kernel_start_sync", "kernel_end_sync"):
-        j[c] = pd.to_numeric(j[c], errors="coerce").astype("float64") if c in j else np.nan
-    j = j[j["duration_ns"].notna()]
-    if j.empty:
-        return _frame(pd.DataFrame(), schema)
-    span = j.groupby("global_rank").agg(lo=("kernel_start_sync", "min"), hi=("kernel_end_sync", "max"))
-    span = (span["hi"] - span["lo"]).where(lambda v: v > 0)
-    rows = []
-    for par, g in j.groupby("parallelism", sort=True):
-        wait, transfer = float(g["wait_ns"].sum()), float(g["transfer_ns"].sum())
-        per_rank = g.groupby("global_rank")["duration_ns"].sum() / span.reindex(g["global_rank"].unique()).to_numpy()
-        row = {"parallelism": par, "communicators": int(g["logical_id"].nunique()), "calls_timed": len(g),
-               "comm_time_s": float(g["duration_ns"].sum()) / 1e9, "wait_s": wait / 1e9, "transfer_s": transfer / 1e9,
-               "wait_share": wait / (wait + transfer) if wait + transfer > 0 else np.nan,
-               "median_arrival_skew_us": float(g["arrival_skew_ns"].median()) / 1e3,
-               "comm_share_of_span": float(per_rank.median()) if per_rank.notna().any() else np.nan}  # fmt: skip
-        if stragglers is not None and not stragglers.empty:
-            st = stragglers[(stragglers["parallelism"].astype("string") == par).fillna(False)]
-            caused = pd.to_numeric(st["wait_caused_ns"], errors="coerce").astype("float64").fillna(0.0)
-            if (caused > 0).any():
-                top = st.loc[caused.idxmax()]
-                share = pd.to_numeric(pd.Series([top["last_share"]]), errors="coerce").astype("float64").iloc[0]
-                row.update(top_straggler_rank=int(top["global_rank"]), straggler_last_share=share,
-                           straggler_wait_caused_s=float(caused.max()) / 1e9)
-        rows.append(row)
-    out = pd.DataFrame(rows).sort_values("comm_time_s", ascending=False, kind="stable")
-    return _frame(out, schema)
+class _TimeLost:
+    """Partial aggregates of the ``time_lost`` table over the multi-rank calls with a kernel
+    duration: sums per parallelism and per (parallelism, rank), each rank's first kernel start
+    and last kernel end, the communicators seen, and the arrival skews for their median."""
+
+    def __init__(self) -> None:
+        self.pars = KeyIds()
+        self.sums = PartialSums(["parallelism"], dict.fromkeys(["calls_timed", "duration_ns", "wait_ns", "transfer_ns"],
+                                                               "sum"))  # fmt: skip
+        self.rank_time = PartialSums(["parallelism", "global_rank"], {"duration_ns": "sum"})
+        self.span = PartialSums(["global_rank"], {"lo": "min", "hi": "max"})
+        self.comms = PartialSums(["parallelism", "logical_id"], {"n": "sum"})
+        self.skew = GroupValues(["arrival_skew_ns"])
+
+    def add(self, multi: pd.DataFrame) -> None:
+        """Add one batch's multi-rank calls (with their op-metrics columns)."""
+        dur = _f64(multi, "duration_ns")
+        j = multi[~np.isnan(dur)]
+        if j.empty:
+            return
+        f = pd.DataFrame({"parallelism": j["parallelism"].array, "logical_id": j["logical_id"].array,
+                          "global_rank": j["global_rank"].array, "calls_timed": 1, "duration_ns": dur[~np.isnan(dur)],
+                          "wait_ns": _f64(j, "wait_ns"), "transfer_ns": _f64(j, "transfer_ns"),
+                          "lo": _f64(j, "kernel_start_sync"), "hi": _f64(j, "kernel_end_sync"), "n": 1})  # fmt: skip
+        self.sums.add(f)
+        ranked = f[f["global_rank"].notna()]  # a rank's span and time: calls of a known rank
+        self.rank_time.add(ranked)
+        self.span.add(ranked)
+        self.comms.add(f[f["logical_id"].notna()])
+        self.skew.add(self.pars.codes(f[["parallelism"]]), {"arrival_skew_ns": _f64(j, "arrival_skew_ns")})
+
+    def table(self, stragglers: pd.DataFrame | None) -> pd.DataFrame:
+        """The ``time_lost`` table (see its schema), largest communication time first."""
+        sums = self.sums.total().set_index("parallelism").sort_index()
+        if sums.empty:
+            return _frame(pd.DataFrame(), RUN_SCHEMAS["time_lost"])
+        span = self.span.total().set_index("global_rank")
+        span = (span["hi"] - span["lo"]).where(lambda v: v > 0)
+        rank_time = self.rank_time.total()
+        comms = self.comms.total().groupby("parallelism")["logical_id"].nunique()
+        rows = []
+        for par, s in sums.iterrows():
+            wait, transfer = float(s["wait_ns"]), float(s["transfer_ns"])
+            per_rank = rank_time[rank_time["parallelism"] == par].set_index("global_rank")["duration_ns"]
+            per_rank = per_rank / span.reindex(per_rank.index)  # each rank's kernel time over its own span
+            row = {"parallelism": par, "communicators": int(comms.get(par, 0)), "calls_timed": int(s["calls_timed"]),
+                   "comm_time_s": float(s["duration_ns"]) / 1e9, "wait_s": wait / 1e9, "transfer_s": transfer / 1e9,
+                   "wait_share": wait / (wait + transfer) if wait + transfer > 0 else np.nan,
+                   "median_arrival_skew_us": self.skew.median(self.pars.ids[(par,)], "arrival_skew_ns") / 1e3,
+                   "comm_share_of_span": float(per_rank.median()) if per_rank.notna().any() else np.nan}  # fmt: skip
+            row.update(_top_straggler(stragglers, par))
+            rows.append(row)
+        out = pd.DataFrame(rows).sort_values("comm_time_s", ascending=False, kind="stable")
+        return _frame(out, RUN_SCHEMAS["time_lost"])
+
+
+def _top_straggler(stragglers: pd.DataFrame | None, par: str) -> dict[str, Any]:
+    """The straggler columns of ``time_lost`` for one parallelism (empty without stragglers)."""
+    if stragglers is None or stragglers.empty:
+        return {}
+    st = stragglers[(stragglers["parallelism"].astype("string") == par).fillna(False)]
+    caused = pd.to_numeric(st["wait_caused_ns"], errors="coerce").astype("float64").fillna(0.0)
+    if not (caused > 0).any():
+        return {}
+    top = st.loc[caused.idxmax()]
+    share = pd.to_numeric(pd.Series([top["last_share"]]), errors="coerce").astype("float64").iloc[0]
+    return {"top_straggler_rank": int(top["global_rank"]), "straggler_last_share": share,
+            "straggler_wait_caused_s": float(caused.max()) / 1e9}
+
+
+def _extreme(pick: Any, a: Any, b: Any) -> Any:
+    """``pick`` (min or max) of two values that may be missing (NA when both are)."""
+    present = [v for v in (a, b) if not pd.isna(v)]
+    return pick(present) if present else pd.NA
+
+
+class RunTablesBuilder:
+    """The summary tables of one run (:data:`RUN_SCHEMAS`) from its ops table fed in batches of
+    consecutive rows, in table order, in memory that does not hold the rows.
+
+    Counts and sums are kept per group and added up; distinct kernels are found with one int64
+    per kernel key (:class:`~nccltrace.batches.FirstSeen`); medians and quantiles keep only the
+    float values they are taken over. ``metric_columns``: the op-metrics columns each batch
+    brings (None: the run has no op metrics; bandwidth and time_lost stay empty). ``kernels``:
+    a kernel-key set to share with a :class:`~nccltrace.plots.TimelineBuilder` fed the same rows."""
+
+    def __init__(self, metric_columns: Iterable[str] | None = None, kernels: FirstSeen | None = None) -> None:
+        cols = set(metric_columns) if metric_columns is not None else None
+        self.with_metrics = cols is not None
+        self._bandwidth = _Bandwidth() if cols is not None and "busbw_gbps" in cols else None
+        self._time_lost = _TimeLost() if cols is not None and "duration_ns" in cols else None
+        self._alignment = PartialSums(["row_kind", "status", "reason"], {"rows": "sum"})
+        self._fine = PartialSums(_FINE, dict.fromkeys(_COUNTS, "sum"))
+        self._sizes = PartialSums(["parallelism", "op", "bytes"], {"n": "sum"})  # multi-rank calls per size
+        self._rank_hosts = PartialSums(["global_rank", "host"], {"n": "sum"})
+        self._kernels = PartialSums(["parallelism", "kernel_op"], {"kernels": "sum", "kernel_time_ns": "sum"})
+        self._kernel_seen = kernels if kernels is not None else FirstSeen()
+        self._span: tuple[Any, Any] = (pd.NA, pd.NA)  # first kernel start, last kernel end of multi-rank calls
+
+    def add(self, ops: pd.DataFrame, metrics: pd.DataFrame | None = None) -> None:
+        """Add consecutive rows of the ops table; ``metrics``: the op-metrics rows of its call
+        rows, one per call row in the same order (required when the builder has metric columns)."""
+        if self.with_metrics and metrics is None:
+            raise ValueError("this run's tables use op metrics: pass the batch's op-metrics rows")
+        self._alignment.add(_alignment_rows(ops))
+        calls = _prepare(ops, metrics if self.with_metrics else None)
+        if calls.empty:
+            return
+        self._fine.add(_fine_rows(calls))
+        self._rank_hosts.add(calls[["global_rank", "host"]].assign(n=1))
+        multi = calls[calls["multi"].to_numpy(dtype=bool)]
+        self._sizes.add(multi[["parallelism", "op", "bytes"]].assign(n=1))
+        self._add_kernels(multi)
+        self._span = (_extreme(min, self._span[0], pd.to_numeric(multi["kernel_start_sync"], errors="coerce").min()),
+                      _extreme(max, self._span[1], pd.to_numeric(multi["kernel_end_sync"], errors="coerce").max()))
+        if self._bandwidth is not None:
+            self._bandwidth.add(multi)
+        if self._time_lost is not None:
+            self._time_lost.add(multi)
+
+    def _add_kernels(self, multi: pd.DataFrame) -> None:
+        """Kernels matched to countable calls, counted once at their first call (a fused group's
+        calls share one kernel)."""
+        k = multi[(multi["matched"] & multi["kernel_correlation_id"].notna()).to_numpy(dtype=bool)]
+        k = k[self._kernel_seen.first(k["host"], k["kernel_global_pid"], k["kernel_correlation_id"], tag=0)]
+        if k.empty:
+            return
+        dur = (pd.to_numeric(k["kernel_end"]) - pd.to_numeric(k["kernel_start"])).fillna(0).astype("int64")
+        part = pd.DataFrame({"parallelism": k["parallelism"], "kernel_op": _kernel_op(k["kernel_name"], k["op"]),
+                             "kernels": 1, "kernel_time_ns": dur})  # fmt: skip
+        self._kernels.add(part)
+
+    def tables(self, volume: pd.DataFrame | None = None, quality: pd.DataFrame | None = None,
+               stragglers: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:  # fmt: skip
+        """The tables of everything added (see :func:`run_tables`)."""
+        fine = self._fine.total()
+        for c in _COUNTS:
+            fine[c] = fine[c].astype("int64")
+        sizes = self._sizes.total()
+        kernels = self._kernels.total()
+        rank_volume, rank_volume_by_op = _rank_volume(fine, self._rank_hosts.total())
+        # ranks of countable calls and duplicate lines together
+        nranks = max(int(rank_volume["global_rank"].notna().sum()), 1)
+        tables = {
+            "overview": self._overview(fine, rank_volume, int(kernels["kernels"].sum()), nranks),
+            "op_counts": _op_counts(fine),
+            "kernel_counts": _kernel_counts(kernels),
+            "volume_by_op": _volume_by(fine, sizes, "op", nranks),
+            "volume_by_parallelism": _volume_by(fine, sizes, "parallelism", nranks),
+            "rank_volume": rank_volume,
+            "rank_volume_by_op": rank_volume_by_op,
+            "message_sizes": _message_sizes(fine),
+            "bandwidth": self._bandwidth.table() if self._bandwidth else _frame(pd.DataFrame(), RUN_SCHEMAS["bandwidth"]),
+            "time_lost": self._time_lost.table(stragglers) if self._time_lost
+            else _frame(pd.DataFrame(), RUN_SCHEMAS["time_lost"]),
+            "alignment": _alignment(self._alignment.total()),
+        }  # fmt: skip
+        if volume is not None:
+            # produced by the volume model; its columns are rendered as they come
+            tables["volume_validation"] = volume.reset_index(drop=True).copy()
+        if quality is not None:
+            tables.update(match_check_tables(quality))
+        return tables
+
+    def _overview(self, fine: pd.DataFrame, rank_volume: pd.DataFrame, kernels: int, ranks: int) -> pd.DataFrame:
+        sums = {c: int(fine[c].sum()) for c in _COUNTS}
+        # ranks whose calls were all single-rank still count, with zero volume
+        with_calls = rank_volume[rank_volume["global_rank"].notna()
+                                 & ((rank_volume["calls"] > 0) | (rank_volume["calls_single_rank"] > 0))]
+        per_rank = with_calls["bytes"].astype("float64")
+        start, end = self._span
+        calls = sums["calls"]
+        row = {
+            "ranks": ranks, "hosts": int(self._rank_hosts.total()["host"].nunique()),
+            "call_lines": calls + sums["calls_single_rank"] + sums["duplicate_lines"],
+            "calls": calls, "calls_single_rank": sums["calls_single_rank"], "duplicate_lines": sums["duplicate_lines"],
+            "kernels": kernels, "matched_calls": sums["matched_calls"],
+            "matched_share": sums["matched_calls"] / calls if calls else pd.NA,
+            "bytes": sums["bytes"], "bytes_single_rank": sums["bytes_single_rank"],
+            "bytes_per_rank_mean": float(sums["bytes"]) / ranks,
+            "bytes_per_rank_min": float(per_rank.min()) if len(per_rank) else pd.NA,
+            "bytes_per_rank_max": float(per_rank.max()) if len(per_rank) else pd.NA,
+            "span_ns": int(end - start) if not pd.isna(start) and not pd.isna(end) else pd.NA,
+            "busbw_median_gbps": self._bandwidth.busbw_median_large() if self._bandwidth else pd.NA,
+        }  # fmt: skip
+        return _frame(pd.DataFrame([row]), RUN_SCHEMAS["overview"])
 
 
 def run_tables(
@@ -517,38 +712,78 @@ def run_tables(
     """Summary tables of one run from its ops table (and, when given, its op metrics, volume
     validation, alignment-quality table and the metrics' stragglers). Keys: the names in
     ``RUN_SCHEMAS`` plus ``volume_validation``, ``match_checks`` and ``match_check_findings``
-    when given."""
-    base, dups = _prepare(ops)
-    kernels = _kernels(base)
-    bw_calls = None
-    if op_metrics is not None and "busbw_gbps" in op_metrics and not op_metrics.empty:
-        multi = base[~base["single"]]
-        large = multi[pd.to_numeric(multi["message_bytes"], errors="coerce").fillna(0) >= LARGE_MESSAGE_BYTES]
-        keyed = large[["file", "line"]].merge(
-            op_metrics[["file", "line", "busbw_gbps"]].drop_duplicates(["file", "line"]), on=["file", "line"])
-        bw_calls = pd.to_numeric(keyed["busbw_gbps"], errors="coerce")
-    rank_volume, rank_volume_by_op = _rank_volume(base, dups)
-    # ranks of countable calls and duplicate lines together (without concatenating the frames)
-    nranks = max(int(pd.concat([base["global_rank"], dups["global_rank"]]).nunique(dropna=True)), 1)
-    tables = {
-        "overview": _overview(ops, base, dups, kernels, bw_calls),
-        "op_counts": _op_counts(base, dups),
-        "kernel_counts": _kernel_counts(kernels),
-        "volume_by_op": _volume_by(base, dups, "op", nranks),
-        "volume_by_parallelism": _volume_by(base, dups, "parallelism", nranks),
-        "rank_volume": rank_volume,
-        "rank_volume_by_op": rank_volume_by_op,
-        "message_sizes": _message_sizes(base, dups),
-        "bandwidth": _bandwidth(base, op_metrics),
-        "time_lost": _time_lost(base, op_metrics, stragglers),
-        "alignment": _alignment(ops),
-    }
-    if volume is not None:
-        # produced by the volume model; its columns are rendered as they come
-        tables["volume_validation"] = volume.reset_index(drop=True).copy()
-    if quality is not None:
-        tables.update(match_check_tables(quality))
-    return tables
+    when given. The in-memory form of :class:`RunTablesBuilder` (one batch: the whole table);
+    op metrics are joined to the calls by (file, line)."""
+    has_metrics = op_metrics is not None and not op_metrics.empty
+    builder = RunTablesBuilder(list(op_metrics.columns) if has_metrics else None)
+    builder.add(ops, _metrics_of_calls(ops, op_metrics) if has_metrics else None)
+    return builder.tables(volume, quality, stragglers)
+
+
+def iter_run_batches(ops_path: Path | str, op_metrics_path: Path | str | None = None, *,
+                     batch_rows: int = 1 << 16) -> Iterator[tuple[pd.DataFrame, pd.DataFrame | None]]:  # fmt: skip
+    """The run's ops table (:data:`OPS_COLUMNS`) in batches of at most ``batch_rows`` rows, each
+    with the op-metrics rows (:data:`OP_METRICS_COLUMNS`) of its call rows (None without
+    ``op_metrics_path``).
+
+    The metrics stage writes one op-metrics row per call row, in the ops table's order; this is
+    checked batch by batch on (file, line), and a table that does not follow the other raises
+    ValueError naming both files. Memory holds about one row group and one batch of each."""
+    import pyarrow.compute as pc
+
+    metrics = _AlignedMetrics(Path(ops_path), Path(op_metrics_path), batch_rows) if op_metrics_path else None
+    for batch in iter_record_batches(ops_path, OPS_COLUMNS, batch_rows):
+        m = None
+        if metrics is not None:
+            m = read_table_batch(metrics.take(batch.filter(pc.equal(batch.column("row_kind"), "call"))))
+        yield read_table_batch(batch), m
+    if metrics is not None:
+        metrics.finish()
+
+
+class _AlignedMetrics:
+    """The op-metrics table read alongside the ops table: ``take`` returns the next rows, one per
+    call row given, after checking that they name the same (file, line)."""
+
+    def __init__(self, ops_path: Path, path: Path, batch_rows: int) -> None:
+        import pyarrow.parquet as pq
+
+        self.ops_path, self.path = ops_path, path
+        schema = pq.read_schema(path)
+        self._batches = iter_record_batches(path, OP_METRICS_COLUMNS, batch_rows)
+        self._buffer = pa.schema([schema.field(c) for c in OP_METRICS_COLUMNS if c in schema.names]).empty_table()
+        self._taken = 0  # rows handed out so far
+
+    def _error(self, what: str) -> ValueError:
+        return ValueError(f"{self.path} does not follow the call rows of {self.ops_path} (one op-metrics row per "
+                          f"call row, in the same order): {what}; run the metrics stage again on this ops table")
+
+    def take(self, calls: pa.RecordBatch) -> pa.Table:
+        """The op-metrics rows of ``calls``, the next call rows of the ops table."""
+        n = calls.num_rows
+        parts = [self._buffer]
+        while sum(p.num_rows for p in parts) < n:
+            batch = next(self._batches, None)
+            if batch is None:
+                raise self._error(f"it ends after {self._taken + sum(p.num_rows for p in parts)} rows, before the "
+                                  f"ops table's call rows do")
+            parts.append(pa.Table.from_batches([batch]))
+        table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        out, self._buffer = table.slice(0, n), table.slice(n)
+        for key in ("file", "line"):
+            ours, theirs = calls.column(key), out.column(key).combine_chunks()
+            if not ours.equals(theirs.cast(ours.type)):
+                i = next(i for i, (a, b) in enumerate(zip(ours.to_pylist(), theirs.to_pylist())) if a != b)
+                raise self._error(f"call row {self._taken + i} is ({calls.column('file')[i]}, {calls.column('line')[i]}), "
+                                  f"op-metrics row {self._taken + i} is ({out.column('file')[i]}, {out.column('line')[i]})")
+        self._taken += n
+        return out
+
+    def finish(self) -> None:
+        """Check that no op-metrics row is left over."""
+        rest = self._buffer.num_rows + sum(b.num_rows for b in self._batches)
+        if rest:
+            raise self._error(f"{rest} rows are left after the ops table's {self._taken} call rows")
 
 
 def match_check_tables(quality: pd.DataFrame) -> dict[str, pd.DataFrame]:
