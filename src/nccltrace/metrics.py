@@ -41,6 +41,7 @@ from .spill import PartSpill, merge_sorted_parts
 from .tables import (
     SCHEMA_VERSION,
     coerce_to_schema,
+    iter_record_batches,
     read_table,
     read_table_batch,
     write_table_atomic,
@@ -1225,9 +1226,8 @@ def part_calls(ops_path: Path | str, part_rows: int = PART_ROWS) -> tuple[int, i
     """(call rows of the largest part, call rows of the run) the out-of-core metrics of the ops
     file will compute with: what their memory depends on. Reads two columns; a kernel shared by
     communicators (which joins their parts) is not looked for."""
-    pf = pq.ParquetFile(ops_path)
     rows: dict[int, int] = {}
-    for batch in pf.iter_batches(batch_size=1 << 20, columns=["row_kind", "logical_id"]):
+    for batch in iter_record_batches(ops_path, ["row_kind", "logical_id"], 1 << 20):
         t = batch.filter(pc.fill_null(pc.equal(batch["row_kind"], "call"), False))
         lid = t["logical_id"].to_numpy(zero_copy_only=False)
         lid = np.where(pd.isna(lid), _NO_LID, lid).astype("int64") if len(lid) else np.zeros(0, "int64")
@@ -1259,7 +1259,6 @@ class _Scan:
     key, so that TUNING lines can be routed to the part of the call they are attached to."""
 
     def __init__(self, ops_path: Path, batch_rows: int, with_keys: bool) -> None:
-        pf = pq.ParquetFile(ops_path)
         wanted = ["row_kind", "file", "line", "host", "pid", "comm", "logical_id", "global_rank", "rank_in_comm",
                   "nranks", "parallelism", "status", "kernel_global_pid", "kernel_correlation_id"]  # fmt: skip
         facts: list[_RunFacts] = []
@@ -1267,7 +1266,7 @@ class _Scan:
         kernels, keys, key_lids = [], [], []
         self.files: dict[str, int] = {}
         self.calls = 0
-        for batch in pf.iter_batches(batch_size=batch_rows, columns=[c for c in wanted if c in pf.schema_arrow.names]):
+        for batch in iter_record_batches(ops_path, wanted, batch_rows):
             calls = _call_rows(read_table_batch(batch))
             if calls.empty:
                 continue
@@ -1394,10 +1393,8 @@ def write_run_metrics_out_of_core(ops_path: Path | str, parsed_nccl_dirs: Sequen
                 t = pq.read_table(f, columns=_TUNING_COLUMNS)
                 keys = scan.call_keys(t["file"].to_pandas(), t["call_line"].to_pandas())
                 _spill_by_part(spill, "tuning", t, scan.parts_of_keys(keys, part_of))
-        pf = pq.ParquetFile(ops_path)
-        cols = [c for c in OPS_COLUMNS if c in pf.schema_arrow.names]
         start = 0
-        for batch in pf.iter_batches(batch_size=batch_rows, columns=cols):
+        for batch in iter_record_batches(ops_path, OPS_COLUMNS, batch_rows):
             t = pa.Table.from_batches([batch])
             t = t.filter(pc.fill_null(pc.equal(t["row_kind"], "call"), False))
             if not t.num_rows:

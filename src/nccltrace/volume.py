@@ -44,7 +44,12 @@ import pyarrow as pa
 from .errors import ConfigError
 from .megatron.model import MODEL_DEFAULTS, ModelShape, chunk_params, padded_vocab_size
 from .megatron.sizes import ParallelSizes, flatten_settings
-from .tables import atomic_output, coerce_to_schema, write_table_atomic
+from .tables import (
+    atomic_output,
+    coerce_to_schema,
+    iter_record_batches,
+    write_table_atomic,
+)
 from .tables import documented_field as _f
 
 # The ops columns volume_validation reads: stages read only these, so a run's ops table is never
@@ -983,7 +988,8 @@ def volume_validation_of_file(settings: Mapping[str, Any], ops_path: Path | str,
         top = _column_max(pf, "global_rank")
         world_hint = int(top) + 1 if top is not None else None
     r, items = _theory(settings, assumptions, world_hint)
-    parts = [_Observed.of(read_table_batch(b), r) for b in pf.iter_batches(batch_size=batch_rows, columns=cols)]
+    # one row group at a time (tables.iter_record_batches): buffers do not pile up over the file
+    parts = [_Observed.of(read_table_batch(b), r) for b in iter_record_batches(ops_path, cols, batch_rows)]
     observed = _Observed.combine(parts) if parts else _Observed.of(read_table_batch(pf.schema_arrow.empty_table()), r)
     return _validation_table(r, items, observed, assumptions, run)
 
