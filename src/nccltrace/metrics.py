@@ -1344,6 +1344,11 @@ class _Scan:
         return part_of
 
 
+def _present(path: Path, columns: list[str]) -> list[str]:
+    names = pq.read_schema(path).names
+    return [c for c in columns if c in names]
+
+
 def _lid_keys(calls: pd.DataFrame) -> np.ndarray:
     return calls["logical_id"].astype("Int64").fillna(_NO_LID).to_numpy("int64")
 
@@ -1371,7 +1376,8 @@ def write_run_metrics_out_of_core(ops_path: Path | str, parsed_nccl_dirs: Sequen
     """Compute and write the metrics tables of the ops file ``ops_path`` in bounded memory;
     the tables equal ``write_run_metrics(compute_run_metrics(...))``.
 
-    Two passes over the ops file in batches of ``batch_rows``: the first gathers the run-wide
+    A file of at most ``part_rows`` rows is one part, computed in memory. Otherwise, two passes
+    over the ops file in batches of ``batch_rows``: the first gathers the run-wide
     facts and sizes the communicators; the second routes the call rows into parts of whole
     communicators (about ``part_rows`` calls each) spilled to a private directory in ``out_dir``.
     Each part is computed alone; op_metrics and instances are merged back into run order from
@@ -1381,6 +1387,12 @@ def write_run_metrics_out_of_core(ops_path: Path | str, parsed_nccl_dirs: Sequen
     ops_path, out_dir = Path(ops_path), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     dirs = [Path(d) for d in parsed_nccl_dirs]
+    if pq.read_metadata(ops_path).num_rows <= part_rows:
+        # the run is one part: computed in memory, without the passes and the spill
+        result = compute_run_metrics(read_table(ops_path, columns=_present(ops_path, OPS_COLUMNS)), dirs,
+                                     communicators)  # fmt: skip
+        return WrittenMetrics(write_run_metrics(result, out_dir), result.problems, len(result.op_metrics),
+                              len(result.instances), int(len(result.op_metrics) > 0))  # fmt: skip
     tuning_files = [d / "tuning.parquet" for d in dirs if (d / "tuning.parquet").is_file()]
     with_tuning = any(pq.read_metadata(f).num_rows for f in tuning_files)
     scan = _Scan(ops_path, batch_rows, with_tuning)
