@@ -13,10 +13,10 @@ describe; a job asking too little is killed by SLURM, one asking too much waits 
 | parse_nsys | kernels of the node (the export's file size stands for them) | 964 MiB for a 284 MB export |
 | align | calls of the process | 270 MiB + 1.5 KB per call (1.76 GiB at 10^6) |
 | ops | largest process's rows; the clock fit holds at most 2*10^6 rows | 0.94 GiB at 11.2 M rows |
-| metrics | calls of the largest part (whole communicators, 2^18 calls or the largest communicator) and, a little, of the run | 1.54 GiB at 2.6 M calls of 1024 ranks (parts of 2^18), 1.45 GiB with parts of 6*10^4; 2.64 GiB at 4*10^6 calls of 8 ranks (communicators of 8.5*10^5 calls) |
+| metrics | calls of the largest part (whole communicators, 2^18 calls or the largest communicator) and, a little, of the run | 1.40-1.54 GiB at 2.6 M calls of 1024 ranks (parts of 2^18), 1.45 GiB with parts of 6*10^4; 2.64 GiB at 4*10^6 calls of 8 ranks (communicators of 8.5*10^5 calls) |
 | volume | one batch of 2^18 ops rows and the sums per rank and call group | 0.7 GiB at 10^6, 0.8 GiB at 4*10^6 (batches of 2^20) |
 | trace | capped: the earliest 5*10^5 events + streamed summary | 2.3 GiB at 4*10^6 |
-| report | call rows of the run | 1.35 KB per op at 8 ranks (5.3 GiB at 4*10^6), 2.0 KB per op at 256 ranks (21.7 GiB at 11.2 M): per-rank tables grow with the ranks |
+| report | ops rows of the run (read in batches: per-group sums and the float values its medians need) | 430 MiB at 10^6, 670 MiB at 4*10^6, 1.16 GiB at 1.12*10^7 ops (tiled 8-rank runs) |
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ COSTS: dict[str, JobCost] = {
     "metrics": JobCost(1200, 2000, bytes_per_run_row=60),
     "volume": JobCost(700, 30),
     "trace": JobCost(2400, 0, minimum_mb=4000),
-    "report": JobCost(300, 2000),
+    "report": JobCost(400, 80),
 }
 """Measured costs per stage (see the module docstring)."""
 
