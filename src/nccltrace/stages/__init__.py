@@ -90,9 +90,9 @@ def each_process(stage: str, host: str, units: Iterable[str], run_one: Callable[
             traceback.print_exc(file=sys.stdout)
             if sys.stderr is not sys.__stderr__:
                 print(f"FAILED: {stage} of node {host}: {unit}: {type(exc).__name__}: {exc}", file=sys.__stderr__)
-        # one unit's frames are garbage before the next starts: the job's peak is its largest unit's
+        # one unit's memory is returned before the next starts: the job's peak is its largest unit's
         gc.collect()
-        _release_arrow_memory()
+        _release_memory()
         if done is not None:
             done(unit)
     combined = StageResult(stage)
@@ -109,8 +109,18 @@ def each_process(stage: str, host: str, units: Iterable[str], run_one: Callable[
     return combined
 
 
-def _release_arrow_memory() -> None:
-    """Return Arrow's freed pages (its allocator keeps them for reuse) when pyarrow is loaded."""
+def _release_memory() -> None:
+    """Return freed memory to the system: Arrow's pool (its allocator keeps freed pages for
+    reuse) and the C heap (glibc keeps it for the next allocation). Without this, each of a
+    node's processes left more resident (8 processes of 63 k calls aligned one after another:
+    450-500 MiB between processes instead of 300-330, a peak of 758 instead of 717-726 MiB;
+    one process alone: 675 MiB)."""
     pa = sys.modules.get("pyarrow")
     if pa is not None:
         pa.default_memory_pool().release_unused()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass

@@ -1,5 +1,5 @@
-"""Stage parse_node: one node's inputs in one job: the NCCL log of each of its processes
-(stage parse_nccl, one after another) and its nsys export (stage parse_nsys).
+"""Stage parse_node: one node's inputs in one job: its nsys export (stage parse_nsys), then
+the NCCL log of each of its processes (stage parse_nccl, one after another).
 
 One job per node rather than one per process keeps a large run's job count at the order of its
 nodes (a scheduler's cost, and an interpreter start-up per job). Each process's tables, parse
@@ -9,7 +9,12 @@ export' tables (its calls are aligned as ``no_export``); a node with an export b
 its export's tables and an empty ``parsed/nccl/<host>/`` (the parse summary says the export is
 not used). Damaged inputs are partial, as those stages decide; a stage that raises for one
 process does not stop the others, and the job then fails naming it
-(:class:`~nccltrace.stages.NodeStageError`)."""
+(:class:`~nccltrace.stages.NodeStageError`).
+
+The export goes first: its parse has the larger peak (the kernels), and it then runs in an
+interpreter that has not yet parsed anything (measured on one node of 8 processes, 0.5 M calls
+and an 80 MB export: a peak of 1,180 MiB, as the export alone in a fresh interpreter, against
+1,290-1,320 MiB with the export last)."""
 
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ def run_parse_node(layout: RunLayout, host: str, logs: Mapping[str, Path | str],
     """Parse node ``host``'s logs (``logs``: process -> its log, every process of the node) into
     ``layout.parsed_nccl(proc)`` and its export into ``layout.parsed_nsys(host)``; ``export``,
     ``unusable`` and ``remedy`` as :func:`~nccltrace.stages.parse_nsys.run_parse_nsys` takes
-    them. ``done(unit)`` after each process and after the export (progress)."""
+    them. ``done(unit)`` after the export and after each process (progress)."""
     settings = dict(settings or {})
     strangers = [p for p in logs if layout.host_of(p) != host]
     if strangers:
@@ -45,7 +50,7 @@ def run_parse_node(layout: RunLayout, host: str, logs: Mapping[str, Path | str],
             return run_parse_nsys(export, layout.parsed_nsys(host), host, settings, unusable=unusable, remedy=remedy)
         return run_parse_nccl(logs[unit], layout.parsed_nccl(unit), settings)
 
-    result = each_process("parse_node", host, [*sorted(logs), export_unit], run_one, done)
+    result = each_process("parse_node", host, [export_unit, *sorted(logs)], run_one, done)
     nsys = result.details.get(export_unit)
     result.details["hostname"] = nsys.details.get("hostname") if nsys is not None else None
     return result
