@@ -35,6 +35,7 @@ report's section "Can I trust these matches?".
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -45,8 +46,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from ..tables import documented_field as _f
 from ..run_layout import ALIGNMENT_QUALITY_FILE
+from ..tables import documented_field as _f
 from ..tables import write_json_atomic
 
 __all__ = [
@@ -54,8 +55,8 @@ __all__ = [
     "CROSS_RANK_REASON",
     "P2P_REASON",
     "QUALITY_FILE",
-    "QUALITY_TABLE",
     "QUALITY_SCHEMA",
+    "QUALITY_TABLE",
     "cross_rank_contradictions",
     "p2p_contradictions",
     "quality_problems",
@@ -75,13 +76,13 @@ CHECKS: dict[str, tuple[str, str]] = {
                        "log timestamps (NCCL >= 2.26) or declare the captured steps"),
     "log_time": ("each kernel was launched within the learned log-line -> launch window",
                  "check that the log and the export come from the same run and host clock"),
-    "stream": ("each kernel ran on the export stream its line's log stream maps to (one cudaStream_t is one "
-               "export stream)", "check that the log and the export come from the same process"),
-    "p2p_pairing": ("a Recv's kernel ends after the kernel of its Send (the k-th Send a->b is the k-th Recv on b "
-                    "from a) started", "check both ranks' logs and exports for lost records around the demoted calls"),
+    "stream": (("each kernel ran on the export stream its line's log stream maps to (one cudaStream_t is one "
+               "export stream)"), "check that the log and the export come from the same process"),
+    "p2p_pairing": (("a Recv's kernel ends after the kernel of its Send (the k-th Send a->b is the k-th Recv on b "
+                    "from a) started"), "check both ranks' logs and exports for lost records around the demoted calls"),
     "cross_rank": ("the kernels of one collective instance on all its ranks overlap in synchronised time",
-                   "check the rank's log and export for lost records around the demoted calls; with NCCL >= 2.26 "
-                   "log timestamps locate every call"),
+                   ("check the rank's log and export for lost records around the demoted calls; with NCCL >= 2.26 "
+                   "log timestamps locate every call")),
 }
 
 QUALITY_SCHEMA = pa.schema(
@@ -267,8 +268,7 @@ def _fenwick_max_query(tree: np.ndarray, i: int) -> int:
     """Max over positions [0, i) of a Fenwick tree of prefix maxima."""
     best = 0
     while i > 0:
-        if tree[i] > best:
-            best = tree[i]
+        best = max(best, tree[i])
         i -= i & -i
     return best
 
@@ -277,8 +277,7 @@ def _fenwick_max_query(tree: np.ndarray, i: int) -> int:
 def _fenwick_max_update(tree: np.ndarray, i: int, v: int) -> None:
     i += 1
     while i < len(tree):
-        if tree[i] < v:
-            tree[i] = v
+        tree[i] = max(tree[i], v)
         i += i & -i
 
 
@@ -325,7 +324,7 @@ def _end_clusters(member: np.ndarray, end: np.ndarray, tol: float, split_gap: fl
     e, m = end[order], member[order]
     cuts: set[int] = set((np.flatnonzero(np.diff(e) > tol) + 1).tolist())
     bounds = sorted({0, len(e), *cuts})
-    todo = list(zip(bounds[:-1], bounds[1:], strict=True))
+    todo = list(itertools.pairwise(bounds))
     while todo:
         a, b = todo.pop()
         if b - a < 2 or len(np.unique(m[a:b])) == b - a:
