@@ -22,7 +22,8 @@ MEASURED = [
     ("align", 1_000_000, 1802), ("align", 100_000, 412),
     ("parse_nsys", 284_000_000, 964),
     ("parse_nccl", 0, 425),
-    ("ops", 11_200_000, 963),
+    # ops end to end: scale-1024 (2.6 M rows) and scale-256 (11.2 M rows, 100 iterations)
+    ("ops", 2_595_840, 1229), ("ops", 11_200_000, 5793),
 ]
 
 

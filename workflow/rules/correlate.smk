@@ -56,7 +56,7 @@ rule ops:
         processes=nccl_processes,
         hosts=nsys_hosts,
         settings=run_settings,
-    # one process at a time plus the clock fit (at most 2 million rows)
+    # one process at a time, plus every matched instance row of the run (cross-rank check, clock fit input)
     resources:
         mem_mb=job_mem("ops", alignment_rows),
     log:
