@@ -21,6 +21,9 @@ MEASURED = [
     ("trace", 4_001_800, 2348),
     ("align", 1_000_000, 1802), ("align", 100_000, 412),
     ("parse_nsys", 284_000_000, 964),
+    # one node of 8 processes (0.5 M calls, 80 MB export): parse_nsys alone, align_node (largest
+    # process 63 k calls, 675 MiB alone)
+    ("parse_nsys", 80_000_000, 1183), ("align", 63_000, 726),
     ("parse_nccl", 0, 425),
     # ops end to end: scale-1024 (2.6 M rows) and scale-256 (11.2 M rows, 100 iterations)
     ("ops", 2_595_840, 1229), ("ops", 11_200_000, 5793),
