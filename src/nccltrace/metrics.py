@@ -1229,10 +1229,7 @@ def part_calls(ops_path: Path | str, part_rows: int = PART_ROWS) -> tuple[int, i
     rows: dict[int, int] = {}
     for batch in iter_record_batches(ops_path, ["row_kind", "logical_id"], 1 << 20):
         t = batch.filter(pc.fill_null(pc.equal(batch["row_kind"], "call"), False))
-        lid = t["logical_id"].to_numpy(zero_copy_only=False)
-        lid = np.where(pd.isna(lid), _NO_LID, lid).astype("int64") if len(lid) else np.zeros(0, "int64")
-        for k, c in zip(*np.unique(lid, return_counts=True)):
-            rows[int(k)] = rows.get(int(k), 0) + int(c)
+        _count_keys(rows, _lid_keys_of(t))
     calls = sum(rows.values())
     return min(calls, max([part_rows, *rows.values()])), calls
 
@@ -1273,8 +1270,7 @@ class _Scan:
             self.calls += len(calls)
             facts.append(_RunFacts.of(calls))
             lid = _lid_keys(calls)
-            for k, c in zip(*np.unique(lid, return_counts=True)):
-                rows[int(k)] = rows.get(int(k), 0) + int(c)
+            _count_keys(rows, lid)
             has = ((calls["status"] == "matched").fillna(False).to_numpy(bool)
                    & calls["kernel_global_pid"].notna().to_numpy() & calls["kernel_correlation_id"].notna().to_numpy())
             if has.any():
@@ -1350,7 +1346,21 @@ def _present(path: Path, columns: list[str]) -> list[str]:
 
 
 def _lid_keys(calls: pd.DataFrame) -> np.ndarray:
+    """The part key of each call row: its logical communicator, _NO_LID when it has none."""
     return calls["logical_id"].astype("Int64").fillna(_NO_LID).to_numpy("int64")
+
+
+def _lid_keys_of(table: pa.Table | pa.RecordBatch) -> np.ndarray:
+    """``_lid_keys`` of Arrow call rows (all _NO_LID when the table has no logical_id column)."""
+    if "logical_id" not in table.schema.names:
+        return np.full(table.num_rows, _NO_LID, dtype=np.int64)
+    return _lid_keys(read_table_batch(table.select(["logical_id"])))
+
+
+def _count_keys(counts: dict[int, int], keys: np.ndarray) -> None:
+    """Add the occurrences of each key in ``keys`` to ``counts``."""
+    for k, c in zip(*np.unique(keys, return_counts=True)):
+        counts[int(k)] = counts.get(int(k), 0) + int(c)
 
 
 def _parts_of(lids: np.ndarray, part_of: dict[int, int]) -> np.ndarray:
@@ -1413,9 +1423,7 @@ def write_run_metrics_out_of_core(ops_path: Path | str, parsed_nccl_dirs: Sequen
                 continue
             t = t.append_column("_row", pa.array(np.arange(start, start + t.num_rows, dtype=np.int64)))
             start += t.num_rows
-            lids = _lid_keys(read_table_batch(t.select(["logical_id"])) if "logical_id" in t.column_names
-                             else pd.DataFrame({"logical_id": pd.array([pd.NA] * t.num_rows, dtype="Int64")}))
-            parts = _parts_of(lids, part_of)
+            parts = _parts_of(_lid_keys_of(t), part_of)
             if (parts < 0).any():
                 raise RuntimeError(f"{ops_path}: communicators the first pass did not see (the file changed while "
                                    "metrics read it)")  # fmt: skip

@@ -78,10 +78,11 @@ class PartSpill:
         self.close()
 
 
-def _key_ranges(files: Sequence[pq.ParquetFile], key: str) -> list[list[tuple[int, int, int]]]:
+def _key_ranges(paths: Sequence[Path], files: Sequence[pq.ParquetFile],
+                key: str) -> list[list[tuple[int, int, int]]]:  # fmt: skip
     """Per file: (row group, min key, max key) from the footer statistics."""
     out = []
-    for f in files:
+    for path, f in zip(paths, files):
         col = f.schema_arrow.get_field_index(key)
         groups = []
         for i in range(f.metadata.num_row_groups):
@@ -90,7 +91,7 @@ def _key_ranges(files: Sequence[pq.ParquetFile], key: str) -> list[list[tuple[in
             if rg.num_rows == 0:
                 continue
             if st is None or not st.has_min_max:
-                raise ValueError(f"{f.metadata}: row group {i} of a spilled part has no statistics of {key!r}")
+                raise ValueError(f"{path}: row group {i} of a spilled part has no statistics of {key!r}")
             groups.append((i, int(st.min), int(st.max)))
         out.append(groups)
     return out
@@ -101,7 +102,7 @@ def iter_merged(paths: Sequence[Path], key: str, stop: int, chunk_keys: int = 1 
     across parts) in key order, as tables covering consecutive key ranges of ``chunk_keys``
     from 0 to ``stop``; ``key`` stays a column."""
     files = [pq.ParquetFile(p) for p in paths]
-    ranges = _key_ranges(files, key)
+    ranges = _key_ranges(paths, files, key)
     for lo in range(0, max(stop, 0), chunk_keys):
         hi = lo + chunk_keys
         pieces = []
