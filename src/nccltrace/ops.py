@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,14 @@ import pyarrow as pa
 from .align.correlate import ALIGNMENT_SCHEMA
 from .align.quality import CROSS_RANK_REASON, P2P_REASON
 from .nccl.enums import P2P_OPS
-from .tables import atomic_path, coerce_to_schema, read_table, write_table_atomic
+from .spill import PartSpill
+from .tables import (
+    atomic_path,
+    coerce_to_schema,
+    read_table,
+    read_table_batch,
+    write_table_atomic,
+)
 from .tables import documented_field as _f
 
 OPS_SCHEMA = pa.schema(
@@ -64,6 +71,24 @@ P2P = {"Send", "Recv"}
 # offset and drift need thousands of shared instances, not millions, and the fit's memory
 # would otherwise grow with the run.
 CLOCK_ROWS_BUDGET = 2_000_000
+
+# Rows per part of the run-level checks (cross-rank instances, P2P pairing), counted as
+# alignment rows: the checks look at one logical communicator at a time (given two run-wide
+# scales), so the run's check rows are spilled in parts of whole communicators and checked one
+# part at a time. A communicator larger than this makes a larger part.
+CHECK_PART_ROWS = 1 << 19
+
+# The spilled check rows (internal to this stage; see _sync_rows and _p2p_rows).
+_SYNC_SPILL_SCHEMA = pa.schema([
+    ("clock_domain", pa.string()), ("global_rank", pa.int64()), ("instance", pa.string()), ("start_ns", pa.int64()),
+    ("end_ns", pa.int64()), ("nranks", pa.int64()), ("op", pa.string()), ("rank_in_comm", pa.int64()),
+    ("root", pa.int64()), ("proc", pa.int64()), ("row", pa.int64()), ("logical_id", pa.int64()),
+])  # fmt: skip
+_P2P_SPILL_SCHEMA = pa.schema([
+    ("proc", pa.int64()), ("row", pa.int64()), ("comm", pa.int64()), ("rank", pa.int64()),
+    ("peer_in_comm", pa.int64()), ("op", pa.string()), ("seq", pa.int64()), ("clock_domain", pa.string()),
+    ("start_ns", pa.int64()), ("end_ns", pa.int64()),
+])  # fmt: skip
 
 
 @dataclass
@@ -153,7 +178,7 @@ def _sync_rows(ops: pd.DataFrame, proc: int = 0) -> pd.DataFrame:
         "instance": rows["instance"].astype(str), "start_ns": rows["kernel_start_utc"],
         "end_ns": rows["kernel_end_utc"], "nranks": rows["nranks"], "op": rows["op"].astype(str),
         "rank_in_comm": rows["rank_in_comm"], "root": rows["root"], "proc": np.int64(proc),
-        "row": np.flatnonzero(sel),
+        "row": np.flatnonzero(sel), "logical_id": rows["logical_id"],
     }).dropna(subset=_SYNC_FIT_COLUMNS)  # fmt: skip
 
 
@@ -172,10 +197,10 @@ def _p2p_rows(ops: pd.DataFrame, proc: int) -> pd.DataFrame:
 
 
 def _p2p_check(p2p: pd.DataFrame, ranks: pd.DataFrame, model: Any, processes: list[str],
-               gapped: set[int]) -> tuple[dict[int, np.ndarray], pd.DataFrame]:  # fmt: skip
+               lossy: set[int]) -> tuple[dict[int, np.ndarray], pd.DataFrame]:  # fmt: skip
     """Run the P2P pairing check: per process position the ops rows to demote, and the
-    per-process summary (confirmed, contradicted, not checkable). ``gapped``: positions of
-    processes whose logs lost lines; their channels are not paired (a lost line shifts the
+    per-process summary (confirmed, contradicted, not checkable). ``lossy``: global ranks of
+    the processes whose logs lost lines; their channels are not paired (a lost line shifts the
     k-th Send against the k-th Recv even when both sides logged as many calls)."""
     from .align.quality import cross_rank_summary, p2p_contradictions
     from .clocksync import add_sync_columns
@@ -185,7 +210,6 @@ def _p2p_check(p2p: pd.DataFrame, ranks: pd.DataFrame, model: Any, processes: li
         return {}, pd.DataFrame(columns=["process", "confirmed", "contradicted", "not_checkable"])
     peer = ranks.drop_duplicates(["comm", "rank_in_comm"]).set_index(["comm", "rank_in_comm"])["global_rank"]
     p2p["peer"] = peer.reindex(pd.MultiIndex.from_arrays([p2p["comm"], p2p["peer_in_comm"]])).to_numpy()
-    lossy = set(p2p.loc[p2p["proc"].isin(gapped), "rank"])
     p2p.loc[p2p["rank"].isin(lossy) | p2p["peer"].isin(lossy), "peer"] = np.nan  # not paired
     has = p2p["start_ns"].notna() & p2p["end_ns"].notna()
     p2p["start_sync"], p2p["end_sync"] = np.nan, np.nan
@@ -234,10 +258,9 @@ def _sync_slack(model: Any) -> dict[str, float]:
     return {str(d): 5.0 * float(v) for d, v in rms.items()}
 
 
-def _cross_rank(frame: pd.DataFrame, model: Any, processes: list[str]) -> tuple[dict[int, np.ndarray], pd.DataFrame]:
-    """Run the cross-rank check on the instance rows: per process position the ops rows to
-    demote, and the per-process summary (confirmed, contradicted, not checkable)."""
-    from .align.quality import cross_rank_contradictions, cross_rank_summary
+def _cross_rank_rows(frame: pd.DataFrame, model: Any) -> tuple[pd.DataFrame, dict[str, float]]:
+    """The cross-rank check's rows (``cross_rank_contradictions``) of instance rows
+    (``_sync_rows``), and the extra tolerance per clock domain."""
     from .clocksync import add_sync_columns
 
     if model is None:  # one clock: nothing to convert
@@ -259,7 +282,18 @@ def _cross_rank(frame: pd.DataFrame, model: Any, processes: list[str]) -> tuple[
     # the k-th call on the communicator shifts on a rank that lost a line, and the check would
     # then contradict correct matches.
     rows.loc[np.isnan(opc), ["start_sync", "end_sync"]] = pd.NA
-    removed = cross_rank_contradictions(rows, slack)
+    return rows, slack
+
+
+def _cross_rank(frame: pd.DataFrame, model: Any, processes: list[str],
+                scales: tuple[float, float]) -> tuple[dict[int, np.ndarray], pd.DataFrame]:  # fmt: skip
+    """Run the cross-rank check on instance rows of whole communicators with the run's
+    ``scales`` (``cross_rank_scales``): per process position the ops rows to demote, and the
+    per-process summary (confirmed, contradicted, not checkable)."""
+    from .align.quality import cross_rank_contradictions, cross_rank_summary
+
+    rows, slack = _cross_rank_rows(frame, model)
+    removed = cross_rank_contradictions(rows, slack, scales)
     timed = rows["start_sync"].notna() & rows["end_sync"].notna()
     members = rows[timed].groupby("instance")["member"].transform("size")
     testable = pd.Series(False, index=rows.index)
@@ -273,6 +307,110 @@ def _cross_rank(frame: pd.DataFrame, model: Any, processes: list[str]) -> tuple[
     return {k: np.asarray(v, np.int64) for k, v in demote.items()}, summary
 
 
+class _CheckRows:
+    """The run's rows for the run-level checks, spilled in parts of whole logical
+    communicators: instance rows (``_sync_rows``: clock fit, cross-rank check) and Send/Recv
+    rows (``_p2p_rows``: P2P pairing). Memory holds one part at a time, not the run."""
+
+    def __init__(self, parent: Path, n_parts: int) -> None:
+        self.spill = PartSpill(parent, prefix=".checks-")
+        self.n_parts = max(1, n_parts)
+        self.sync_rows = 0
+        self.domains: set[str] = set()
+        self.lossy: set[int] = set()  # global ranks of processes whose logs lost lines
+
+    def add(self, sync: pd.DataFrame, p2p: pd.DataFrame, lost_lines: bool) -> None:
+        """Route one process's rows to their parts. Send/Recv rows without communicator, rank or
+        peer cannot be paired and are left out here."""
+        p2p = p2p.dropna(subset=["comm", "rank", "peer_in_comm"])
+        if lost_lines:
+            self.lossy.update(int(r) for r in p2p["rank"])
+        self.sync_rows += len(sync)
+        self.domains.update(sync["clock_domain"].unique())
+        self._route("sync", sync, "logical_id", _SYNC_SPILL_SCHEMA)
+        self._route("p2p", p2p, "comm", _P2P_SPILL_SCHEMA)
+
+    def _route(self, kind: str, frame: pd.DataFrame, key: str, schema: pa.Schema) -> None:
+        if frame.empty:
+            return
+        table = pa.Table.from_pandas(coerce_to_schema(frame, schema), schema=schema, preserve_index=False)
+        part = frame[key].to_numpy(np.int64) % self.n_parts
+        for k in np.unique(part):
+            self.spill.append(f"{kind}-{k}", table.filter(pa.array(part == k)))
+
+    def parts(self, kind: str, columns: list[str] | None = None) -> Iterator[pd.DataFrame]:
+        """Each non-empty part of ``kind`` ('sync' or 'p2p'), rows in (process, row) order,
+        with the dtypes of the rows added (strings as Python objects, positions as int64)."""
+        for k in range(self.n_parts):
+            table = self.spill.read(f"{kind}-{k}", columns)
+            if table is None:
+                continue
+            frame = read_table_batch(table)
+            for name, typ in zip(table.column_names, table.schema.types):
+                if typ == pa.string():
+                    frame[name] = frame[name].astype(object)
+                elif name in ("proc", "row"):
+                    frame[name] = frame[name].to_numpy(np.int64)
+            yield frame
+
+
+def _clock_fit_rows(checks: _CheckRows, budget: int, notes: list[str]) -> pd.DataFrame:
+    """The rows the clock model is fitted on, in run order: every instance row, or above
+    ``budget`` rows the instances whose key hashes to 0 modulo the ratio, on all their ranks."""
+    k = -(-checks.sync_rows // budget) if checks.sync_rows > budget else 1
+    pieces = []
+    for part in checks.parts("sync", [*_SYNC_FIT_COLUMNS, "proc", "row"]):
+        if k > 1:
+            h = pd.util.hash_array(part["instance"].to_numpy(dtype=object))
+            part = part[h % np.uint64(k) == 0]
+        pieces.append(part)
+    fit = pd.concat(pieces).sort_values(["proc", "row"], kind="stable").reset_index(drop=True)
+    if k > 1:
+        notes.append(f"clock sync fitted on {len(fit):,} of {checks.sync_rows:,} instance rows "
+                     f"(every instance whose key hashes to 0 mod {k}, on all its ranks)")  # fmt: skip
+    return fit[_SYNC_FIT_COLUMNS]
+
+
+def _summed(summaries: list[pd.DataFrame], processes: list[str]) -> pd.DataFrame:
+    """Per-process check summaries of several parts added up, in process order."""
+    cols = ["confirmed", "contradicted", "not_checkable"]
+    summaries = [t for t in summaries if len(t)]
+    if not summaries:
+        return pd.DataFrame(columns=["process", *cols])
+    total = pd.concat(summaries).groupby("process", sort=False)[cols].sum()
+    return total.reindex([p for p in processes if p in total.index]).rename_axis("process").reset_index()
+
+
+def _merged(demotes: list[dict[int, np.ndarray]]) -> dict[int, np.ndarray]:
+    """Rows to demote per process position, of several parts."""
+    out: dict[int, list[np.ndarray]] = collections.defaultdict(list)
+    for d in demotes:
+        for proc, rows in d.items():
+            out[proc].append(rows)
+    return {proc: np.concatenate(rows) for proc, rows in out.items()}
+
+
+def _run_checks(checks: _CheckRows, model: Any, processes: list[str],
+                ranks: pd.DataFrame) -> tuple[dict[int, np.ndarray], pd.DataFrame, dict[int, np.ndarray], pd.DataFrame]:  # fmt: skip
+    """The cross-rank and P2P checks, one part of whole communicators at a time: per process
+    position the rows each demotes, and each one's per-process summary. The cross-rank check's
+    two run-wide scales are taken from every part first (its deviations: 9 bytes per row)."""
+    from .align.quality import cross_rank_scales, end_deviations
+
+    devs, bigs, widest = [np.zeros(0)], [np.zeros(0, bool)], float("-inf")
+    for part in checks.parts("sync"):
+        dev, big, tol = end_deviations(*_cross_rank_rows(part, model))
+        devs.append(dev)
+        bigs.append(big)
+        widest = max(widest, tol)
+    scales = cross_rank_scales(np.concatenate(devs), np.concatenate(bigs), widest)
+    del devs, bigs
+    cross = [_cross_rank(part, model, processes, scales) for part in checks.parts("sync")]
+    pairing = [_p2p_check(part, ranks, model, processes, checks.lossy) for part in checks.parts("p2p")]
+    return (_merged([d for d, _ in cross]), _summed([t for _, t in cross], processes),
+            _merged([d for d, _ in pairing]), _summed([t for _, t in pairing], processes))  # fmt: skip
+
+
 def stream_run_ops(
     alignment_paths: Iterable[Path | str],
     calls_dirs: Iterable[Path | str],
@@ -283,6 +421,7 @@ def stream_run_ops(
     ops_path: Path | str,
     *,
     clock_rows_budget: int = CLOCK_ROWS_BUDGET,
+    check_part_rows: int = CHECK_PART_ROWS,
     progress: Any = None,
     quality_paths: Iterable[Path | str] | None = None,
 ) -> RunOps:
@@ -292,7 +431,9 @@ def stream_run_ops(
     the whole-run join (processes in the order given). ``progress``: optional callable run
     after each pass over a process. ``quality_paths``: each process's alignment-quality record
     (``alignment_quality.json``, same order), merged with the cross-rank check into
-    ``RunOps.quality``; a process whose matches a check contradicted makes the run partial."""
+    ``RunOps.quality``; a process whose matches a check contradicted makes the run partial.
+    The run-level checks hold one part of about ``check_part_rows`` alignment rows (whole
+    logical communicators) at a time."""
     import pyarrow.parquet as pq
 
     from .clocksync import add_sync_columns, estimate_clock_model
@@ -333,10 +474,12 @@ def stream_run_ops(
     ops_path = Path(ops_path)
     parts_dir = Path(tempfile.mkdtemp(prefix=".ops-parts-", dir=ops_path.parent))
     try:
-        # Pass 1: per process, everything but the synchronised times (kept on disk), and the sync rows.
+        # Pass 1: per process, everything but the synchronised times (kept on disk), and the
+        # rows of the run-level checks (spilled in parts of whole communicators).
         parts: list[Path] = []
-        sync: list[pd.DataFrame] = []
-        p2p: list[pd.DataFrame] = []
+        n_rows = sum(pq.ParquetFile(a).metadata.num_rows for a in alignment_paths)
+        checks = _CheckRows(parts_dir, -(-n_rows // max(1, check_part_rows)))
+        gapped = _lost_lines(records)
         ranks: list[pd.DataFrame] = []
         unresolved = calls_n = matched_n = 0
         by_reason: collections.Counter = collections.Counter()
@@ -347,8 +490,7 @@ def stream_run_ops(
             calls_n += int(is_call.sum())
             matched_n += int((is_call & (ops["status"] == "matched")).sum())
             by_reason.update({str(k): int(v) for k, v in ops.loc[is_call, "reason"].value_counts().items()})
-            sync.append(_sync_rows(ops, i))
-            p2p.append(_p2p_rows(ops, i))
+            checks.add(_sync_rows(ops, i), _p2p_rows(ops, i), i in gapped)
             ranks.append(ops.loc[is_call, ["logical_id", "rank_in_comm", "global_rank"]].dropna().drop_duplicates()
                          .rename(columns={"logical_id": "comm"}))  # fmt: skip
             part = parts_dir / f"{i:06d}.parquet"
@@ -360,19 +502,10 @@ def stream_run_ops(
                 progress()
         if unresolved:
             problems.append(f"{unresolved} call lines on communicators without init lines (no logical communicator)")
-        frame = pd.concat(sync, ignore_index=True) if sync else _sync_rows(pd.DataFrame(columns=list(OPS_SCHEMA.names)))
-        del sync
         clock = pd.DataFrame()
         model = None
-        if frame["clock_domain"].nunique() > 1:
-            fit = frame[_SYNC_FIT_COLUMNS]
-            if len(fit) > clock_rows_budget:
-                n_before = len(fit)
-                h = pd.util.hash_array(fit["instance"].to_numpy(dtype=object))
-                k = -(-len(fit) // clock_rows_budget)
-                fit = fit[h % np.uint64(k) == 0]
-                notes.append(f"clock sync fitted on {len(fit):,} of {n_before:,} instance rows "
-                             f"(every instance whose key hashes to 0 mod {k}, on all its ranks)")  # fmt: skip
+        if len(checks.domains) > 1:
+            fit = _clock_fit_rows(checks, clock_rows_budget, notes)
             model = estimate_clock_model(fit.astype({"start_ns": "int64", "end_ns": "int64", "global_rank": "int64",
                                                      "nranks": "int64"}))  # fmt: skip
             del fit
@@ -380,14 +513,12 @@ def stream_run_ops(
             bad = clock[clock["status"].isin(["disconnected", "no_shared_instances", "all_rejected"])]
             for row in bad.itertuples():
                 problems.append(f"clock of {row[1]}: {row.reason}")
-        # Cross-rank check: kernels of one instance must overlap in synchronised time.
-        demote, cross = _cross_rank(frame, model, processes)
-        del frame
-        # P2P pairing: the k-th Recv on a channel cannot end before its k-th Send started.
-        demote_p2p, p2p_summary = _p2p_check(pd.concat(p2p, ignore_index=True) if p2p else pd.DataFrame(),
-                                             pd.concat(ranks, ignore_index=True) if ranks else pd.DataFrame(),
-                                             model, processes, _lost_lines(records))  # fmt: skip
-        del p2p, ranks
+        # Cross-rank check: kernels of one instance must overlap in synchronised time. P2P
+        # pairing: the k-th Recv on a channel cannot end before its k-th Send started.
+        demote, cross, demote_p2p, p2p_summary = _run_checks(
+            checks, model, processes, pd.concat(ranks, ignore_index=True) if ranks else pd.DataFrame())
+        del ranks
+        checks.spill.close()
         # Pass 2: synchronised times, appended process by process to the one output file.
         tmp = atomic_path(ops_path)
         try:

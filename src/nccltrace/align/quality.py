@@ -58,6 +58,8 @@ __all__ = [
     "QUALITY_SCHEMA",
     "QUALITY_TABLE",
     "cross_rank_contradictions",
+    "cross_rank_scales",
+    "end_deviations",
     "p2p_contradictions",
     "quality_problems",
     "quality_rows",
@@ -149,7 +151,8 @@ CROSS_RANK_SLACK_NS = 2_000
 residual (times five) is added."""
 
 
-def cross_rank_contradictions(rows: pd.DataFrame, slack: Mapping[str, float] | None = None) -> pd.DataFrame:
+def cross_rank_contradictions(rows: pd.DataFrame, slack: Mapping[str, float] | None = None,
+                              scales: tuple[float, float] | None = None) -> pd.DataFrame:  # fmt: skip
     """Matches whose kernel cannot belong to their collective instance.
 
     ``rows``: one row per matched call of a cross-rank instance with ``instance``, ``member``
@@ -174,17 +177,17 @@ def cross_rank_contradictions(rows: pd.DataFrame, slack: Mapping[str, float] | N
     Violations are resolved by removing members in order of how many violated dependencies
     they take part in; when two members are equally implicated (a two-rank instance), both go:
     the check cannot tell which one is wrong. Returns the removed rows (index of ``rows``)
-    with ``instance`` and ``member``."""
-    cols = ["instance", "member", "clock_domain", "op", "rank_in_comm", "root", "start_sync", "end_sync", "comm",
-            "op_count"]
-    timed = rows.dropna(subset=["start_sync", "end_sync"])
-    if timed.empty:
+    with ``instance`` and ``member``.
+
+    Every test looks at one communicator's rows, given two run-wide scales: the robust end
+    spread and the widest tolerance (``cross_rank_scales``). ``scales``: those of the whole
+    run, when ``rows`` hold only some of its communicators (a run checked in parts); by
+    default they are taken from ``rows``."""
+    t = _timed(rows, slack)
+    if t.empty:
         return rows.iloc[0:0][["instance", "member"]]
-    tol = CROSS_RANK_SLACK_NS + timed["clock_domain"].map(slack or {}).astype(float).fillna(0.0)
-    t = timed[cols].assign(tol=tol.to_numpy())
+    spread, wide = scales if scales is not None else cross_rank_scales(*_deviations(t))
     size = t.groupby("instance", sort=False)["member"].transform("size")
-    spread = _end_spread(t[size >= 2])
-    wide = float(max(t["tol"].max(), END_SPREAD_K * spread))
     # claims off their communicator's instance order first (they would skew each instance's
     # median); a one-member instance still carries its place in that order
     out_idx: list[Any] = _order_consensus(t, wide, 3 * spread)
@@ -207,14 +210,46 @@ def cross_rank_contradictions(rows: pd.DataFrame, slack: Mapping[str, float] | N
 END_SPREAD_K = 8.0
 
 
-def _end_spread(t: pd.DataFrame) -> float:
-    """Robust spread (ns) of members' kernel ends around their instance's median end, over
-    instances of three or more members (whose median one wrong member cannot move)."""
+_CROSS_RANK_COLUMNS = ["instance", "member", "clock_domain", "op", "rank_in_comm", "root", "start_sync", "end_sync",
+                       "comm", "op_count"]  # fmt: skip
+
+
+def _timed(rows: pd.DataFrame, slack: Mapping[str, float] | None) -> pd.DataFrame:
+    """The rows with synchronised times, with their tolerance ``tol`` (ns)."""
+    timed = rows.dropna(subset=["start_sync", "end_sync"])
+    tol = CROSS_RANK_SLACK_NS + timed["clock_domain"].map(slack or {}).astype(float).fillna(0.0)
+    return timed[_CROSS_RANK_COLUMNS].assign(tol=tol.to_numpy())
+
+
+def end_deviations(rows: pd.DataFrame, slack: Mapping[str, float] | None = None) -> tuple[np.ndarray, np.ndarray, float]:
+    """What the run-wide scales of the cross-rank check are taken from, for ``rows`` (see
+    ``cross_rank_contradictions``): per timed member of an instance with two or more timed
+    members, its kernel end's distance (ns) from the instance's median end, and whether the
+    instance has three or more; and the widest tolerance of the timed rows (-inf without any).
+    Instances lie within one communicator, so the arrays of parts of whole communicators
+    concatenate to the run's."""
+    return _deviations(_timed(rows, slack))
+
+
+def _deviations(timed: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, float]:
+    """``end_deviations`` of the timed rows (``_timed``)."""
+    if timed.empty:
+        return np.zeros(0), np.zeros(0, bool), float("-inf")
+    t = timed[timed.groupby("instance", sort=False)["member"].transform("size").to_numpy() >= 2]
     g = t.groupby("instance", sort=False)
-    dev = t["end_sync"].astype("float64") - g["end_sync"].transform("median").astype("float64")
-    big = g["member"].transform("size") >= 3
-    base = dev[big].abs() if big.sum() >= 32 else dev.abs()
-    return 1.4826 * float(base.median()) if len(base) else 0.0
+    dev = (t["end_sync"].astype("float64") - g["end_sync"].transform("median").astype("float64")).abs()
+    big = (g["member"].transform("size") >= 3).to_numpy(bool)
+    return dev.to_numpy(np.float64), big, float(timed["tol"].max())
+
+
+def cross_rank_scales(dev: np.ndarray, big: np.ndarray, widest_tol: float) -> tuple[float, float]:
+    """(robust end spread, widest tolerance) of the cross-rank check from ``end_deviations``:
+    the spread (ns) of members' ends around their instance's median end, over instances of
+    three or more members (whose median one wrong member cannot move) when there are enough of
+    them; the widest of the tolerances and ``END_SPREAD_K`` spreads."""
+    base = dev[big] if int(big.sum()) >= 32 else dev
+    spread = 1.4826 * float(np.median(base)) if len(base) else 0.0
+    return spread, float(max(widest_tol, END_SPREAD_K * spread))
 
 
 def _resolve(inst: pd.DataFrame, end_spread: float = 0.0) -> list[Any]:
