@@ -37,12 +37,14 @@ RUNS = {
     # lost kernels and duplicated lines, unsynchronised and drifting clocks, fused grouped P2P, NCCL 2.18
     # (no lost lines: the P2P check leaves the channels of a process that lost lines unpaired)
     "knobs": {**_SMALL, "tp": 2, "pp": 2, "nodes": 2, "gpus_per_node": 2, "nccl_version": "2.18.3", "seed": 5,
-              "imperfections": {"fuse_grouped_p2p": True, "single_rank_comm_ops": -1, "duplicate_log_lines": {"ranks": [1], "fraction": 0.2},
+              "imperfections": {"fuse_grouped_p2p": True, "single_rank_comm_ops": -1,
+                                "duplicate_log_lines": {"ranks": [1], "fraction": 0.2},
                                 "drop_kernels": 0.03, "clock_offset_ns_max": 2_000_000, "clock_drift_ppm_max": 5.0,
                                 "arrival_skew_ns_max": 50_000}},
     # MoE with expert parallelism and VPP on four nodes
     "moe": {**_SMALL, "tp": 2, "pp": 2, "vpp": 2, "nodes": 4, "gpus_per_node": 2, "ep": 2, "num_experts": 4,
-            "moe_layer_freq": 2, "moe_router_topk": 2, "sequence_parallel": True, "global_batch_size": 8, "precision": "bf16",
+            "moe_layer_freq": 2, "moe_router_topk": 2, "sequence_parallel": True, "global_batch_size": 8,
+            "precision": "bf16",
             "nccl_version": "2.26.2", "nccl_timestamps": True, "seed": 7,
             "imperfections": {"clock_offset_ns_max": 1_000_000}},
 }  # fmt: skip
@@ -148,8 +150,8 @@ def test_scales_of_the_whole_run_decide_a_part_the_way_the_whole_run_does():
         df[c] = df[c].astype("Int64")
     whole = cross_rank_contradictions(df)
     part = df[df["comm"] == "2"]
-    scales = cross_rank_scales(*(np.concatenate(x) if i < 2 else max(x) for i, x in
-                                 enumerate(zip(*(end_deviations(df[df["comm"] == c]) for c in ("1", "2"))))))  # fmt: skip
+    (d1, b1, w1), (d2, b2, w2) = (end_deviations(df[df["comm"] == c]) for c in ("1", "2"))
+    scales = cross_rank_scales(np.concatenate([d1, d2]), np.concatenate([b1, b2]), max(w1, w2))
     assert scales == cross_rank_scales(*end_deviations(df))
     assert cross_rank_contradictions(part, scales=scales).index.equals(whole.index[whole.index.isin(part.index)])
     assert not len(cross_rank_contradictions(part, scales=scales))
@@ -159,7 +161,7 @@ def test_scales_of_the_whole_run_decide_a_part_the_way_the_whole_run_does():
 def test_the_ops_stage_checks_each_part_with_the_scales_of_the_whole_run(tmp_path):
     """The scenario above through the ops stage's spilled parts: communicators 1 and 2 in parts
     of their own decide as the whole run in one part does."""
-    from nccltrace.ops import _CheckRows, _run_checks
+    from nccltrace.ops import _CheckRows, _run_checks, instance_parts
 
     rows = _instances("1", 40, 4, 100, 2_000) + _instances("2", 10, 4, 100, 40)
     rows[-1][6] += 5_000
@@ -171,6 +173,7 @@ def test_the_ops_stage_checks_each_part_with_the_scales_of_the_whole_run(tmp_pat
         "end_ns": df["end_ns"], "nranks": 4, "op": df["op"], "rank_in_comm": df["rank_in_comm"], "root": 0,
         "proc": rank, "row": np.arange(len(df)), "logical_id": lid,
     })  # fmt: skip
+    sync["comm"], sync["op_count"] = instance_parts(sync["instance"])  # as _sync_rows gives them
     processes = [f"p{i}" for i in range(30)]
     results = []
     for n_parts in (1, 2):

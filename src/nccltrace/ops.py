@@ -83,6 +83,7 @@ _SYNC_SPILL_SCHEMA = pa.schema([
     ("clock_domain", pa.string()), ("global_rank", pa.int64()), ("instance", pa.string()), ("start_ns", pa.int64()),
     ("end_ns", pa.int64()), ("nranks", pa.int64()), ("op", pa.string()), ("rank_in_comm", pa.int64()),
     ("root", pa.int64()), ("proc", pa.int64()), ("row", pa.int64()), ("logical_id", pa.int64()),
+    ("comm", pa.string()), ("op_count", pa.float64()),
 ])  # fmt: skip
 _P2P_SPILL_SCHEMA = pa.schema([
     ("proc", pa.int64()), ("row", pa.int64()), ("comm", pa.int64()), ("rank", pa.int64()),
@@ -169,17 +170,19 @@ _SYNC_FIT_COLUMNS = ["clock_domain", "global_rank", "instance", "start_ns", "end
 
 def _sync_rows(ops: pd.DataFrame, proc: int = 0) -> pd.DataFrame:
     """The rows the clock model is fitted on, matched calls of cross-rank instances, with what
-    the cross-rank check needs to find them again (``proc``: the process's position, ``row``:
-    the row's position in its ops frame)."""
+    the cross-rank check needs (``comm``, ``op_count``: ``instance_parts``) and to find them
+    again (``proc``: the process's position, ``row``: the row's position in its ops frame)."""
     sel = ((ops["status"] == "matched") & ops["instance"].notna()).to_numpy()
     rows = ops[sel]
-    return pd.DataFrame({
+    out = pd.DataFrame({
         "clock_domain": rows["host"].astype(str), "global_rank": rows["global_rank"],
         "instance": rows["instance"].astype(str), "start_ns": rows["kernel_start_utc"],
         "end_ns": rows["kernel_end_utc"], "nranks": rows["nranks"], "op": rows["op"].astype(str),
         "rank_in_comm": rows["rank_in_comm"], "root": rows["root"], "proc": np.int64(proc),
         "row": np.flatnonzero(sel), "logical_id": rows["logical_id"],
     }).dropna(subset=_SYNC_FIT_COLUMNS)  # fmt: skip
+    out["comm"], out["op_count"] = instance_parts(out["instance"])
+    return out
 
 
 def _p2p_rows(ops: pd.DataFrame, proc: int) -> pd.DataFrame:
@@ -270,13 +273,13 @@ def _cross_rank_rows(frame: pd.DataFrame, model: Any) -> tuple[pd.DataFrame, dic
         synced = add_sync_columns(frame[["clock_domain", "start_ns", "end_ns"]], model)
         start, end = synced["start_ns_sync"], synced["end_ns_sync"]
         slack = _sync_slack(model)
-    comm, opc = instance_parts(frame["instance"])
+    opc = frame["op_count"].to_numpy(np.float64)
     rows = pd.DataFrame({
         "instance": frame["instance"].to_numpy(), "member": frame["global_rank"].to_numpy(),
         "clock_domain": frame["clock_domain"].to_numpy(), "op": frame["op"].to_numpy(),
         "rank_in_comm": frame["rank_in_comm"].to_numpy(), "root": frame["root"].to_numpy(),
         "start_sync": pd.array(start, dtype="Int64"), "end_sync": pd.array(end, dtype="Int64"),
-        "comm": comm, "op_count": opc,
+        "comm": frame["comm"].to_numpy(object), "op_count": opc,
     })  # fmt: skip
     # Only instances keyed by opCount are certain to be one collective on every rank: a key by
     # the k-th call on the communicator shifts on a rank that lost a line, and the check would
@@ -307,6 +310,9 @@ def _cross_rank(frame: pd.DataFrame, model: Any, processes: list[str],
     return {k: np.asarray(v, np.int64) for k, v in demote.items()}, summary
 
 
+_Demotions = dict[int, np.ndarray]  # ops rows to demote per process position
+
+
 class _CheckRows:
     """The run's rows for the run-level checks, spilled in parts of whole logical
     communicators: instance rows (``_sync_rows``: clock fit, cross-rank check) and Send/Recv
@@ -333,14 +339,15 @@ class _CheckRows:
     def _route(self, kind: str, frame: pd.DataFrame, key: str, schema: pa.Schema) -> None:
         if frame.empty:
             return
-        table = pa.Table.from_pandas(coerce_to_schema(frame, schema), schema=schema, preserve_index=False)
+        table = pa.Table.from_pandas(frame[schema.names], schema=schema, preserve_index=False)
         part = frame[key].to_numpy(np.int64) % self.n_parts
         for k in np.unique(part):
             self.spill.append(f"{kind}-{k}", table.filter(pa.array(part == k)))
 
     def parts(self, kind: str, columns: list[str] | None = None) -> Iterator[pd.DataFrame]:
         """Each non-empty part of ``kind`` ('sync' or 'p2p'), rows in (process, row) order,
-        with the dtypes of the rows added (strings as Python objects, positions as int64)."""
+        with the dtypes of the rows added (strings as Python objects, positions as int64,
+        floats as NumPy with NaN)."""
         for k in range(self.n_parts):
             table = self.spill.read(f"{kind}-{k}", columns)
             if table is None:
@@ -351,6 +358,8 @@ class _CheckRows:
                     frame[name] = frame[name].astype(object)
                 elif name in ("proc", "row"):
                     frame[name] = frame[name].to_numpy(np.int64)
+                elif pa.types.is_floating(typ):
+                    frame[name] = frame[name].to_numpy(np.float64, na_value=np.nan)
             yield frame
 
 
@@ -381,7 +390,7 @@ def _summed(summaries: list[pd.DataFrame], processes: list[str]) -> pd.DataFrame
     return total.reindex([p for p in processes if p in total.index]).rename_axis("process").reset_index()
 
 
-def _merged(demotes: list[dict[int, np.ndarray]]) -> dict[int, np.ndarray]:
+def _merged(demotes: list[_Demotions]) -> _Demotions:
     """Rows to demote per process position, of several parts."""
     out: dict[int, list[np.ndarray]] = collections.defaultdict(list)
     for d in demotes:
@@ -391,7 +400,7 @@ def _merged(demotes: list[dict[int, np.ndarray]]) -> dict[int, np.ndarray]:
 
 
 def _run_checks(checks: _CheckRows, model: Any, processes: list[str],
-                ranks: pd.DataFrame) -> tuple[dict[int, np.ndarray], pd.DataFrame, dict[int, np.ndarray], pd.DataFrame]:  # fmt: skip
+                ranks: pd.DataFrame) -> tuple[_Demotions, pd.DataFrame, _Demotions, pd.DataFrame]:  # fmt: skip
     """The cross-rank and P2P checks, one part of whole communicators at a time: per process
     position the rows each demotes, and each one's per-process summary. The cross-rank check's
     two run-wide scales are taken from every part first (its deviations: 9 bytes per row)."""

@@ -56,7 +56,7 @@ rule ops:
         processes=nccl_processes,
         hosts=nsys_hosts,
         settings=run_settings,
-    # one process at a time, plus every matched instance row of the run (cross-rank check, clock fit input)
+    # one process at a time, then the run-level checks one part of whole communicators at a time
     resources:
         mem_mb=job_mem("ops", alignment_rows),
     log:

@@ -221,7 +221,8 @@ def _timed(rows: pd.DataFrame, slack: Mapping[str, float] | None) -> pd.DataFram
     return timed[_CROSS_RANK_COLUMNS].assign(tol=tol.to_numpy())
 
 
-def end_deviations(rows: pd.DataFrame, slack: Mapping[str, float] | None = None) -> tuple[np.ndarray, np.ndarray, float]:
+def end_deviations(rows: pd.DataFrame,
+                   slack: Mapping[str, float] | None = None) -> tuple[np.ndarray, np.ndarray, float]:  # fmt: skip
     """What the run-wide scales of the cross-rank check are taken from, for ``rows`` (see
     ``cross_rank_contradictions``): per timed member of an instance with two or more timed
     members, its kernel end's distance (ns) from the instance's median end, and whether the
