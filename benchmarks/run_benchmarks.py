@@ -240,8 +240,11 @@ def child_trace(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def child_stage(cfg: dict[str, Any]) -> dict[str, Any]:
     """One run-level stage of ``nccltrace.stages`` (what its rule runs) on a run directory."""
+    import yaml
+
     from nccltrace.run_layout import RunLayout
     from nccltrace.stages.metrics import run_metrics
+    from nccltrace.stages.ops import run_ops
     from nccltrace.stages.report import run_report
     from nccltrace.stages.trace import run_trace
     from nccltrace.stages.volume import run_volume
@@ -254,6 +257,7 @@ def child_stage(cfg: dict[str, Any]) -> dict[str, Any]:
         hosts = sorted(p.name for p in (layout.root / "parsed" / "nsys").iterdir() if p.is_dir())
     run_yaml = Path(cfg["run_yaml"])
     calls = {
+        "ops": lambda: run_ops(layout, procs, hosts, yaml.safe_load(run_yaml.read_text())["config"]),
         "metrics": lambda: run_metrics(layout, [layout.parsed_nccl(p) for p in procs]),
         "volume": lambda: run_volume(layout, "bench", None, run_yaml=run_yaml),
         "trace": lambda: run_trace(layout, None, procs, hosts),
@@ -678,6 +682,8 @@ def _trace_case(sec: Section, run: Path, n_calls: int, workflow: bool, case: str
 
 
 RUN_STAGES = ("metrics", "volume", "trace", "report")
+# the ops stage needs each process's alignment, which the tiled runs of section_stages lack
+SCALING_STAGES = ("ops", *RUN_STAGES)
 
 
 def section_stages(sec: Section, ctx: Context) -> None:
@@ -755,9 +761,13 @@ def _per_process_view(run: Path, dest: Path) -> Path:
     shutil.rmtree(dest, ignore_errors=True)
     (dest / "parsed" / "nccl").mkdir(parents=True)
     (dest / "aligned").mkdir()
-    for name in ("raw", "ops", "communicators"):
+    for name in ("raw", "communicators"):
         if (run / name).exists():
             (dest / name).symlink_to((run / name).resolve())
+    # the view's ops stage replaces these links with its own tables, never the run's
+    (dest / "ops").mkdir()
+    for f in (run / "ops").iterdir():
+        (dest / "ops" / f.name).symlink_to(f.resolve())
     (dest / "parsed" / "nsys").symlink_to((run / "parsed" / "nsys").resolve())
     for f in (run / "parsed").iterdir():
         if f.is_file():
@@ -787,7 +797,7 @@ def section_scaling(sec: Section, ctx: Context) -> None:
         sec.add(case, "ops rows", ops, "rows")
         cfg = {"run_dir": str(run), "run_yaml": str(run.parent / "raw" / "run.yaml")}
         view = _per_process_view(run, d / f"n{n}" / "baseline-view") if baseline is not None else None
-        for stage in RUN_STAGES:
+        for stage in SCALING_STAGES:
             if baseline is not None:
                 try:
                     r = run_child("stage", {**cfg, "run_dir": str(view), "stage": stage},

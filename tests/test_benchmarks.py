@@ -47,7 +47,7 @@ def test_quick_benchmarks_report_positive_figures_for_every_section(tmp_path):
     assert any(s == "stages" and fig == "metrics peak RSS per op" for s, _, fig in figures)
     assert any(s == "e2e" and fig == "start-up share of its CPU" for s, _, fig in figures)
     # every run-level stage's peak at two rank counts (same shape, same work per rank)
-    for stage in ("metrics", "volume", "trace", "report"):
+    for stage in ("ops", "metrics", "volume", "trace", "report"):
         assert {c for s, c, fig in figures if s == "scaling" and fig == f"{stage} peak RSS"} == {"4 ranks", "8 ranks"}
     # the e2e run worked in a scratch directory, not in the repository's results/
     assert not (REPO / "results" / "bench-quick").exists()

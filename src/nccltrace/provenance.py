@@ -82,9 +82,10 @@ def code_version() -> dict[str, Any]:
 # covered without editing this table. (This module itself is left out: it only writes manifests.)
 STAGE_ENTRIES: dict[str, tuple[str, ...]] = {
     "emulate": ("emulator/run.py",),
+    # the workflow's rules (parse_node and align_node import the per-process stages they run)
     **{stage: (f"stages/{stage}.py",) for stage in (
-        "parse_nccl", "parse_nsys", "parse_node", "parse_summary", "communicators", "align", "align_node", "ops",
-        "metrics", "volume", "trace", "report", "campaign_report")},
+        "parse_node", "parse_summary", "communicators", "align_node", "ops", "metrics", "volume", "trace", "report",
+        "campaign_report")},
 }
 STAGE_DATA: dict[str, tuple[str, ...]] = {"emulate": ("nsys/ddl",), "report": ("templates",),
                                           "campaign_report": ("templates",)}
