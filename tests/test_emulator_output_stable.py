@@ -19,11 +19,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from small_runs import SMALL_MODEL
 
 from nccltrace.emulator.run import emulate_run
 
-_SMALL = {"num_layers": 4, "hidden_size": 128, "num_attention_heads": 4, "seq_length": 256, "micro_batch_size": 1,
-          "vocab_size": 1000, "iterations": 2, "global_batch_size": 4}  # fmt: skip
+_SMALL = SMALL_MODEL
 CONFIGS = {
     # the common path: TP x PP on two nodes, no imperfections
     "plain": {**_SMALL, "name": "plain", "tp": 2, "pp": 2, "nodes": 2, "gpus_per_node": 2, "sequence_parallel": True,

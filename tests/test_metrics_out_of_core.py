@@ -10,6 +10,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from small_runs import SMALL_MODEL
 
 from nccltrace.emulator.run import emulate_run
 from nccltrace.metrics import (
@@ -22,8 +23,7 @@ from nccltrace.pipeline import analyze_run
 from nccltrace.run_layout import RunLayout
 from nccltrace.tables import read_table
 
-_SMALL = {"num_layers": 4, "hidden_size": 128, "num_attention_heads": 4, "seq_length": 256, "micro_batch_size": 1,
-          "vocab_size": 1000, "iterations": 2, "global_batch_size": 4, "compute_kernels": False}  # fmt: skip
+_SMALL = {**SMALL_MODEL, "compute_kernels": False}
 RUNS = {
     # dropped and duplicated lines, dropped kernels, clock offsets (incomplete instances), fused
     # grouped P2P (one kernel, several calls), single-rank communicators, TUNING lines of 2.18

@@ -15,6 +15,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 import yaml
+from small_runs import SMALL_MODEL
 
 from nccltrace.align.correlate import ALIGNMENT_SCHEMA
 from nccltrace.align.quality import (
@@ -31,8 +32,7 @@ from nccltrace.pipeline import analyze_run
 from nccltrace.run_layout import RunLayout
 from nccltrace.tables import read_table, write_table_atomic
 
-_SMALL = {"num_layers": 4, "hidden_size": 128, "num_attention_heads": 4, "seq_length": 256, "micro_batch_size": 1,
-          "vocab_size": 1000, "iterations": 2, "global_batch_size": 4, "compute_kernels": False}  # fmt: skip
+_SMALL = {**SMALL_MODEL, "compute_kernels": False}
 RUNS = {
     # lost kernels and duplicated lines, unsynchronised and drifting clocks, fused grouped P2P, NCCL 2.18
     # (no lost lines: the P2P check leaves the channels of a process that lost lines unpaired)
