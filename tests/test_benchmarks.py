@@ -52,3 +52,25 @@ def test_quick_benchmarks_report_positive_figures_for_every_section(tmp_path):
     # the e2e run worked in a scratch directory, not in the repository's results/
     assert not (REPO / "results" / "bench-quick").exists()
     assert "machine:" in proc.stdout and "| section" in proc.stdout
+
+
+def test_engine_benchmark_compares_every_installed_engine_with_pandas(tmp_path):
+    """benchmarks/bench_engines.py on a small analysed run: pandas always runs; DuckDB and Polars
+    (not dependencies) either give the same tables or are reported as not run."""
+    from small_runs import SMALL_MODEL
+
+    from nccltrace.emulator.run import emulate_run
+    from nccltrace.pipeline import analyze_run
+
+    emulate_run({**SMALL_MODEL, "name": "engines", "tp": 2, "pp": 2, "nodes": 2, "gpus_per_node": 2, "seed": 3},
+                tmp_path / "raw")  # fmt: skip
+    analyze_run(tmp_path / "raw", tmp_path / "out", progress=False, until="ops")
+    cmd = [sys.executable, str(REPO / "benchmarks" / "bench_engines.py"), str(tmp_path / "out" / "ops" / "ops.parquet")]
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split(" | ") for line in proc.stdout.splitlines() if line.startswith("| per_")]
+    assert len(rows) == 6
+    for query, engine, wall, peak, same in rows:
+        assert engine == "pandas" or same.startswith("failed") or same.rstrip(" |") == "equal", (query, engine, same)
+        if not same.startswith("failed"):
+            assert float(wall) > 0 and float(peak.replace(",", "")) > 0
