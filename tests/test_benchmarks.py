@@ -57,7 +57,7 @@ def test_quick_benchmarks_report_positive_figures_for_every_section(tmp_path):
 def test_engine_benchmark_compares_every_installed_engine_with_pandas(tmp_path):
     """benchmarks/bench_engines.py on a small analysed run: pandas always runs; DuckDB and Polars
     (not dependencies) either give the same tables or are reported as not run."""
-    from small_runs import SMALL_MODEL
+    from emulated_runs import SMALL_MODEL
 
     from nccltrace.emulator.run import emulate_run
     from nccltrace.pipeline import analyze_run

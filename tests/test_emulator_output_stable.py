@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from small_runs import SMALL_MODEL
+from emulated_runs import SMALL_MODEL
 
 from nccltrace.emulator.run import emulate_run
 

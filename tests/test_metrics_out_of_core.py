@@ -10,11 +10,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from small_runs import SMALL_MODEL
+from emulated_runs import SMALL_MODEL, assert_metrics_tables_equal
 
 from nccltrace.emulator.run import emulate_run
 from nccltrace.metrics import (
-    TABLE_SCHEMAS,
     compute_run_metrics,
     part_calls,
     write_run_metrics_out_of_core,
@@ -56,21 +55,13 @@ def _in_memory(layout: RunLayout, ops: pd.DataFrame | None = None):
     return compute_run_metrics(ops, _dirs(layout), read_table(layout.communicators))
 
 
-def _assert_tables_equal(written, expected) -> None:
-    for name, schema in TABLE_SCHEMAS.items():
-        got = read_table(written.paths[name])
-        want = getattr(expected, name).reset_index(drop=True)
-        assert list(got.columns) == schema.names
-        pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-12, obj=name)
-    assert written.problems == expected.problems
-
 
 @pytest.mark.parametrize("part_rows,batch_rows", [(1 << 20, 1 << 18), (1, 97), (300, 1000)])
 def test_out_of_core_metrics_equal_the_in_memory_tables(run, tmp_path, part_rows, batch_rows):
     expected = _in_memory(run)
     written = write_run_metrics_out_of_core(run.ops, _dirs(run), read_table(run.communicators), tmp_path,
                                             part_rows=part_rows, batch_rows=batch_rows)  # fmt: skip
-    _assert_tables_equal(written, expected)
+    assert_metrics_tables_equal(written, expected)
     assert written.op_rows == len(expected.op_metrics) and written.instances == len(expected.instances)
     communicators = expected.op_metrics["logical_id"].nunique()
     if part_rows >= 1 << 20:
@@ -110,7 +101,7 @@ def test_communicators_sharing_a_kernel_are_computed_in_one_part(run, tmp_path):
     expected = _in_memory(run, ops)
     written = write_run_metrics_out_of_core(path, _dirs(run), read_table(run.communicators), tmp_path / "m",
                                             part_rows=1, batch_rows=97)  # fmt: skip
-    _assert_tables_equal(written, expected)
+    assert_metrics_tables_equal(written, expected)
     om = read_table(written.paths["op_metrics"])
     call_row = np.cumsum((ops["row_kind"] == "call").to_numpy()) - 1  # op_metrics row of each ops row
     assert om.at[int(call_row[first]), "kernel_calls"] >= 2

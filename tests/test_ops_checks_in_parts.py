@@ -15,7 +15,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 import yaml
-from small_runs import SMALL_MODEL
+from emulated_runs import SMALL_MODEL
 
 from nccltrace.align.correlate import ALIGNMENT_SCHEMA
 from nccltrace.align.quality import (
