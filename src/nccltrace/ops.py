@@ -201,14 +201,15 @@ def _p2p_rows(ops: pd.DataFrame, proc: int) -> pd.DataFrame:
 
 def _p2p_check(p2p: pd.DataFrame, ranks: pd.DataFrame, model: Any, processes: list[str],
                lossy: set[int]) -> tuple[dict[int, np.ndarray], pd.DataFrame]:  # fmt: skip
-    """Run the P2P pairing check: per process position the ops rows to demote, and the
-    per-process summary (confirmed, contradicted, not checkable). ``lossy``: global ranks of
-    the processes whose logs lost lines; their channels are not paired (a lost line shifts the
-    k-th Send against the k-th Recv even when both sides logged as many calls)."""
+    """Run the P2P pairing check on Send/Recv rows (``_p2p_rows``) whose communicator, rank and
+    peer are known (``_CheckRows`` keeps only those), indexed 0..n-1: per process position the
+    ops rows to demote, and the per-process summary (confirmed, contradicted, not checkable).
+    ``lossy``: global ranks of the processes whose logs lost lines; their channels are not
+    paired (a lost line shifts the k-th Send against the k-th Recv even when both sides logged
+    as many calls)."""
     from .align.quality import cross_rank_summary, p2p_contradictions
     from .clocksync import add_sync_columns
 
-    p2p = p2p.dropna(subset=["comm", "rank", "peer_in_comm"]).reset_index(drop=True)
     if p2p.empty:
         return {}, pd.DataFrame(columns=["process", "confirmed", "contradicted", "not_checkable"])
     peer = ranks.drop_duplicates(["comm", "rank_in_comm"]).set_index(["comm", "rank_in_comm"])["global_rank"]
