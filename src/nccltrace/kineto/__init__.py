@@ -1,0 +1,21 @@
+"""PyTorch-profiler (Kineto) Chrome traces: a second kernel source beside nsys exports."""
+
+from .reader import (
+    KERNEL_ARG_COLUMNS,
+    KINETO_DOMAIN,
+    KinetoFormatError,
+    KinetoTrace,
+    is_kineto_trace,
+    iter_kineto_files,
+    kernel_count_fits,
+)
+
+__all__ = [
+    "KERNEL_ARG_COLUMNS",
+    "KINETO_DOMAIN",
+    "KinetoFormatError",
+    "KinetoTrace",
+    "is_kineto_trace",
+    "iter_kineto_files",
+    "kernel_count_fits",
+]

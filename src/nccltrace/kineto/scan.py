@@ -1,0 +1,234 @@
+"""Split a Chrome-trace JSON document into runs of whole events, streaming, in bounded memory.
+
+A PyTorch-profiler (Kineto) trace is one JSON object whose ``traceEvents`` member is an array of
+events, several GB once decompressed for a long capture. Decoding it whole (``json.load``) holds
+every event as Python objects at once. Here the bytes stream through a compiled scanner that
+keeps only the JSON nesting state (depth, inside a string, after a backslash) across blocks and
+reports where each element of the events array closes; each run of whole events is handed to the
+caller (which decodes it, typed, with msgspec) and dropped. Everything outside the events array
+(the trace's header: ``baseTimeNanoseconds``, ``distributedInfo``, ``deviceProperties``, ...) is
+kept as bytes and decoded once at the end.
+
+Both Chrome-trace layouts are accepted: the JSON Object Format (``{"traceEvents": [...], ...}``)
+and the JSON Array Format (``[{...}, {...}`` — whose closing bracket the format allows to be
+missing). A document cut short (a truncated ``.json.gz``) yields every event that was complete
+and says so in ``truncated``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numba
+import numpy as np
+
+__all__ = ["BLOCK_BYTES", "ScanResult", "iter_event_runs", "open_trace_bytes", "sniff_trace"]
+
+BLOCK_BYTES = 8 << 20
+"""Decompressed bytes scanned per step (a run of events handed over is at most about this large)."""
+
+_GZIP_MAGIC = b"\x1f\x8b"
+
+# Record kinds written by the scanner.
+_STR_START, _STR_END, _OPEN_1, _CLOSE_1, _ELEM_CLOSE, _TOP_OPEN, _TOP_CLOSE = 1, 2, 3, 4, 5, 6, 7
+
+
+@numba.njit(cache=True, nogil=True)
+def _scan(buf, state, pos, kind):  # pragma: no cover - compiled
+    """Walk ``buf`` from the nesting ``state`` (depth, in_string, escaped), recording: strings
+    at depth 1 (the top-level object's keys), values opening to and closing from depth 2,
+    containers closing back to depth 2 (an element of a depth-2 array), and the top-level
+    value's open and close. Returns the number of records."""
+    depth, in_str, esc = state[0], state[1], state[2]
+    n = 0
+    for i in range(len(buf)):
+        c = buf[i]
+        if in_str:
+            if esc:
+                esc = 0
+            elif c == 92:  # backslash
+                esc = 1
+            elif c == 34:  # closing quote
+                in_str = 0
+                if depth == 1:
+                    pos[n] = i
+                    kind[n] = 2
+                    n += 1
+            continue
+        if c == 34:
+            in_str = 1
+            if depth == 1:
+                pos[n] = i
+                kind[n] = 1
+                n += 1
+        elif c == 123 or c == 91:  # { [
+            depth += 1
+            if depth == 1:
+                pos[n] = i
+                kind[n] = 6
+                n += 1
+            elif depth == 2:
+                pos[n] = i
+                kind[n] = 3
+                n += 1
+        elif c == 125 or c == 93:  # } ]
+            depth -= 1
+            if depth == 2:
+                pos[n] = i
+                kind[n] = 5
+                n += 1
+            elif depth == 1:
+                pos[n] = i
+                kind[n] = 4
+                n += 1
+            elif depth == 0:
+                pos[n] = i
+                kind[n] = 7
+                n += 1
+    state[0], state[1], state[2] = depth, in_str, esc
+    return n
+
+
+@dataclass
+class ScanResult:
+    """What scanning one trace found besides its events: ``header`` (the top-level object with
+    an empty events array, decodable on its own), ``layout`` (``object`` or ``array``), why the
+    document stopped early (``truncated``, None when complete) and the bytes read."""
+
+    header: bytes = b""
+    layout: str = "object"
+    truncated: str | None = None
+    bytes_read: int = 0
+    events_found: bool = False
+
+
+def open_trace_bytes(path: Path | str) -> io.BufferedIOBase:
+    """The trace's bytes, decompressed when the file is gzip (by its magic, not its name)."""
+    with open(path, "rb") as fh:
+        magic = fh.read(2)
+    if magic == _GZIP_MAGIC:
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    return open(path, "rb")
+
+
+def sniff_trace(path: Path | str, probe: int = 1 << 16) -> bool:
+    """Whether ``path`` looks like a Chrome-trace JSON document (a PyTorch-profiler trace): a
+    JSON object with a ``traceEvents`` member, or a JSON array of events with ``"ph"``. Reads at
+    most ``probe`` decompressed bytes; never raises for an unreadable file (it is not a trace)."""
+    try:
+        with open_trace_bytes(path) as fh:
+            head = fh.read(probe)
+    except (OSError, EOFError, zlib.error):
+        return False
+    text = head.lstrip()
+    if text.startswith(b"{"):
+        return b'"traceEvents"' in head
+    return text.startswith(b"[") and b'"ph"' in head
+
+
+def iter_event_runs(path: Path | str, result: ScanResult, block_bytes: int = BLOCK_BYTES) -> Iterator[bytes]:
+    """Yield JSON arrays (``b"[...]"``) of whole trace events in file order, reading ``path``
+    ``block_bytes`` at a time; ``result`` is filled as the scan goes (``header`` once done).
+    Raises ``ValueError`` when the file holds no JSON object or array."""
+    state = np.zeros(3, np.int64)
+    header = bytearray()
+    pending = bytearray()  # events-array bytes after the last element handed over
+    phase = "start"  # start -> top (object members) | events -> top -> done
+    key_start, last_key = -1, b""
+    with open_trace_bytes(path) as fh:
+        while phase != "done":
+            try:
+                block = fh.read(block_bytes)
+            except (EOFError, zlib.error, OSError) as e:
+                result.truncated = f"the compressed stream ends early or is damaged ({e})"
+                break
+            if not block:
+                break
+            result.bytes_read += len(block)
+            buf = np.frombuffer(block, np.uint8)
+            pos = np.empty(len(buf) + 1, np.int64)
+            kind = np.empty(len(buf) + 1, np.int8)
+            n = _scan(buf, state, pos, kind)
+            cursor = 0  # first byte of this block not yet given to the header or the events
+            last_close = -1  # last element close in this block
+            for r in range(n):
+                k, p = int(kind[r]), int(pos[r])
+                if phase == "start":
+                    if k == _TOP_OPEN:
+                        if block[p:p + 1] == b"[":  # JSON Array Format: the top-level array holds the events
+                            result.layout, phase = "array", "events"
+                            result.events_found = True
+                            header += b"{}"
+                        else:
+                            phase = "top"
+                            header += block[cursor:p]
+                        cursor = p + 1 if phase == "events" else p
+                    continue
+                if phase == "top":
+                    if k == _STR_START:
+                        key_start = p
+                    elif k == _STR_END:
+                        last_key = block[key_start + 1:p] if 0 <= key_start < p else b""
+                        key_start = -1
+                    elif k == _OPEN_1 and last_key == b"traceEvents" and block[p:p + 1] == b"[":
+                        header += block[cursor:p + 1]
+                        cursor = p + 1
+                        phase = "events"
+                        result.events_found = True
+                    elif k == _TOP_CLOSE:
+                        header += block[cursor:p + 1]
+                        cursor = p + 1
+                        phase = "done"
+                    continue
+                if phase == "events":
+                    array = result.layout == "array"
+                    if (k == _ELEM_CLOSE and not array) or (k == _CLOSE_1 and array):
+                        last_close = p
+                    elif (k == _CLOSE_1 and not array) or (k == _TOP_CLOSE and array):
+                        # the events array ends here: hand over what is left, back to the header
+                        pending += block[cursor:p]
+                        run = _as_array(pending)
+                        if run is not None:
+                            yield run
+                        pending = bytearray()
+                        last_close = -1
+                        cursor = p
+                        if array:
+                            phase = "done"
+                        else:
+                            phase = "top"
+                            last_key = b""
+            if phase == "events":
+                if last_close >= cursor:
+                    pending += block[cursor:last_close + 1]
+                    run = _as_array(pending)
+                    if run is not None:
+                        yield run
+                    pending = bytearray(block[last_close + 1:])
+                else:
+                    pending += block[cursor:]
+            elif phase in ("top", "start"):
+                header += block[cursor:]
+            del buf, pos, kind
+    if phase == "start":
+        raise ValueError("the file holds no JSON object or array")
+    if phase == "events":
+        result.truncated = result.truncated or "the events array is not closed (the file ends inside it)"
+        header += b"]" if result.layout == "object" else b""
+        header += b"}" if result.layout == "object" else b""
+    elif phase == "top" and result.truncated is None:
+        result.truncated = "the file ends before the trace's closing brace"
+    if phase == "top":
+        header += b"}" if state[0] >= 1 else b""
+    result.header = bytes(header)
+
+
+def _as_array(run: bytes | bytearray) -> bytes | None:
+    """A run of comma-separated elements as one JSON array (None when it holds none)."""
+    body = bytes(run).strip(b" \t\r\n,")
+    return b"[" + body + b"]" if body else None
