@@ -72,6 +72,7 @@ class RawInputs:
     ignored_logs: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what finding the logs by content did
     problems: list[str] = field(default_factory=list)  # NCCL lines finding them could not attribute
+    traces: list[Path] = field(default_factory=list)  # PyTorch-profiler Chrome traces (found by content)
 
     def host_of(self, proc: str) -> str:
         from .run_layout import RunLayout
@@ -98,10 +99,16 @@ def find_raw_inputs(raw_dir: Path | str, staging: Path | str | None = None) -> R
     ignored: list[Path] = []
     notes: list[str] = []
     problems: list[str] = []
+    traces: list[Path] = []
     if staging is not None:
+        from .kineto import iter_kineto_files
+
         staging = Path(staging)
+        inside = [staging.resolve(), (raw / "ground_truth").resolve()]
+        traces = [p for p in iter_kineto_files([raw])
+                  if not any(p.resolve().is_relative_to(d) for d in inside)]  # fmt: skip
         skip = [staging, raw / "ground_truth", nsys_dir] if nsys_dir != raw else [staging, raw / "ground_truth"]
-        found = discover_logs([log_dir], staging / "nccl", exclude=skip)
+        found = discover_logs([log_dir], staging / "nccl", exclude=[*skip, *traces])
         logs, ignored, notes, problems = dict(sorted(found.logs.items())), found.ignored, found.notes(), found.problems()
     else:
         for p in sorted(log_dir.glob("*.log")):
@@ -120,13 +127,14 @@ def find_raw_inputs(raw_dir: Path | str, staging: Path | str | None = None) -> R
         raise FileNotFoundError(f"no NCCL debug lines in any file of {log_dir}{found_txt}: expected the NCCL logs "
                                 f"of the run (one per process, per rank, or one combined stdout of all ranks, in "
                                 f"{raw / 'nccl'} or directly in {raw}); {_LOG_HINT}")
-    if not exports:
+    if not exports and not traces:
         reports = sorted({*nsys_dir.glob("*.nsys-rep"), *nsys_dir.glob("*.qdrep")})
-        found = f" (found {', '.join(p.name for p in reports[:5])}, not exported yet)" if reports else ""
-        raise FileNotFoundError(f"no nsys exports in {nsys_dir}{found}: expected one <host>.sqlite per node (in "
-                                f"{raw / 'nsys'} or directly in {raw}); {_EXPORT_HINT}")
+        found = f" (found {', '.join(p.name for p in reports[:5])}, not exported yet: {_EXPORT_HINT})" if reports else ""
+        notes.append(f"no kernel trace in {raw}{found}: the NCCL logs alone are analysed (calls, communicators, "
+                     "labels, volumes; no kernel times or bandwidths)")
     run_yaml = raw / "run.yaml"
-    return RawInputs(raw, logs, exports, run_yaml if run_yaml.is_file() else None, ignored, notes, problems)
+    return RawInputs(raw, logs, exports, run_yaml if run_yaml.is_file() else None, ignored, notes, problems,
+                     traces)
 
 
 def _export_reports(nsys_dir: Path, exports: Mapping[str, Path], dest: Path, notes: list[str]) -> dict[str, Path]:
@@ -262,6 +270,8 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
     out = Path(out_dir)
     layout = RunLayout(out)
     inputs = find_raw_inputs(raw_dir, staging=out / "inputs")
+    problems: list[str] = []  # anything that makes the result partial
+    notes: list[str] = list(inputs.notes)  # worth saying, not a gap in the result
     procs = sorted(inputs.logs)
     log_hosts = sorted({inputs.host_of(p) for p in procs})
     source = " + ".join(s for s, v in (("run.yaml", inputs.run_yaml), ("given settings", settings)) if v)
@@ -271,23 +281,24 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
     else:
         window = CaptureWindow.of_settings(run_settings) if run_settings and run_settings.get("capture") else None
         steps = window.loop_indices if window is not None else None
-    problems: list[str] = []  # anything that makes the result partial
-    notes: list[str] = list(inputs.notes)  # worth saying, not a gap in the result
     if inputs.ignored_logs:
         notes.append(f"ignored {len(inputs.ignored_logs)} text file(s) without NCCL lines: "
                      f"{', '.join(p.name for p in inputs.ignored_logs[:5])}")
-    # Exports are named after the host they were captured on, as the workflow's import names them.
+    # Exports are named after the host they were captured on, as the workflow's import names them;
+    # profiler traces (which record no host) after the node of the log whose pid made them.
     try:
         assigned = assign_exports(list(inputs.exports.values()), set(log_hosts))
     except RawImportError as e:
         raise ValueError(str(e)) from None
-    hosts = sorted(assigned.exports)
-    if not set(hosts) & set(log_hosts):
+    sources = _kernel_sources(inputs, assigned, procs, out, progress, problems, notes)
+    hosts = sorted(sources)
+    if (inputs.exports or inputs.traces) and not set(hosts) & set(log_hosts):
         raise FileNotFoundError(
-            f"no nsys export belongs to a host of the NCCL logs (log hosts: {', '.join(log_hosts)}; exports: "
-            f"{', '.join(f'{p.name} (host {h})' for h, p in sorted(assigned.exports.items()))}); each export must "
-            f"be captured on a host of the logs; {_EXPORT_HINT}")
-    no_export = [h for h in log_hosts if h not in assigned.exports]
+            f"no kernel trace belongs to a host of the NCCL logs (log hosts: {', '.join(log_hosts)}; exports: "
+            f"{', '.join(f'{p.name} (host {h})' for h, p in sorted(assigned.exports.items())) or 'none'}; "
+            f"profiler traces: {len(inputs.traces)}, none from a pid of the logs); each must be captured on a host "
+            f"of the logs; {_EXPORT_HINT}")
+    no_export = [h for h in log_hosts if h not in sources]
     nodes = sorted({*hosts, *no_export})
     procs_of = {h: [p for p in procs if inputs.host_of(p) == h] for h in nodes}
     for stage_dir, keep in ((out / "parsed" / "nccl", {h: set(procs_of[h]) for h in nodes}),
@@ -300,7 +311,7 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
     #      'no export' tables, so its calls are aligned as 'no_export'.
     with _bar(len(procs) + len(nodes), "parse NCCL logs and nsys exports", "file", progress) as bar:
         for host in nodes:
-            res = run_parse_node(layout, host, {p: inputs.logs[p] for p in procs_of[host]}, assigned.exports.get(host),
+            res = run_parse_node(layout, host, {p: inputs.logs[p] for p in procs_of[host]}, sources.get(host),
                                  run_settings, unusable=assigned.unusable.get(host), remedy=ANALYZE_REMEDY,
                                  done=lambda _: bar.update(1))  # fmt: skip
             _say(res, problems, notes)
@@ -357,7 +368,7 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
     out_summary: dict[str, Any] = {
         "raw_dir": str(inputs.raw_dir), "out_dir": str(out), "mode": mode,
         "processes": len(procs), "hosts": log_hosts,
-        "exports": {h: p.name for h, p in sorted(assigned.exports.items())},
+        "exports": {h: (p.name if isinstance(p, Path) else [Path(x).name for x in p]) for h, p in sorted(sources.items())},
         "hosts_without_export": no_export, "ignored_logs": [str(p) for p in inputs.ignored_logs],
         "calls": result.calls, "matched": result.matched, "unmatched_by_reason": result.unmatched_by_reason,
         "partial": partial, "problems": problems, "notes": notes, "settings": run_settings,
@@ -366,11 +377,40 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
                     "alignment_quality": str(layout.quality), "communicators": str(layout.communicators),
                     "parse_summary": str(layout.parse_summary), **stage_outputs},
     }  # fmt: skip
-    raw_files = [*inputs.logs.values(), *inputs.exports.values(), *([inputs.run_yaml] if inputs.run_yaml else [])]
+    raw_files = [*inputs.logs.values(), *inputs.exports.values(), *inputs.traces,
+                 *([inputs.run_yaml] if inputs.run_yaml else [])]
     write_manifest(out / "manifest.json", stage="analyze", inputs=raw_files, outputs=ops.outputs + [layout.parse_summary],
                    config=run_settings, partial=partial, reasons=problems,
                    extra={"summary": {k: v for k, v in out_summary.items() if k not in ("settings", "outputs")}})
     return out_summary
+
+
+def _kernel_sources(inputs: RawInputs, assigned: Any, procs: list[str], out: Path, progress: bool,
+                    problems: list[str], notes: list[str]) -> dict[str, Path | list[Path]]:
+    """Each node's kernel sources: its nsys export(s) (one per node, or one per process) and the
+    profiler traces of its processes (read once into ``out/inputs/kernels/``). A single export
+    is passed as is (the workflow's parse); several sources are merged by the parse stage."""
+    from .kernel_sources import CAPTURE_HINT, stage_traces, traces_of_hosts
+    from .run_layout import process_key
+
+    sources: dict[str, list[Path]] = {h: [p, *assigned.more.get(h, [])] for h, p in assigned.exports.items()}
+    if inputs.traces:
+        with _bar(len(inputs.traces), "read profiler traces", "file", progress) as bar:
+            staged = stage_traces(inputs.traces, out / "inputs" / "kernels", progress=lambda _: bar.update(1))
+        for t in staged:
+            if t.problem:
+                problems.append(f"profiler trace {t.path.name} not used: {t.problem}")
+        by_host, unplaced = traces_of_hosts(staged, {p: process_key(p) for p in procs})
+        problems += unplaced
+        for host, traces in by_host.items():
+            sources.setdefault(host, []).extend(t.tables for t in traces if t.tables is not None)
+        used = sum(len(v) for v in by_host.values())
+        notes.append(f"kernel times from {used} PyTorch-profiler trace(s)"
+                     + (f" and {len(assigned.exports)} nsys export node(s)" if assigned.exports else ""))
+    if not sources:
+        problems.append(f"no kernel trace: the NCCL logs alone were analysed (calls, communicators, labels, volumes); "
+                        f"no kernel times, bandwidths or timelines. To get them, {CAPTURE_HINT}")
+    return {h: (v[0] if len(v) == 1 and not v[0].is_dir() else v) for h, v in sources.items()}
 
 
 def _require_payloads(layout: Any, hosts: list[str]) -> None:

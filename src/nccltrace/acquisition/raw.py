@@ -23,7 +23,7 @@ import os
 import re
 import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -180,15 +180,17 @@ class ExportAssignment:
     unusable: dict[str, str]
     ignored: list[str]
     warnings: list[str]
+    more: dict[str, list[Path]] = field(default_factory=dict)  # further readable exports of a node (per process)
 
 
 def assign_exports(sqlites: list[Path], log_hosts: set[str], source: Path | None = None) -> ExportAssignment:
     """Name each export after the host it was captured on (recorded in the export), else its
     file stem. An unreadable export is kept for the node its name points to (the parse stage
     reports the defect and the run is partial) unless a readable export of that node exists:
-    then it is a leftover, set aside. Raises :class:`RawImportError` for two readable exports
-    of one host."""
+    then it is a leftover, set aside. Further readable exports of one host (one per process) are
+    listed in ``more``."""
     names: dict[str, Path] = {}
+    more: dict[str, list[Path]] = {}
     unreadable: list[tuple[Path, str]] = []
     ignored: list[str] = []
     warnings: list[str] = []
@@ -200,13 +202,11 @@ def assign_exports(sqlites: list[Path], log_hosts: set[str], source: Path | None
         host = host or p.stem
         if host not in log_hosts and host.split(".")[0] in log_hosts:
             host = host.split(".")[0]  # logs name the short hostname (gethostname), nsys the full one
-        name = host if host not in names else p.stem
-        if name in names:
-            raise RawImportError(f"{p} and {names[name]} are both exports of host {name}; keep one per node")
-        if name != host:
-            warnings.append(f"{p.name} and {names[host].name} are both exports of host {host} (one per process?): "
-                            f"only {names[host].name} is used for its ranks; export one report per node")
-        names[name] = p
+        if host in names:
+            # one export per process (`nsys profile -o trace_%q{SLURM_PROCID}`): all of them serve the node
+            more.setdefault(host, []).append(p)
+            continue
+        names[host] = p
     readable = set(names)
     unusable: dict[str, str] = {}
     for p, problem in unreadable:
@@ -222,7 +222,7 @@ def assign_exports(sqlites: list[Path], log_hosts: set[str], source: Path | None
             warnings.append(f"{p.name} is unreadable and named after node {owner}; taken as {owner}'s export")
         names[owner] = p
         unusable[owner] = problem
-    return ExportAssignment(names, unusable, ignored, warnings)
+    return ExportAssignment(names, unusable, ignored, warnings, more)
 
 
 def import_raw(source: Path | str, raw: Path | str, *, run_id: str, settings: Mapping[str, Any],
@@ -286,6 +286,11 @@ def import_raw(source: Path | str, raw: Path | str, *, run_id: str, settings: Ma
     names, unusable = assigned.exports, assigned.unusable
     ignored += assigned.ignored
     warnings += assigned.warnings
+    for host, extra in assigned.more.items():
+        warnings.append(f"{', '.join(p.name for p in extra)} and {names[host].name} are all exports of host {host} "
+                        f"(one per process): the workflow reads one export per node, so only {names[host].name} is "
+                        "used for its ranks; export one report per node, or analyse the directory with "
+                        "`nccltrace analyze`, which reads every export of a node")
     for name, p in names.items():
         dst = partial / "nsys" / f"{name}.sqlite"
         if p.parent != dst.parent or p.name != dst.name:

@@ -25,7 +25,7 @@ from .sequences import (
     build_log_units,
     is_nccl_kernel,
 )
-from .window import log_unlocated, step_lines, unlocated_message, window_unlocated
+from .window import locate_by_trace, log_unlocated, step_lines, trace_steps, unlocated_message, window_unlocated
 
 MODES = ("default", "thesis", "exact")
 NO_EXPORT_REASON = "no_export"
@@ -267,7 +267,7 @@ def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kerne
     graph = graph_replayed(kernels)
     replayed, kernels = kernels[graph], kernels[~graph]
     ks = build_kernel_sequence(kernels, utc_offset_ns=utc_offset_ns, launches_without_kernel=launches_without_kernel)
-    units, window = locate_capture(calls, ks, version, capture_steps)
+    units, window = locate_capture(calls, ks, version, capture_steps, nvtx)
     family_note = _borrowed_families(units, ks)
     res = align_units(units, ks, params)
     cu = units.call_unit
@@ -386,7 +386,8 @@ def _borrowed_families(units, ks) -> list[dict]:
     return notes
 
 
-def locate_capture(calls: pd.DataFrame, ks, version, capture_steps: tuple[int, int] | None):
+def locate_capture(calls: pd.DataFrame, ks, version, capture_steps: tuple[int, int] | None,
+                   nvtx: pd.DataFrame | None = None):
     """Where the export's capture sits in this process's log, before any alignment: the launch
     units of the lines that can have their kernel in the export and the ``capture_window``
     quality record (with the capture's wall-clock span when log time located it). Lines outside get
@@ -407,10 +408,24 @@ def locate_capture(calls: pd.DataFrame, ks, version, capture_steps: tuple[int, i
         units = _abstain(units, NOT_IN_EXPORT_REASON)
     elif not timed:
         real = int((~units.placeholder).sum())
-        if capture_steps is not None:
+        steps = trace_steps(ks.kernels, nvtx, _process_pid(calls))
+        partial_capture = window_unlocated(real, ks.m) or log_unlocated(real, ks.m)
+        found = locate_by_trace(units, ks, steps) if (steps is not None or partial_capture) else None
+        if found is not None and found.outside is not None:
+            units = build_log_units(units.calls, nccl_version=version, outside=found.outside)
+            window.update(located_by=found.located_by, trace_offset=found.offset, trace_candidates=found.candidates,
+                          first_step=found.first_step, message=_declared_vs_trace(calls, capture_steps, found))
+        elif capture_steps is not None:
             units, window = _locate_steps(units, calls, version, capture_steps, window)
-        elif window_unlocated(real, ks.m) or log_unlocated(real, ks.m):
-            window.update(located_by=None, message=unlocated_message(_process_name(calls), real, ks.m))
+            if found is not None and steps is not None:
+                window["message"] = "; ".join(x for x in (window.get("message"), (
+                    f"{_process_name(calls)}: the kernel trace's own evidence did not locate its window ("
+                    f"{found.message}); the declared steps were used")) if x)
+        elif partial_capture:
+            msg = unlocated_message(_process_name(calls), real, ks.m)
+            if found is not None and found.message:
+                msg += f" (the trace's own evidence: {found.message})"
+            window.update(located_by=None, message=msg)
             units = _abstain(units, "capture_not_located")
         else:
             window.update(applicable=False)
@@ -529,6 +544,21 @@ def _process_name(calls: pd.DataFrame) -> str:
     return f"{host}:{pid}"
 
 
+def _process_pid(calls: pd.DataFrame) -> int | None:
+    return int(calls["pid"].dropna().iloc[0]) if "pid" in calls and calls["pid"].notna().any() else None
+
+
+def _declared_vs_trace(calls: pd.DataFrame, declared: tuple[int, int] | None, found) -> str | None:
+    """What to say when a window located from the trace's evidence meets declared steps: the
+    declared ones are checked against the profiler's step markers, and a contradiction named."""
+    if declared is None or found.first_step is None or declared[0] == found.first_step:
+        return None
+    lo, hi = declared
+    return (f"{_process_name(calls)}: the declared capture steps (loop iterations {lo}-{hi}, 0-based) contradict the "
+            f"profiler's step markers, which put the trace's first step at iteration {found.first_step}; the "
+            "window was located by the trace's own evidence, not by the declared steps")
+
+
 def _abstain(units, reason: str):
     """The same calls with no launch unit: every call that needed a kernel gets ``reason``."""
     from dataclasses import replace
@@ -593,7 +623,7 @@ def _align_exact(calls, kernels, nvtx, utc_offset_ns=None, version=None, capture
         raise ValueError("exact mode needs the export's NVTX ranges with NCCL payloads (nvtx table)")
     k = kernels.reset_index(drop=True)
     units, window = locate_capture(calls, build_kernel_sequence(k, utc_offset_ns=utc_offset_ns), version,
-                                      capture_steps)  # fmt: skip
+                                   capture_steps, nvtx)  # fmt: skip
     calls = units.calls  # sorted by file, line
     located = _nvtx_window(calls, units.call_reason, nvtx, utc_offset_ns, window)
     window["outside"] = int((located == "outside_capture").sum())

@@ -19,12 +19,14 @@ Without either, a process whose export holds far fewer launches than its log is 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-__all__ = ["COVERAGE_MIN", "StepLines", "log_unlocated", "step_lines", "unlocated_message", "window_unlocated"]
+__all__ = ["COVERAGE_MIN", "STEP_MARKER_RE", "StepLines", "TraceLocation", "TraceSteps", "locate_by_trace", "log_unlocated",
+           "step_lines", "trace_steps", "unlocated_message", "window_unlocated"]
 
 COVERAGE_MIN = 0.75
 """Below this ratio of export launches (kernels and launch records) to logged launch units, the
@@ -131,3 +133,189 @@ def unlocated_message(process: str, n_units: int, n_launches: int) -> str:
             "or partial capture whose place in the log cannot be located; its calls are left unmatched. Remedies: "
             "log timestamps (NCCL >= 2.26 with NCCL_DEBUG_TIMESTAMP_FORMAT, which nccltrace's launch sets), or "
             "declare the captured steps (run setting capture.steps, or --capture-steps FIRST-LAST)")
+
+
+# --------------------------------------------------------------------------- profiler step markers
+
+STEP_MARKER_RE = re.compile(r"^ProfilerStep#(\d+)$")
+"""The step ranges ``torch.profiler`` records around each ``prof.step()`` interval (the number is
+the profiler's step count: the training loop's 0-based iteration when the profiler starts with
+the loop, as Megatron's ``--use-pytorch-profiler`` and ``torch.profiler.schedule`` users do)."""
+
+_MAX_SEQUENCE_WORK = 400_000_000  # unit x kernel comparisons before offsets are pre-filtered
+
+
+@dataclass(frozen=True)
+class TraceSteps:
+    """Step markers of one process's kernel trace: ``numbers`` (sorted step numbers with a
+    marker), and ``step`` per kernel of the kernel sequence (its launch inside that step's range,
+    -1 outside every marked step)."""
+
+    numbers: tuple[int, ...]
+    step: np.ndarray
+
+    @property
+    def first(self) -> int:
+        return self.numbers[0]
+
+
+@dataclass(frozen=True)
+class TraceLocation:
+    """Where a kernel trace's window lies in the log: ``outside`` per call row (line order), how
+    it was decided (``located_by``) and what to say; ``outside`` None when it could not be located
+    (``message`` says why)."""
+
+    outside: np.ndarray | None
+    located_by: str | None
+    message: str | None
+    offset: int = -1
+    candidates: int = 0
+    first_step: int | None = None
+
+
+def trace_steps(kernels: pd.DataFrame, nvtx: pd.DataFrame | None, pid: int | None) -> TraceSteps | None:
+    """The profiler's step markers of process ``pid`` (``nvtx`` ranges named ``ProfilerStep#N``)
+    and each kernel's step (``kernels`` in sequence order; by its launch time, else its start);
+    None when the trace has no marker of this process."""
+    if nvtx is None or not len(nvtx) or "text" not in nvtx or not len(kernels):
+        return None
+    rows = nvtx
+    if pid is not None and "pid" in nvtx:
+        rows = nvtx[nvtx["pid"].astype("Int64") == int(pid)]
+    text = rows["text"].astype(object)
+    num = text.str.extract(STEP_MARKER_RE, expand=False)
+    rows = rows[num.notna().to_numpy(bool)]
+    if not len(rows):
+        return None
+    nums = num.dropna().astype(np.int64).to_numpy()
+    start = rows["start"].astype("Int64").to_numpy(np.int64)
+    end = rows["end"].astype("Int64").fillna(rows["start"].astype("Int64")).to_numpy(np.int64)
+    order = np.argsort(start, kind="stable")
+    start, end, nums = start[order], end[order], nums[order]
+    t = kernels["launch_start"].astype("Int64") if "launch_start" in kernels else pd.Series(pd.NA, index=kernels.index)
+    t = t.fillna(kernels["start"].astype("Int64")).fillna(-1).to_numpy(np.int64)
+    i = np.searchsorted(start, t, side="right") - 1
+    ok = (i >= 0) & (t >= 0)
+    step = np.full(len(t), -1, np.int64)
+    step[ok] = np.where(t[ok] <= end[i[ok]], nums[i[ok]], -1)
+    return TraceSteps(tuple(int(x) for x in np.unique(nums)), step)
+
+
+def _kernel_args(ks, name: str) -> np.ndarray:
+    k = ks.kernels
+    if name not in k:
+        return np.full(len(k), -1, np.int64)
+    return k[name].astype("Int64").fillna(-1).to_numpy(np.int64)
+
+
+def _unit_calls(units) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per real unit (log order): its row, first call's op, element count and communicator size."""
+    real = np.flatnonzero(~units.placeholder & (units.first_call >= 0))
+    rows = units.first_call[real]
+    c = units.calls
+    op = c["op"].astype(object).to_numpy()[rows]
+    count = c["count"].astype("Int64").fillna(-1).to_numpy(np.int64)[rows] if "count" in c else np.full(len(rows), -1)
+    nranks = c["nranks"].astype("Int64").fillna(-1).to_numpy(np.int64)[rows]
+    return real, op, count, nranks
+
+
+def _fits(fam_mask: np.ndarray, op: np.ndarray, count: np.ndarray, nranks: np.ndarray, family: np.ndarray,
+          in_n: np.ndarray, out_n: np.ndarray, gsize: np.ndarray) -> np.ndarray:  # fmt: skip
+    """Element-wise: can log unit (fam_mask, op, count, nranks) be the kernel (family, profiler
+    arguments)? A kernel whose name says nothing (generic) or that has no arguments fits on
+    what is known."""
+    from ..kineto import kernel_count_fits
+
+    fam_ok = (family < 0) | (((fam_mask >> np.maximum(family, 0)) & 1) == 1)
+    size_ok = kernel_count_fits(op, count, nranks, in_n, out_n)
+    group_ok = (gsize < 0) | (nranks < 0) | (gsize == nranks)
+    return fam_ok & size_ok & group_ok
+
+
+def locate_by_trace(units, ks, steps: TraceSteps | None) -> TraceLocation:
+    """Locate a kernel trace's window in one process's log from the trace's own evidence: the
+    sequence of its kernels (family, and the profiler's collective arguments where present)
+    must occur in the log's launch units at one offset; where the log repeats it step after
+    step, the profiler's step number picks the offset whose preceding log holds that many
+    occurrences of the calls made once per step. Refuses (``outside`` None) when the sequence
+    does not occur, or when several offsets remain and nothing tells them apart."""
+    real, op, count, nranks = _unit_calls(units)
+    kreal = np.flatnonzero(~ks.placeholder)
+    fam = ks.family[kreal]
+    in_n, out_n, gsize = (_kernel_args(ks, c)[kreal] for c in ("coll_in_nelems", "coll_out_nelems", "coll_group_size"))
+    n, m = len(real), len(kreal)
+    fm = units.fam_mask[real]
+    if m == 0 or n < m:
+        return TraceLocation(None, None, f"the trace holds {m} NCCL kernels for {n} logged launches")
+    offsets = np.arange(n - m + 1)
+    # pre-filter offsets on a prefix of the sequence, then check every position
+    for i in range(min(m, 16 if n * m > _MAX_SEQUENCE_WORK else m)):
+        if not len(offsets):
+            break
+        j = offsets + i
+        offsets = offsets[_fits(fm[j], op[j], count[j], nranks[j], np.full(len(j), fam[i]),
+                                np.full(len(j), in_n[i]), np.full(len(j), out_n[i]), np.full(len(j), gsize[i]))]
+    full = []
+    for o in offsets:
+        sl = slice(o, o + m)
+        if _fits(fm[sl], op[sl], count[sl], nranks[sl], fam, in_n, out_n, gsize).all():
+            full.append(int(o))
+    if not full:
+        return TraceLocation(None, None, f"the trace's sequence of {m} NCCL kernels (collectives and sizes) occurs "
+                                         "nowhere in the log: a trace of another run, or records lost on either side")
+    chosen, how, first = None, None, None
+    if len(full) == 1:
+        chosen, how = full[0], "trace_sequence"
+    elif steps is not None and len(steps.numbers):
+        first = steps.first
+        est = _steps_before(full, steps, fm, op, count, nranks, fam,
+                            in_n, out_n, gsize, kreal)
+        hits = [o for o, e in zip(full, est, strict=True) if e is not None and e == first]
+        if len(hits) == 1:
+            chosen, how = hits[0], "profiler_steps"
+        else:
+            seen = ", ".join(f"{'?' if e is None else e}" for e in est[:8])
+            return TraceLocation(None, None, (
+                f"the trace's kernel sequence fits the log at {len(full)} places (its steps repeat) and the "
+                f"profiler's step number #{first} matches {'none' if not hits else len(hits)} of them (steps "
+                f"completed before each place, by the calls made once per step: {seen}); the profiler's steps may "
+                "not count from the log's first iteration"), candidates=len(full), first_step=first)
+    else:
+        return TraceLocation(None, None, f"the trace's kernel sequence fits the log at {len(full)} places (its steps "
+                                         "repeat) and the trace has no step markers to tell them apart",
+                             candidates=len(full))
+    # the window: the lines of its launch units, and the lines without a launch between them
+    inside = np.isin(units.call_unit, real[chosen:chosen + m])
+    rows = np.flatnonzero(inside)
+    r = np.arange(len(units.calls))
+    outside = (r < rows.min()) | (r > rows.max())
+    return TraceLocation(outside, how, None, offset=chosen, candidates=len(full), first_step=first)
+
+
+def _steps_before(offsets: list[int], steps: TraceSteps, fm, op, count, nranks, fam, in_n, out_n, gsize,
+                  kreal) -> list[int | None]:  # fmt: skip
+    """For each candidate offset: how many training steps the log completed before it, counted
+    by the calls made exactly once in every marked step of the trace (each such call's
+    occurrences in the log before the offset; their median). None without such calls."""
+    st = steps.step[kreal]
+    marked = st >= 0
+    if not marked.any():
+        return [None] * len(offsets)
+    have_args = (in_n >= 0) | (out_n >= 0)
+    keys = pd.DataFrame({"fam": fam, "in": in_n, "out": out_n, "g": gsize, "step": st})[marked & have_args]
+    if not len(keys):
+        return [None] * len(offsets)
+    per_step = keys.groupby(["fam", "in", "out", "g", "step"]).size().unstack("step", fill_value=0)
+    nsteps = len(np.unique(st[marked]))
+    once = per_step[(per_step == 1).all(axis=1) & (per_step.shape[1] == nsteps)]
+    if not len(once):
+        return [None] * len(offsets)
+    out: list[int | None] = []
+    counts = []
+    for (f, i_n, o_n, g) in once.index:
+        k = len(fm)
+        hit = _fits(fm, op, count, nranks, np.full(k, f), np.full(k, i_n), np.full(k, o_n), np.full(k, g))
+        counts.append(np.concatenate([[0], np.cumsum(hit)]))
+    for o in offsets:
+        out.append(int(np.median([c[o] for c in counts])))
+    return out

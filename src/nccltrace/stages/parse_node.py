@@ -18,7 +18,7 @@ and an 80 MB export: a peak of 1,180 MiB, as the export alone in a fresh interpr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,19 +31,23 @@ from .parse_nsys import run_parse_nsys
 __all__ = ["run_parse_node"]
 
 
-def run_parse_node(layout: RunLayout, host: str, logs: Mapping[str, Path | str], export: Path | str | None,
+def run_parse_node(layout: RunLayout, host: str, logs: Mapping[str, Path | str],
+                   export: Path | str | Sequence[Path | str] | None,
                    settings: Mapping[str, Any] | None = None, *, unusable: str | None = None,
                    remedy: Remedy = WORKFLOW_REMEDY, done: Callable[[str], None] | None = None) -> StageResult:  # fmt: skip
     """Parse node ``host``'s logs (``logs``: process -> its log, every process of the node) into
-    ``layout.parsed_nccl(proc)`` and its export into ``layout.parsed_nsys(host)``; ``export``,
-    ``unusable`` and ``remedy`` as :func:`~nccltrace.stages.parse_nsys.run_parse_nsys` takes
+    ``layout.parsed_nccl(proc)`` and its export into ``layout.parsed_nsys(host)``; ``export`` (one
+    export, a list of kernel sources, or None), ``unusable`` and ``remedy`` as :func:`~nccltrace.stages.parse_nsys.run_parse_nsys` takes
     them. ``done(unit)`` after the export and after each process (progress)."""
     settings = dict(settings or {})
     strangers = [p for p in logs if layout.host_of(p) != host]
     if strangers:
         raise ValueError(f"parse_node of node {host}: {', '.join(strangers)} belong to other nodes")
     layout.parsed_nccl_node(host).mkdir(parents=True, exist_ok=True)
-    export_unit = f"export {Path(export).name if export is not None else host + '.sqlite'}"
+    if isinstance(export, (list, tuple)):
+        export_unit = f"kernel sources {', '.join(Path(p).name for p in export)}"
+    else:
+        export_unit = f"export {Path(export).name if export is not None else host + '.sqlite'}"
 
     def run_one(unit: str) -> StageResult:
         if unit == export_unit:

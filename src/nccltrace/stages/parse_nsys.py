@@ -9,7 +9,7 @@ node's calls ``no_export``)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,15 +54,27 @@ def _unavailable(export_file: Path | None, out: Path, host: str, problem: str,
     return StageResult("parse_nsys", outputs, True, [problem], f"node {host}: no usable export")
 
 
-def run_parse_nsys(export_file: Path | str | None, out_dir: Path | str, host: str,
+def run_parse_nsys(export_file: Path | str | Sequence[Path | str] | None, out_dir: Path | str, host: str,
                    settings: Mapping[str, Any] | None = None, *, unusable: str | None = None,
                    remedy: Remedy = WORKFLOW_REMEDY) -> StageResult:  # fmt: skip
-    """Read node ``host``'s export into ``out_dir``. ``export_file`` None or absent: the node
-    has no export. ``unusable``: why an earlier look (the import, which saw the file's
-    surroundings) judged it unusable. ``remedy``: how the front end in use says to fix it."""
+    """Read node ``host``'s kernel source into ``out_dir``. ``export_file``: its nsys export;
+    None or absent: the node has no export; a list: several sources of the node (nsys exports
+    per process, and/or directories of profiler-trace tables staged by
+    :func:`nccltrace.kernel_sources.stage_traces`), merged on one clock
+    (:func:`nccltrace.kernel_sources.merge_sources`). ``unusable``: why an earlier look (the
+    import, which saw the file's surroundings) judged it unusable. ``remedy``: how the front end
+    in use says to fix it."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     settings = dict(settings or {})
+    if isinstance(export_file, (list, tuple)):
+        sources = [Path(p) for p in export_file]
+        if len(sources) == 1 and not sources[0].is_dir():
+            export_file = sources[0]
+        elif sources and not unusable:
+            return _parse_sources(sources, out, host, settings, remedy)
+        else:
+            export_file = None
     export_file = Path(export_file) if export_file is not None else None
     hint = export_hint(host, remedy)
     if unusable:
@@ -99,3 +111,55 @@ def run_parse_nsys(export_file: Path | str | None, out_dir: Path | str, host: st
     return StageResult("parse_nsys", list(written.values()), bool(problems), problems,
                        f"{versions}: {sorted(written)}, {kernels} NCCL kernels\n{format_summary(api)}", notes,
                        {"hostname": json.loads(written["session"].read_text()).get("hostname")})
+
+
+def _parse_sources(sources: list[Path], out: Path, host: str, settings: dict[str, Any],
+                   remedy: Remedy) -> StageResult:  # fmt: skip
+    """Several kernel sources of one node: each nsys export parsed into ``sources/<name>/``,
+    staged profiler-trace tables taken as they are, then merged into the node's tables."""
+    from ..kernel_sources import merge_sources
+
+    parts: list[Path] = []
+    problems: list[str] = []
+    notes: list[str] = []
+    inputs: list[Path] = []
+    for src in sources:
+        if src.is_dir():
+            parts.append(src)
+            inputs.append(src / "session.json")
+            s = json.loads((src / "session.json").read_text())
+            if s.get("truncated"):
+                problems.append(f"profiler trace {s.get('source_file')} of node {host} is cut short "
+                                f"({s['truncated']}): kernels after the cut are missing; copy the whole trace again")
+            continue
+        inputs.append(src)
+        try:
+            with NsysExport.open(src) as export:
+                dest = out / "sources" / src.stem
+                export.export_tables(dest)
+                if export.nccl_api_summary and export.nccl_api_summary.get("payload_warning"):
+                    notes.append(f"nsys export {src.name} of node {host}: {export.nccl_api_summary['payload_warning']}")
+            parts.append(dest)
+        except NsysFormatError as e:
+            problems.append(f"nsys export of node {host} is unusable: {e}. The calls of the processes it recorded "
+                            f"have no kernel times; {export_hint(host, remedy)}")
+    if not parts:
+        return _unavailable(sources[0], out, host, "; ".join(problems) or missing_export_problem(host, remedy),
+                            settings)
+    written = merge_sources(parts, out, host)
+    session = json.loads(written["session"].read_text())
+    problems += session.get("problems") or []
+    kernels = pq.read_metadata(written["kernels"]).num_rows
+    if kernels == 0:
+        problems.append(f"the kernel sources of node {host} ({session['source_file']}) contain no NCCL kernels: no call "
+                        "of its ranks can be aligned, so they have no kernel times or bandwidths; profile with CUDA "
+                        "activity traced and NCCL in use")
+    if problems:
+        write_json_atomic(written["session"], {**session, "problems": problems})
+    write_manifest(out / "manifest.json", stage="parse_nsys", inputs=inputs, outputs=list(written.values()),
+                   config=settings, partial=bool(problems), reasons=problems,
+                   extra={"nccl_kernels": kernels, "sources": [s.get("source_file") for s in session["sources"]],
+                          "source_kind": session["source_kind"]})  # fmt: skip
+    return StageResult("parse_nsys", list(written.values()), bool(problems), problems,
+                       f"{len(parts)} kernel sources ({session['source_kind']}): {kernels} NCCL kernels", notes,
+                       {"hostname": host})
