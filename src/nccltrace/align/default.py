@@ -63,7 +63,8 @@ class AlignParams:
 
 
 @nb.njit(cache=True, inline="always")
-def _pair(i, j, u_fam, u_dt, u_stream, k_fam, k_dt, k_stream, u_grid, k_grid, smap, u_size, k_cap, u_opt):
+def _pair(i, j, u_fam, u_dt, u_stream, k_fam, k_dt, k_stream, u_grid, k_grid, smap, u_size, k_cap, u_opt, u_key,
+          k_key):  # fmt: skip
     """Score of matching unit i with kernel j, time aside (NEG = forbidden; ``_score`` adds time).
 
     Placeholders stand for launches known to exist from the other side's evidence: a kernel
@@ -74,6 +75,8 @@ def _pair(i, j, u_fam, u_dt, u_stream, k_fam, k_dt, k_stream, u_grid, k_grid, sm
     lost), which keeps the launches on both sides in step."""
     kf = k_fam[j]
     u_ph = u_dt[i] == -1
+    if u_key[i] >= 0 and k_key[j] >= 0 and u_key[i] != k_key[j]:
+        return NEG  # the kernel's own record (profiler arguments) names another element count
     if u_size[i] >= 0 and k_cap[j] >= 0 and u_size[i] > k_cap[j] + 1:
         return NEG  # the kernel ran too briefly to have moved the unit's payload
     if u_opt[i] == 1 and smap[u_stream[i]] < 0:
@@ -513,10 +516,53 @@ def _class_table(units: LogUnits, ks: KernelSeq, ugrid: np.ndarray, kgrid: np.nd
         kcap = np.full(ks.m, -1, np.int64)
     # before any stream is mapped (first pass) a guessed placeholder may take any kernel
     strict = units.optional.astype(np.int64) if (smap >= 0).any() else np.zeros(units.n, np.int64)
-    uvals, ucls = _classes([units.fam_mask, units.dt_mask, units.stream, ugrid, usize, strict])
-    kvals, kcls = _classes([ks.family, ks.dtype_class, ks.stream, kgrid, kcap])
-    T = _table(*(uvals[:, c].copy() for c in range(6)), *(kvals[:, c].copy() for c in range(5)), smap)
+    uvals, ucls = _classes([units.fam_mask, units.dt_mask, units.stream, ugrid, usize, strict, unit_count_key(units)])
+    kvals, kcls = _classes([ks.family, ks.dtype_class, ks.stream, kgrid, kcap, kernel_count_key(ks)])
+    T = _table(*(uvals[:, c].copy() for c in range(7)), *(kvals[:, c].copy() for c in range(6)), smap)
     return ucls, kcls, T
+
+
+_KEYED_OPS = ("AllGather", "ReduceScatter", "AllReduce", "Broadcast", "Reduce", "AlltoAll")
+
+
+def unit_count_key(units: LogUnits) -> np.ndarray:
+    """Per unit: the element count its one call logged (NCCL's convention), -1 for a unit of
+    several calls (a group) or an op whose kernel arguments are not compared."""
+    key = np.full(units.n, -1, np.int64)
+    if "count" not in units.calls or not units.n:
+        return key
+    real = np.flatnonzero(units.first_call >= 0)
+    calls_per_unit = np.bincount(units.call_unit[units.call_unit >= 0], minlength=units.n)
+    rows = units.first_call[real]
+    op = units.calls["op"].astype(object).to_numpy()[rows]
+    count = units.calls["count"].astype("Int64").fillna(-1).to_numpy(np.int64)[rows]
+    ok = np.isin(op, _KEYED_OPS) & (calls_per_unit[real] == 1)
+    key[real[ok]] = count[ok]
+    return key
+
+
+def kernel_count_key(ks: KernelSeq) -> np.ndarray:
+    """Per kernel: the element count its call logged, from the profiler's record of the kernel
+    (``coll_*`` columns; -1 without one): AllGather's input, ReduceScatter's output, an
+    all-reduce/broadcast/reduce's input, an all-to-all's input per peer (NCCL logs the count
+    per peer)."""
+    from .sequences import FAMILY_CODE
+
+    k = ks.kernels
+    key = np.full(ks.m, -1, np.int64)
+    if "coll_in_nelems" not in k or not ks.m:
+        return key
+    i = k["coll_in_nelems"].astype("Int64").fillna(-1).to_numpy(np.int64)
+    o = k["coll_out_nelems"].astype("Int64").fillna(-1).to_numpy(np.int64)
+    g = k["coll_group_size"].astype("Int64").fillna(-1).to_numpy(np.int64) if "coll_group_size" in k else -np.ones(ks.m)
+    name = k["coll_name"].astype(object).fillna("").astype(str).to_numpy() if "coll_name" in k else np.full(ks.m, "")
+    f = ks.family
+    for fam, src in (("AllGather", i), ("ReduceScatter", o), ("AllReduce", i), ("Broadcast", i), ("Reduce", i)):
+        sel = f == FAMILY_CODE[fam]
+        key[sel] = src[sel]
+    a2a = (f == FAMILY_CODE["SendRecv"]) & np.char.startswith(name.astype(str), "all_to_all") & (g > 0) & (i >= 0)
+    key[a2a] = i[a2a] // g[a2a].astype(np.int64)
+    return np.where(ks.placeholder, -1, key)
 
 
 def _classes(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -537,13 +583,13 @@ def _classes(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 
 @nb.njit(cache=True)
-def _table(u_fam, u_dt, u_stream, u_grid, u_size, u_opt, k_fam, k_dt, k_stream, k_grid, k_cap, smap):
+def _table(u_fam, u_dt, u_stream, u_grid, u_size, u_opt, u_key, k_fam, k_dt, k_stream, k_grid, k_cap, k_key, smap):
     nu, nk = u_fam.shape[0], k_fam.shape[0]
     T = np.empty((nu, nk), np.int32)
     for a in range(nu):
         for b in range(nk):
             T[a, b] = _pair(a, b, u_fam, u_dt, u_stream, k_fam, k_dt, k_stream, u_grid, k_grid, smap, u_size, k_cap,
-                            u_opt)  # fmt: skip
+                            u_opt, u_key, k_key)  # fmt: skip
     return T
 
 
@@ -600,6 +646,9 @@ def _learn_rate(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, min_obs: int
     kcap = np.where(dur > 0, np.floor(np.log2(np.maximum(dur * kb, 1.0))), -1).astype(np.int64)
     top = int(usize.max()) if (usize >= 0).any() else 0
     kcap = np.where(kcap >= 0, np.minimum(kcap, top), -1)  # larger capacities all mean "anything fits"
+    # a kernel whose own record (profiler arguments) names its payload needs no guess of what it
+    # could carry: kernels that waited for peers make the learned rate far too low for it
+    kcap = np.where(kernel_count_key(ks) >= 0, -1, kcap)
     return usize, kcap
 
 
