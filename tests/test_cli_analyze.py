@@ -150,9 +150,17 @@ def test_missing_logs_or_exports_are_named_with_what_to_do(analyzed, tmp_path, c
     shutil.copytree(raw / "nccl", only_logs / "nccl")
     (only_logs / "nsys").mkdir()
     (only_logs / "nsys" / "node000.nsys-rep").write_bytes(b"")
-    assert main(["analyze", str(only_logs), "-o", str(tmp_path / "out")]) == 2
+    # logs alone (the report was never exported): every stage that needs no kernel times runs,
+    # the run is partial, and the console names the report and how to export it
+    assert main(["analyze", str(only_logs), "-o", str(tmp_path / "out2"), "-q"]) == 0
     err = capsys.readouterr().err
-    assert "no nsys exports" in err and "node000.nsys-rep" in err and "nsys export --type sqlite" in err
+    assert "node000.nsys-rep" in err and "nsys export --type sqlite" in err and "no kernel trace" in err
+    assert json.loads((tmp_path / "out2" / "manifest.json").read_text())["partial"]
+    ops = read_table(tmp_path / "out2" / "ops" / "ops.parquet")
+    calls = ops[ops["row_kind"] == "call"]
+    assert len(calls) and (calls["status"] == "unmatched").all()
+    assert set(calls["reason"]) <= {NO_EXPORT_REASON, "single_rank_communicator", "duplicate_line"}
+    assert (tmp_path / "out2" / "report" / "report.html").is_file()
 
 
 def test_missing_rank_log_flags_the_run_partial(analyzed, tmp_path, capsys):

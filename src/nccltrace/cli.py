@@ -471,6 +471,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``nccltrace`` command."""
+    from .errors import console_warnings
+
+    console_warnings()
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

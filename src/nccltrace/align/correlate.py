@@ -395,9 +395,21 @@ def locate_capture(calls: pd.DataFrame, ks, version, capture_steps: tuple[int, i
     gets ``capture_not_located``; a process with nothing in its export, ``not_in_export``."""
     span = capture_span(ks)
     units = build_log_units(calls, nccl_version=version, capture_ns=span)
-    timed = span is not None and (units.time[~units.placeholder] != NO_TIME).mean() > 0.5 if units.n else False
+    has_time = calls["wall_time_ns"].notna().to_numpy(bool) if "wall_time_ns" in calls else np.zeros(len(calls), bool)
+    timed = span is not None and len(calls) > 0 and has_time.mean() > 0.5
     window = {"check": "capture_window", "applicable": True, "confirmed": 0, "contradicted": 0, "not_checkable": 0,
               "located_by": "log_time" if timed else None, "outside": 0, "message": None}
+    if timed and ks.m > 0 and not (~units.placeholder).any():
+        # every timed line lies outside the export's span: the two clocks cannot both be right
+        wall = calls["wall_time_ns"].astype("Int64").dropna() if "wall_time_ns" in calls else pd.Series([], "Int64")
+        lo, hi = (int(wall.min()), int(wall.max())) if len(wall) else (NO_TIME, NO_TIME)
+        window.update(located_by=None, message=(
+            f"{_process_name(calls)}: none of the log's timed call lines ({_utc(lo)} .. {_utc(hi)}) falls in the "
+            f"kernel trace's UTC span ({_utc(span[0])} .. {_utc(span[1])}; {abs(span[0] - lo) / 1e9:,.1f} s apart): "
+            "the log and the trace cannot both be on UTC. Likely causes: a trace of another run, a trace whose time "
+            "base was misread (nsys >= 2025 stores times on the host's monotonic clock, anchored by systemClockNs), "
+            "or a host clock that far off; its calls are left unmatched"))
+        return _abstain(units, "capture_not_located"), window
     if ks.m == 0:
         # no NCCL kernel or launch of this process in its export: not profiled (a rank subset)
         # or nothing captured; its calls are analysed from the log alone
@@ -542,6 +554,15 @@ def _process_name(calls: pd.DataFrame) -> str:
     host = calls["host"].dropna().iloc[0] if "host" in calls and calls["host"].notna().any() else "?"
     pid = calls["pid"].dropna().iloc[0] if "pid" in calls and calls["pid"].notna().any() else "?"
     return f"{host}:{pid}"
+
+
+def _utc(ns: int) -> str:
+    import datetime as _dt
+
+    if ns == NO_TIME:
+        return "?"
+    t = _dt.datetime.fromtimestamp(ns // 1_000_000_000, tz=_dt.timezone.utc)
+    return f"{t:%Y-%m-%d %H:%M:%S}.{ns % 1_000_000_000:09d} UTC"
 
 
 def _process_pid(calls: pd.DataFrame) -> int | None:

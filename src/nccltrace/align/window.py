@@ -219,14 +219,16 @@ def _unit_calls(units) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     return real, op, count, nranks
 
 
-def _fits(fam_mask: np.ndarray, op: np.ndarray, count: np.ndarray, nranks: np.ndarray, family: np.ndarray,
-          in_n: np.ndarray, out_n: np.ndarray, gsize: np.ndarray) -> np.ndarray:  # fmt: skip
-    """Element-wise: can log unit (fam_mask, op, count, nranks) be the kernel (family, profiler
-    arguments)? A kernel whose name says nothing (generic) or that has no arguments fits on
-    what is known."""
+def _fits(fam_mask: np.ndarray, dt_mask: np.ndarray, op: np.ndarray, count: np.ndarray, nranks: np.ndarray,
+          family: np.ndarray, dtype: np.ndarray, in_n: np.ndarray, out_n: np.ndarray,
+          gsize: np.ndarray) -> np.ndarray:  # fmt: skip
+    """Element-wise: can log unit (fam_mask, dt_mask, op, count, nranks) be the kernel (family and
+    dtype class from its name, profiler arguments)? What a kernel does not say (a generic name,
+    no dtype, no arguments) does not rule a unit out."""
     from ..kineto import kernel_count_fits
 
     fam_ok = (family < 0) | (((fam_mask >> np.maximum(family, 0)) & 1) == 1)
+    fam_ok &= (dtype < 0) | (dt_mask <= 0) | (((dt_mask >> np.maximum(dtype, 0)) & 1) == 1)
     size_ok = kernel_count_fits(op, count, nranks, in_n, out_n)
     group_ok = (gsize < 0) | (nranks < 0) | (gsize == nranks)
     return fam_ok & size_ok & group_ok
@@ -241,10 +243,10 @@ def locate_by_trace(units, ks, steps: TraceSteps | None) -> TraceLocation:
     does not occur, or when several offsets remain and nothing tells them apart."""
     real, op, count, nranks = _unit_calls(units)
     kreal = np.flatnonzero(~ks.placeholder)
-    fam = ks.family[kreal]
+    fam, kdt = ks.family[kreal], ks.dtype_class[kreal]
     in_n, out_n, gsize = (_kernel_args(ks, c)[kreal] for c in ("coll_in_nelems", "coll_out_nelems", "coll_group_size"))
     n, m = len(real), len(kreal)
-    fm = units.fam_mask[real]
+    fm, dm = units.fam_mask[real], units.dt_mask[real]
     if m == 0 or n < m:
         return TraceLocation(None, None, f"the trace holds {m} NCCL kernels for {n} logged launches")
     offsets = np.arange(n - m + 1)
@@ -253,12 +255,13 @@ def locate_by_trace(units, ks, steps: TraceSteps | None) -> TraceLocation:
         if not len(offsets):
             break
         j = offsets + i
-        offsets = offsets[_fits(fm[j], op[j], count[j], nranks[j], np.full(len(j), fam[i]),
-                                np.full(len(j), in_n[i]), np.full(len(j), out_n[i]), np.full(len(j), gsize[i]))]
+        offsets = offsets[_fits(fm[j], dm[j], op[j], count[j], nranks[j], np.full(len(j), fam[i]),
+                                np.full(len(j), kdt[i]), np.full(len(j), in_n[i]), np.full(len(j), out_n[i]),
+                                np.full(len(j), gsize[i]))]
     full = []
     for o in offsets:
         sl = slice(o, o + m)
-        if _fits(fm[sl], op[sl], count[sl], nranks[sl], fam, in_n, out_n, gsize).all():
+        if _fits(fm[sl], dm[sl], op[sl], count[sl], nranks[sl], fam, kdt, in_n, out_n, gsize).all():
             full.append(int(o))
     if not full:
         return TraceLocation(None, None, f"the trace's sequence of {m} NCCL kernels (collectives and sizes) occurs "
@@ -268,8 +271,7 @@ def locate_by_trace(units, ks, steps: TraceSteps | None) -> TraceLocation:
         chosen, how = full[0], "trace_sequence"
     elif steps is not None and len(steps.numbers):
         first = steps.first
-        est = _steps_before(full, steps, fm, op, count, nranks, fam,
-                            in_n, out_n, gsize, kreal)
+        est = _steps_before(full, steps, fm, dm, op, count, nranks, fam, kdt, in_n, out_n, gsize, kreal)
         hits = [o for o, e in zip(full, est, strict=True) if e is not None and e == first]
         if len(hits) == 1:
             chosen, how = hits[0], "profiler_steps"
@@ -292,30 +294,29 @@ def locate_by_trace(units, ks, steps: TraceSteps | None) -> TraceLocation:
     return TraceLocation(outside, how, None, offset=chosen, candidates=len(full), first_step=first)
 
 
-def _steps_before(offsets: list[int], steps: TraceSteps, fm, op, count, nranks, fam, in_n, out_n, gsize,
+def _steps_before(offsets: list[int], steps: TraceSteps, fm, dm, op, count, nranks, fam, kdt, in_n, out_n, gsize,
                   kreal) -> list[int | None]:  # fmt: skip
     """For each candidate offset: how many training steps the log completed before it, counted
-    by the calls made exactly once in every marked step of the trace (each such call's
-    occurrences in the log before the offset; their median). None without such calls."""
+    by the kernels made exactly once in every marked step of the trace (what identifies them:
+    family, dtype class and the profiler's arguments where present): the median over those of
+    their compatible log launches before the offset. None without such kernels."""
     st = steps.step[kreal]
     marked = st >= 0
     if not marked.any():
         return [None] * len(offsets)
-    have_args = (in_n >= 0) | (out_n >= 0)
-    keys = pd.DataFrame({"fam": fam, "in": in_n, "out": out_n, "g": gsize, "step": st})[marked & have_args]
+    keys = pd.DataFrame({"fam": fam, "dt": kdt, "in": in_n, "out": out_n, "g": gsize, "step": st})[marked]
+    keys = keys[keys["fam"] >= 0]
     if not len(keys):
         return [None] * len(offsets)
-    per_step = keys.groupby(["fam", "in", "out", "g", "step"]).size().unstack("step", fill_value=0)
+    per_step = keys.groupby(["fam", "dt", "in", "out", "g", "step"]).size().unstack("step", fill_value=0)
     nsteps = len(np.unique(st[marked]))
-    once = per_step[(per_step == 1).all(axis=1) & (per_step.shape[1] == nsteps)]
+    once = per_step[(per_step == 1).all(axis=1)] if per_step.shape[1] == nsteps else per_step.iloc[0:0]
     if not len(once):
         return [None] * len(offsets)
-    out: list[int | None] = []
     counts = []
-    for (f, i_n, o_n, g) in once.index:
-        k = len(fm)
-        hit = _fits(fm, op, count, nranks, np.full(k, f), np.full(k, i_n), np.full(k, o_n), np.full(k, g))
+    k = len(fm)
+    for (f, d, i_n, o_n, g) in once.index:
+        hit = _fits(fm, dm, op, count, nranks, np.full(k, f), np.full(k, d), np.full(k, i_n), np.full(k, o_n),
+                    np.full(k, g))
         counts.append(np.concatenate([[0], np.cumsum(hit)]))
-    for o in offsets:
-        out.append(int(np.median([c[o] for c in counts])))
-    return out
+    return [int(np.median([c[o] for c in counts])) for o in offsets]

@@ -48,7 +48,7 @@ __all__ = [
     "strip_api_version",
 ]
 
-KNOWN_SCHEMA_VERSIONS: tuple[str, ...] = ("3.0.0", "3.16.1", "3.28.1")
+KNOWN_SCHEMA_VERSIONS: tuple[str, ...] = ("3.0.0", "3.16.1", "3.25.0", "3.28.1")
 SUPPORTED_MAJOR = 3
 
 # 0xFFFFFFFFFF000000 as a signed int64: keeps HW, VM and PID bits (globalTid -> globalPid).
@@ -356,6 +356,11 @@ class NsysExport:
         self.product_version = ""
         self.hostname: str | None = None
         self.session_start_utc_ns: int | None = None
+        # The target clock's reading at the session's start (systemClockNs, nsys >= 2025 exports, whose
+        # stored times are on the host's monotonic clock); None for session-relative exports.
+        self.session_start_clock_ns: int | None = None
+        self.analysis_start_ns: int | None = None
+        self.time_base_note: str | None = None
         self.time_normalized = False
         self.time_shift_ns: int | None = None
         self.undecoded_payload_blobs: int | None = None  # set by nvtx(): blobs present but not decodable
@@ -460,14 +465,37 @@ class NsysExport:
                 row = self._conn.execute(sql).fetchone()
             self.hostname = _as_text(row[0]) if row else None
         if "TARGET_INFO_SESSION_START_TIME" in self._tables:
+            clock = "systemClockNs" if "systemClockNs" in self.columns("TARGET_INFO_SESSION_START_TIME") else "NULL"
             with self._errors("TARGET_INFO_SESSION_START_TIME"):
-                row = self._conn.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME LIMIT 1").fetchone()
-            if row and row[0] is not None and _as_int(row[0]) is None:
-                raise NsysFormatError(
-                    f"{p}: TARGET_INFO_SESSION_START_TIME.utcEpochNs is {row[0]!r}, not an integer, so stored times "
-                    "cannot be put on the UTC clock; the export is corrupt - re-run `nsys export --type sqlite`"
-                )
+                row = self._conn.execute(
+                    f"SELECT utcEpochNs, {clock} FROM TARGET_INFO_SESSION_START_TIME LIMIT 1").fetchone()
+            for value, name in zip(row or (), ("utcEpochNs", "systemClockNs"), strict=False):
+                if value is not None and _as_int(value) is None:
+                    raise NsysFormatError(
+                        f"{p}: TARGET_INFO_SESSION_START_TIME.{name} is {value!r}, not an integer, so stored times "
+                        "cannot be put on the UTC clock; the export is corrupt - re-run `nsys export --type sqlite`"
+                    )
             self.session_start_utc_ns = _as_int(row[0]) if row else None
+            self.session_start_clock_ns = _as_int(row[1]) if row and row[1] is not None else None
+        self._check_time_base()
+
+    def _check_time_base(self) -> None:
+        """Cross-check the two anchors of the session's start on the target's clock: nsys >= 2025
+        stores times on the host's monotonic clock and records the session's start there twice
+        (``TARGET_INFO_SESSION_START_TIME.systemClockNs`` and ``ANALYSIS_DETAILS.startTime``);
+        a disagreement is named in :attr:`time_base_note` (``systemClockNs`` is used)."""
+        self.analysis_start_ns = None
+        if "ANALYSIS_DETAILS" in self._tables and "startTime" in self.columns("ANALYSIS_DETAILS"):
+            with self._errors("ANALYSIS_DETAILS"):
+                row = self._conn.execute("SELECT startTime FROM ANALYSIS_DETAILS LIMIT 1").fetchone()
+            self.analysis_start_ns = _as_int(row[0]) if row else None
+        clock, start = self.session_start_clock_ns, self.analysis_start_ns
+        if clock is not None and start is not None and clock != start:
+            self.time_base_note = (
+                f"{self.path.name}: the session's start on the target clock is recorded twice and the records "
+                f"disagree (systemClockNs {clock} ns, ANALYSIS_DETAILS.startTime {start} ns, {abs(clock - start) / 1e9:.3f} s "
+                "apart): systemClockNs is used as the time base; a capture started with a delay (nsys --delay) starts "
+                "its trace later than its session")
 
     @contextlib.contextmanager
     def _errors(self, what: str) -> Iterator[None]:
@@ -512,14 +540,17 @@ class NsysExport:
         """Add to a stored timestamp to get UTC epoch ns.
 
         Stored times are ``session time + shift`` (``--ts-shift``), or ``UTC + shift`` for
-        time-normalized exports; the shift is removed here. None without a session anchor.
+        time-normalized exports; the shift is removed here. Exports that record the session's
+        start on the target clock (``systemClockNs``, nsys >= 2025) store times on that clock:
+        UTC(t) = ``utcEpochNs`` + t - ``systemClockNs``. None without a session anchor.
         """
         shift = self.time_shift_ns or 0
         if self.time_normalized:
             return -shift
         if self.session_start_utc_ns is None:
             return None
-        return self.session_start_utc_ns - shift
+        # stored on the host's monotonic clock (systemClockNs recorded): the session starts there
+        return self.session_start_utc_ns - (self.session_start_clock_ns or 0) - shift
 
     def table_names(self) -> set[str]:
         """Names of all tables (and views) in the file."""
@@ -1179,6 +1210,8 @@ class NsysExport:
             "product_version": self.product_version,
             "hostname": self.hostname,
             "session_start_utc_ns": self.session_start_utc_ns,
+            "session_start_clock_ns": self.session_start_clock_ns,
+            "time_base_note": self.time_base_note,
             "time_normalized": self.time_normalized,
             "time_shift_ns": self.time_shift_ns,
             "utc_offset_ns": self.utc_offset_ns,

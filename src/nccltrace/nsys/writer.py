@@ -665,6 +665,10 @@ class NsysExportWriter:
             then UTC epoch ns). Not available for 3.0.0 (nsys 2022.4 had no ``--ts-normalize``).
         fsync: Flush the finished file to disk before renaming it into place (default). The
             workload emulator passes False: its other outputs are renamed without a flush too.
+        session_clock_ns: The target's monotonic clock at the session's start, as nsys >= 2025
+            records it (``systemClockNs``; schema 3.28.1 here): times passed in are then on that
+            clock, as a real export of those versions stores them, and ``ANALYSIS_DETAILS``
+            starts there. None (default): times are session-relative (older nsys).
     """
 
     def __init__(
@@ -680,6 +684,7 @@ class NsysExportWriter:
         payload_mode: str | None = None,
         time_normalized: bool = False,
         fsync: bool = True,
+        session_clock_ns: int | None = None,
     ) -> None:
         self._ddl = _cached_ddl(schema_version)
         self._fsync = fsync
@@ -688,6 +693,10 @@ class NsysExportWriter:
         self.product_version = product_version or DEFAULT_PRODUCT_VERSION[schema_version]
         self.hostname = hostname
         self.session_start_utc_ns = int(session_start_utc_ns)
+        if session_clock_ns is not None and "systemClockNs" not in self._ddl.creates["TARGET_INFO_SESSION_START_TIME"]:
+            raise ValueError(f"session_clock_ns needs TARGET_INFO_SESSION_START_TIME.systemClockNs (schema 3.28.1), "
+                             f"not {schema_version}")
+        self.session_clock_ns = None if session_clock_ns is None else int(session_clock_ns)
         _check_ids(0, 0, hw_id, vm_id)
         self.hw_id, self.vm_id = hw_id, vm_id
         self.payload_mode = payload_mode or _DEFAULT_PAYLOAD_MODE[schema_version]
@@ -913,6 +922,8 @@ class NsysExportWriter:
         cols = self._created["TARGET_INFO_SESSION_START_TIME"]
         t = _utc_string(self.session_start_utc_ns)
         row = {"utcEpochNs": self.session_start_utc_ns, "utcTime": t, "localTime": t}
+        if self.session_clock_ns is not None:
+            row["systemClockNs"] = self.session_clock_ns
         self._insert("TARGET_INFO_SESSION_START_TIME", list(row), [tuple(row.values())])
         assert set(row) <= set(cols)
         self._insert(
@@ -1387,6 +1398,9 @@ class NsysExportWriter:
         try:
             t0 = self._t_min if self._t_min is not None else 0
             t1 = self._t_max if self._t_max is not None else t0
+            if self.session_clock_ns is not None:  # real 2025+ exports: the analysis starts with the session
+                t0 = self.session_clock_ns
+                t1 = max(t1, t0)
             self._insert(
                 "ANALYSIS_DETAILS",
                 ["globalVid", "duration", "startTime", "stopTime"],
