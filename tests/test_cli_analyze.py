@@ -119,7 +119,7 @@ def test_host_without_export_is_unmatched_and_partial(analyzed, tmp_path, capsys
     # Flat directory, no run.yaml: sizes from the flags, world size from the init lines.
     assert main(["analyze", str(flat), "-o", str(out), "-q", "--tp", "2", "--pp", "2"]) == 0
     err = capsys.readouterr().err
-    assert "node node001: no nsys export" in err and "slurm-17.log" in err
+    assert "node node001: no kernel trace" in err and "no nsys export node001.sqlite" in err and "slurm-17.log" in err
     layout = RunLayout(out)
     assert len(layout.find_processes()) == 4
     for d in (layout.aligned(p) for p in layout.find_processes()):

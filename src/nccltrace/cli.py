@@ -59,6 +59,34 @@ def cmd_parse_nsys(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_parse_kineto(args: argparse.Namespace) -> int:
+    import pyarrow.parquet as pq
+
+    from .kineto import KinetoTrace, iter_kineto_files
+    from .provenance import write_manifest
+
+    paths = list(iter_kineto_files([Path(p) for p in args.traces]))
+    if not paths:
+        raise FileNotFoundError(f"no PyTorch-profiler trace (Chrome-trace JSON, .json or .json.gz) in "
+                                f"{', '.join(args.traces)}")
+    for path in paths:
+        out = Path(args.out) if len(paths) == 1 else Path(args.out) / path.name.removesuffix(".gz").removesuffix(".json")
+        trace = KinetoTrace.open(path)
+        written = trace.export_tables(out)
+        write_manifest(out / "manifest.json", stage="parse_kineto", inputs=[path], outputs=list(written.values()),
+                       partial=bool(trace.truncated), reasons=[trace.truncated] if trace.truncated else [])
+        n = pq.read_metadata(written["kernels"]).num_rows
+        rank = "" if trace.rank is None else f", rank {trace.rank} of {trace.world_size}"
+        print(f"{path}: PyTorch-profiler trace (pid {', '.join(map(str, trace.pids)) or '?'}{rank}): {n} NCCL kernels "
+              f"of {trace.kernel_records} -> {out}")
+        if trace.truncated:
+            print(f"warning: {path}: cut short ({trace.truncated}); kernels after the cut are missing", file=sys.stderr)
+        if not trace.cuda_events:
+            print(f"warning: {path}: no CUDA activity (a CPU-only trace): profile with activities CPU and CUDA",
+                  file=sys.stderr)
+    return 0
+
+
 def cmd_emulate(args: argparse.Namespace) -> int:
     import yaml
 
@@ -344,6 +372,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("exports", nargs="+", help="SQLite export files")
     s.add_argument("-o", "--out", required=True, help="output directory (one subdirectory per export if several)")
     s.set_defaults(func=cmd_parse_nsys)
+
+    s = sub.add_parser("parse-kineto", help="read PyTorch-profiler (Kineto) Chrome traces into the tables of parse-nsys",
+                       description="Read torch.profiler Chrome traces (.json or .json.gz, any name; files or "
+                                   "directories, found by content) in one streaming pass: NCCL kernels with their "
+                                   "launch calls and the profiler's collective arguments, CPU ranges (ProfilerStep#N) "
+                                   "as NVTX ranges, processes, session anchor (baseTimeNanoseconds), rank and "
+                                   "process groups. The tables are those of parse-nsys, so every later stage reads "
+                                   "either.")
+    s.add_argument("traces", nargs="+", help="trace files or directories")
+    s.add_argument("-o", "--out", required=True, help="output directory (one subdirectory per trace if several)")
+    s.set_defaults(func=cmd_parse_kineto)
 
     s = sub.add_parser("emulate", help="emulate a Megatron-LM run: NCCL logs, nsys exports, ground truth",
                        description="Produce the raw outputs a real run would leave, from a run config YAML or "

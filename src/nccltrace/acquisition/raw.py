@@ -152,7 +152,14 @@ def export_hint(host: str, remedy: Remedy = WORKFLOW_REMEDY) -> str:
 
 
 def missing_export_problem(host: str, remedy: Remedy = WORKFLOW_REMEDY) -> str:
-    """The message of a node that has NCCL logs but no export (one text wherever said)."""
+    """The message of a node that has NCCL logs but no export (one text wherever said). ``nccltrace
+    analyze`` also reads PyTorch-profiler traces, so its message names both kinds of kernel trace."""
+    if remedy == ANALYZE_REMEDY:
+        from ..kernel_sources import CAPTURE_HINT
+
+        return (f"node {host}: no kernel trace for its rank log(s) (no nsys export {host}.sqlite, no PyTorch-profiler "
+                f"trace of its processes): the calls of its ranks have no kernel times (reason 'no_export'); to get "
+                f"them, {CAPTURE_HINT}, then run `nccltrace analyze` again")
     return (f"node {host}: no nsys export ({host}.sqlite) for its rank log(s): the calls of its ranks have no "
             f"kernel times (reason 'no_export'); {export_hint(host, remedy)}")
 

@@ -120,11 +120,19 @@ def sniff_trace(path: Path | str, probe: int = 1 << 16) -> bool:
     """Whether ``path`` looks like a Chrome-trace JSON document (a PyTorch-profiler trace): a
     JSON object with a ``traceEvents`` member, or a JSON array of events with ``"ph"``. Reads at
     most ``probe`` decompressed bytes; never raises for an unreadable file (it is not a trace)."""
+    head = b""
     try:
         with open_trace_bytes(path) as fh:
-            head = fh.read(probe)
-    except (OSError, EOFError, zlib.error):
-        return False
+            while len(head) < probe:  # in pieces: a cut gzip stream still gives its beginning
+                piece = fh.read(4096)
+                if not piece:
+                    break
+                head += piece
+    except (EOFError, zlib.error):
+        pass  # judged on what could be read (a truncated .json.gz is still a trace)
+    except OSError:
+        if not head:
+            return False
     text = head.lstrip()
     if text.startswith(b"{"):
         return b'"traceEvents"' in head
