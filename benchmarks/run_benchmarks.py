@@ -10,6 +10,10 @@ parse      NCCL log parser throughput on one large rank-0 log (``bench_parse.wri
            collective), beside ``grep -c opCount`` on the same file: MB/s per core (process CPU
            time), lines/s and calls/s, peak RSS; the parser runs in a fresh interpreter after a
            warm-up that loads the compiled kernels. Full 1000 MB, quick 20 MB.
+kineto     PyTorch-profiler trace JSON: ``KinetoTrace.open`` (streaming, typed, exact times) against
+           ``json.load`` and msgspec's whole-document decode on one large trace (the real capture's
+           rank-0 events tiled), each in a fresh interpreter: MB/s per core, peak RSS. Full 1000 MB,
+           quick 20 MB.
 nsys       Nsight Systems export reading on a synthetic export written with ``NsysExportWriter``
            (schema 3.16.1 = nsys 2024.6, 8 processes of one node, per process NCCL kernels and as
            many compute kernels, a runtime launch row per kernel, an NCCL-domain NVTX range with
@@ -77,7 +81,7 @@ sys.path.insert(0, str(HERE))
 import bench_align
 import bench_parse
 
-SECTIONS = ("parse", "nsys", "align", "clocksync", "trace", "stages", "scaling", "e2e")
+SECTIONS = ("parse", "nsys", "kineto", "align", "clocksync", "trace", "stages", "scaling", "e2e")
 
 # --------------------------------------------------------------------------- figures
 
@@ -267,8 +271,15 @@ def child_stage(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"wall_s": wall, "cpu_s": time.process_time(), "rss_before_mb": before, "peak_rss_mb": peak}
 
 
+def child_kineto(cfg: dict[str, Any]) -> dict[str, Any]:
+    """One profiler-trace reader (``bench_kineto.run_reader``) on a trace file."""
+    import bench_kineto
+
+    return bench_kineto.run_reader(Path(cfg["path"]), cfg["how"])
+
+
 CHILDREN: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {"nsys": child_nsys, "trace": child_trace,
-                                                                   "stage": child_stage}
+                                                                   "stage": child_stage, "kineto": child_kineto}
 
 
 # --------------------------------------------------------------------------- parse
@@ -461,6 +472,36 @@ def section_nsys(sec: Section, ctx: Context) -> None:
                      "launch rows; iter_kernels() streams 500k-row batches; nvtx() decodes the NCCL payloads; "
                      "export_tables() is what the parse_nsys rule runs (kernels, NVTX, processes, launches "
                      "without kernel, session)")  # fmt: skip
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def section_kineto(sec: Section, ctx: Context) -> None:
+    """PyTorch-profiler trace JSON: the streaming reader against ``json.load`` and msgspec's
+    whole-document decode, each in a fresh interpreter (MB/s per core of CPU time, peak RSS)."""
+    import bench_kineto
+
+    mb = 20.0 if ctx.quick else 1000.0
+    d = ctx.work / "kineto"
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / "trace.json"
+    _log(f"kineto: writing a {mb:.0f} MB trace")
+    info = bench_kineto.write_trace(path, mb)
+    size = _mb(info["bytes"])
+    label = f"{size:,.0f} MB trace"
+    sec.notes.append(f"trace: {info['copies']} copies of the {'real H200 capture' if info['real_seed'] else 'synthetic'}"
+                     " rank-0 trace's events")
+    readers = ["nccltrace", "msgspec-whole", "json"]
+    for how in readers:
+        _log(f"kineto: {how}")
+        r = run_child("kineto", {"path": str(path), "how": how})
+        case = f"{how} ({label})"
+        sec.add(case, "time", r["wall_s"], "s")
+        sec.add(case, "throughput per core (CPU time)", size / max(r["cpu_s"], 1e-9), "MB/s")
+        sec.add(case, "peak RSS", r["peak_rss_mb"], "MiB")
+        sec.add(case, "NCCL kernels", r["kernels"], "kernels", show=False)
+    sec.notes.append("nccltrace = KinetoTrace.open (streamed in 8 MB blocks, typed msgspec decode, exact "
+                     "decimal times, the tables' rows); msgspec-whole and json decode the whole document into "
+                     "Python objects and only count the NCCL kernels")
     shutil.rmtree(d, ignore_errors=True)
 
 
@@ -1008,7 +1049,7 @@ def section_e2e(sec: Section, ctx: Context) -> None:
 
 
 RUNNERS: dict[str, Callable[[Section, Context], None]] = {
-    "parse": section_parse, "nsys": section_nsys, "align": section_align, "clocksync": section_clocksync,
+    "parse": section_parse, "nsys": section_nsys, "kineto": section_kineto, "align": section_align, "clocksync": section_clocksync,
     "trace": section_trace, "stages": section_stages, "scaling": section_scaling, "e2e": section_e2e,
 }  # fmt: skip
 

@@ -143,7 +143,7 @@ def test_not_a_trace_and_a_damaged_event_are_refused_with_the_file_named(tmp_pat
     with pytest.raises(KinetoFormatError, match="truth_rank0.json: not a Chrome-trace"):
         KinetoTrace.open(truth)
     bad = tmp_path / "bad.json"
-    bad.write_text('{"traceEvents": [{"ph": "X", "ts": "soon"}]}')
+    bad.write_text('{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "ncclDevKernel_SendRecv", "ts": "soon"}]}')
     with pytest.raises(KinetoFormatError, match="bad.json: damaged trace event"):
         KinetoTrace.open(bad)
 

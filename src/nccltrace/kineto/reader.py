@@ -93,8 +93,9 @@ class _Event(msgspec.Struct):
     name: str | None = None
     pid: int | str | None = None
     tid: int | str | None = None
-    ts: Decimal | None = None
-    dur: Decimal | None = None
+    # times stay raw text until an event is kept: decimal text to integer ns, exactly (_ns)
+    ts: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b""))
+    dur: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b""))
     args: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b""))
 
 
@@ -132,11 +133,26 @@ def is_kineto_trace(path: Path | str) -> bool:
     return sniff_trace(path)
 
 
-def _ns(x: Decimal | None) -> int | None:
-    """Microseconds as written (decimal text) to integer nanoseconds, exactly."""
-    if x is None:
+def _ns(raw: msgspec.Raw | bytes | Decimal | None) -> int | None:
+    """Microseconds as written (JSON number text, e.g. ``4989466584739.998``) to integer
+    nanoseconds, exactly (no double in between); None when absent. Text with more than three
+    decimals or an exponent goes through :class:`~decimal.Decimal` (rounded half-even to 1 ns)."""
+    if raw is None:
         return None
-    return int((x * 1000).to_integral_value())
+    if isinstance(raw, Decimal):
+        return int((raw * 1000).to_integral_value())
+    b = bytes(raw)
+    if not b or b == b"null":
+        return None
+    whole, _, frac = b.partition(b".")
+    if len(frac) <= 3 and (not frac or frac.isdigit()) and whole.lstrip(b"-").isdigit():
+        ns = int(whole) * 1000
+        f = int(frac.ljust(3, b"0")) if frac else 0
+        return ns - f if whole.startswith(b"-") else ns + f
+    try:
+        return int((Decimal(b.decode()) * 1000).to_integral_value())
+    except (ArithmeticError, ValueError):
+        raise ValueError(f"time {b.decode(errors='replace')!r} is not a number of microseconds") from None
 
 
 @dataclass
@@ -204,11 +220,10 @@ class KinetoTrace:
         try:
             for run in iter_event_runs(p, scan, block_bytes or BLOCK_BYTES):
                 try:
-                    events = _EVENTS.decode(run)
-                except msgspec.DecodeError as e:
+                    _collect(_EVENTS.decode(run), c)
+                except (msgspec.DecodeError, ValueError) as e:
                     raise KinetoFormatError(f"{p}: damaged trace event near byte {scan.bytes_read:,} ({e}); the file "
                                             "was modified or is corrupt - write the trace again") from None
-                _collect(events, c)
         except ValueError as e:
             if isinstance(e, KinetoFormatError):
                 raise
@@ -331,13 +346,41 @@ def _int(x: Any) -> int | None:
     return x if isinstance(x, int) and not isinstance(x, bool) else None
 
 
+_IS_LAUNCH: dict[str, bool] = {}
+
+
+def _is_launch(name: str) -> bool:
+    hit = _IS_LAUNCH.get(name)
+    if hit is None:
+        hit = _IS_LAUNCH[name] = any(s in name for s in _LAUNCH_APIS)
+    return hit
+
+
 def _collect(events: list[_Event], c: _Collected) -> None:
     """Keep what the tables need from one run of events: NCCL kernels (with their arguments),
     kernel launch calls, CPU ranges, process names."""
+    c.events += len(events)
+    pids = c.pids
     for e in events:
-        c.events += 1
         cat = e.cat
-        if cat == "kernel":
+        if cat == "cuda_runtime" or cat == "cuda_driver":
+            c.cuda_events += 1
+            pid = e.pid
+            if type(pid) is not int:
+                continue
+            pids.add(pid)
+            if not e.args or not _is_launch(e.name or ""):
+                continue
+            corr = _LAUNCH_ARGS.decode(e.args).get("correlation")
+            if not isinstance(corr, int):
+                continue
+            start = _ns(e.ts)
+            key = (pid, corr)
+            if key in c.launches:
+                c.duplicate_correlations += 1
+                continue
+            c.launches[key] = (start, start + (_ns(e.dur) or 0), pid, _int(e.tid) or -1, e.name or "")
+        elif cat == "kernel":
             c.kernel_records += 1
             c.cuda_events += 1
             name = e.name or ""
@@ -363,23 +406,6 @@ def _collect(events: list[_Event], c: _Collected) -> None:
                 "coll_dtype": a.dtype, "coll_group_size": a.group_size, "pg_name": a.pg_name,
                 "pg_desc": a.pg_desc, "pg_ranks": a.pg_ranks,
             })  # fmt: skip
-        elif cat in ("cuda_runtime", "cuda_driver"):
-            c.cuda_events += 1
-            pid = _int(e.pid)
-            if pid is not None:
-                c.pids.add(pid)
-            name = e.name or ""
-            if not any(s in name for s in _LAUNCH_APIS) or not e.args or pid is None:
-                continue
-            corr = _LAUNCH_ARGS.decode(e.args).get("correlation")
-            if not isinstance(corr, int):
-                continue
-            start = _ns(e.ts)
-            key = (pid, corr)
-            if key in c.launches:
-                c.duplicate_correlations += 1
-                continue
-            c.launches[key] = (start, start + (_ns(e.dur) or 0), pid, _int(e.tid) or -1, name)
         elif cat == "user_annotation" and e.ph == "X":
             pid, tid = _int(e.pid), _int(e.tid)
             start = _ns(e.ts)

@@ -139,8 +139,8 @@ def sniff_trace(path: Path | str, probe: int = 1 << 16) -> bool:
     return text.startswith(b"[") and b'"ph"' in head
 
 
-def iter_event_runs(path: Path | str, result: ScanResult, block_bytes: int = BLOCK_BYTES) -> Iterator[bytes]:
-    """Yield JSON arrays (``b"[...]"``) of whole trace events in file order, reading ``path``
+def iter_event_runs(path: Path | str, result: ScanResult, block_bytes: int = BLOCK_BYTES) -> Iterator[bytearray]:
+    """Yield JSON arrays (``b"[...]"``, as a ``bytearray`` the caller may not keep) of whole trace events in file order, reading ``path``
     ``block_bytes`` at a time; ``result`` is filled as the scan goes (``header`` once done).
     Raises ``ValueError`` when the file holds no JSON object or array."""
     state = np.zeros(3, np.int64)
@@ -148,6 +148,7 @@ def iter_event_runs(path: Path | str, result: ScanResult, block_bytes: int = BLO
     pending = bytearray()  # events-array bytes after the last element handed over
     phase = "start"  # start -> top (object members) | events -> top -> done
     key_start, last_key = -1, b""
+    elem_kind = _ELEM_CLOSE  # what closes an element of the events array (set by the layout)
     with open_trace_bytes(path) as fh:
         while phase != "done":
             try:
@@ -162,9 +163,16 @@ def iter_event_runs(path: Path | str, result: ScanResult, block_bytes: int = BLO
             pos = np.empty(len(buf) + 1, np.int64)
             kind = np.empty(len(buf) + 1, np.int8)
             n = _scan(buf, state, pos, kind)
+            pos, kind = pos[:n], kind[:n]
+            if phase == "start":
+                first = block.lstrip()[:1]
+                if first == b"[":
+                    elem_kind = _CLOSE_1
+            # element closes are many (one per event): the loop below visits only the few records
+            # that change the phase, and takes element closes from this array
+            elems = pos[kind == elem_kind]
             cursor = 0  # first byte of this block not yet given to the header or the events
-            last_close = -1  # last element close in this block
-            for r in range(n):
+            for r in np.flatnonzero(kind != elem_kind):
                 k, p = int(kind[r]), int(pos[r])
                 if phase == "start":
                     if k == _TOP_OPEN:
@@ -172,10 +180,9 @@ def iter_event_runs(path: Path | str, result: ScanResult, block_bytes: int = BLO
                             result.layout, phase = "array", "events"
                             result.events_found = True
                             header += b"{}"
+                            cursor = p + 1
                         else:
                             phase = "top"
-                            header += block[cursor:p]
-                        cursor = p + 1 if phase == "events" else p
                     continue
                 if phase == "top":
                     if k == _STR_START:
@@ -193,26 +200,20 @@ def iter_event_runs(path: Path | str, result: ScanResult, block_bytes: int = BLO
                         cursor = p + 1
                         phase = "done"
                     continue
-                if phase == "events":
-                    array = result.layout == "array"
-                    if (k == _ELEM_CLOSE and not array) or (k == _CLOSE_1 and array):
-                        last_close = p
-                    elif (k == _CLOSE_1 and not array) or (k == _TOP_CLOSE and array):
-                        # the events array ends here: hand over what is left, back to the header
-                        pending += block[cursor:p]
-                        run = _as_array(pending)
-                        if run is not None:
-                            yield run
-                        pending = bytearray()
-                        last_close = -1
-                        cursor = p
-                        if array:
-                            phase = "done"
-                        else:
-                            phase = "top"
-                            last_key = b""
+                if phase == "events" and ((k == _CLOSE_1 and elem_kind == _ELEM_CLOSE) or
+                                          (k == _TOP_CLOSE and elem_kind == _CLOSE_1)):
+                    # the events array ends here: hand over what is left, back to the header
+                    pending += block[cursor:p]
+                    run = _as_array(pending)
+                    if run is not None:
+                        yield run
+                    pending = bytearray()
+                    cursor = p
+                    phase, last_key = ("done" if elem_kind == _CLOSE_1 else "top"), b""
             if phase == "events":
-                if last_close >= cursor:
+                inside = elems[elems >= cursor]
+                if len(inside):
+                    last_close = int(inside[-1])
                     pending += block[cursor:last_close + 1]
                     run = _as_array(pending)
                     if run is not None:
@@ -227,16 +228,24 @@ def iter_event_runs(path: Path | str, result: ScanResult, block_bytes: int = BLO
         raise ValueError("the file holds no JSON object or array")
     if phase == "events":
         result.truncated = result.truncated or "the events array is not closed (the file ends inside it)"
-        header += b"]" if result.layout == "object" else b""
-        header += b"}" if result.layout == "object" else b""
-    elif phase == "top" and result.truncated is None:
-        result.truncated = "the file ends before the trace's closing brace"
-    if phase == "top":
+        if result.layout == "object":
+            header += b"]}"
+    elif phase == "top":
+        if result.truncated is None:
+            result.truncated = "the file ends before the trace's closing brace"
         header += b"}" if state[0] >= 1 else b""
     result.header = bytes(header)
 
 
-def _as_array(run: bytes | bytearray) -> bytes | None:
-    """A run of comma-separated elements as one JSON array (None when it holds none)."""
-    body = bytes(run).strip(b" \t\r\n,")
-    return b"[" + body + b"]" if body else None
+def _as_array(run: bytearray) -> bytearray | None:
+    """A run of comma-separated elements as one JSON array (None when it holds none), built in
+    place: the run's leading separators become the opening bracket."""
+    start = 0
+    while start < len(run) and run[start] in b" \t\r\n,":
+        start += 1
+    if start == len(run):
+        return None
+    del run[:start]
+    run[0:0] = b"["
+    run += b"]"
+    return run
