@@ -214,7 +214,7 @@ def _export(path: Path) -> dict[str, pd.DataFrame]:
         "nvtx": q("SELECT (e.globalTid >> 24) & 16777215 AS pid, e.eventType, e.domainId, e.start, "
                   "COALESCE(e.text, s.value) AS text, e.textId FROM NVTX_EVENTS e LEFT JOIN StringIds s "
                   "ON s.id = e.textId"),
-        "session": q("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME"),
+        "session": q("SELECT * FROM TARGET_INFO_SESSION_START_TIME"),
         "processes": q("SELECT pid FROM PROCESSES"),
         "tables": q("SELECT name FROM sqlite_master WHERE type = 'table'"),
     }  # fmt: skip
@@ -267,10 +267,16 @@ def test_runtime_calls_and_nvtx_ranges_are_those_of_the_window(runs):
         iters = ex["nvtx"][ex["nvtx"].text.str.startswith("iteration", na=False)]
         assert sorted(set(iters.text)) == ["iteration 3", "iteration 4"] and len(iters) == 8  # 4 ranks x 2
         ranges = ex["nvtx"][ex["nvtx"].eventType == 59]
-        assert (ranges.start >= 0).all()  # nothing before the collection started
+        assert (ranges.start >= _session_clock(ex)).all()  # nothing before the collection started
         assert not ranges.text.isin(NCCL_INIT_RANGES).any()  # split inits ran before the window
         assert ranges.text.notna().all()
     assert full.nsys_files and _export(full.nsys_files[0])["nvtx"].text.isin(NCCL_INIT_RANGES).any()
+
+
+def _session_clock(ex: dict) -> int:
+    """Where the session starts on the export's stored clock: systemClockNs where recorded."""
+    session = ex["session"]
+    return int(session.systemClockNs[0]) if "systemClockNs" in session and session.systemClockNs.notna().all() else 0
 
 
 def test_pre_window_metadata_is_kept_by_default_and_the_session_starts_at_the_window(runs):
@@ -280,12 +286,14 @@ def test_pre_window_metadata_is_kept_by_default_and_the_session_starts_at_the_wi
         ex = _export(path)
         domains = ex["nvtx"][ex["nvtx"].eventType == 75]
         assert list(domains.text.unique()) == ["NCCL"] and len(domains) == 4
-        assert (domains.start < 0).all()  # created before the collection started (as nsys 2022.4 keeps it)
+        zero = _session_clock(ex)  # the session's start on the stored clock (monotonic for nsys 2026.4)
+        assert zero > 86_400 * 10**9  # nsys 2026.4 stores the host's monotonic clock (a day or more of uptime)
+        assert (domains.start < zero).all()  # created before the collection started (as nsys 2022.4 keeps it)
         assert {"NVTX_PAYLOAD_SCHEMAS", "NVTX_EVENTS_PAYLOAD_SCHEMAS"} <= set(ex["tables"].name)
         # the UTC anchor is the collection start, which ground truth records
         assert int(ex["session"].utcEpochNs[0]) == int(clock.loc[path.stem, "session_start_utc_ns"])
         first = ex["nvtx"].loc[ex["nvtx"].eventType == 59, "start"].min()
-        assert 0 <= first < 1_000_000_000  # the window starts right after the session's zero
+        assert 0 <= first - zero < 1_000_000_000  # the window starts right after the session's start
 
 
 def test_dropped_pre_window_metadata_leaves_no_domain_rows_strings_or_payloads(runs):

@@ -52,13 +52,13 @@ EXPECTED: dict[str, dict[str, str]] = {
     'graphs_capture': {
         'ground_truth/clock.parquet': 'f17ecea592f4ec655608edeeda2216455cfb6476f16c67d6cc0848e1622187eb',
         'ground_truth/communicators.parquet': '581be95bdd5c1c5fba99fe1fa4b2134a8d9c94376dd5946dfb70bfde47655a50',
-        'ground_truth/kernels.parquet': 'fef79c406cd4896e1a5dd60de90c2f791f3a485bcceeee96cb2dcc8513959231',
+        'ground_truth/kernels.parquet': 'a79a6b5438b8f5881fdd97875dcf77d7f3990c314e4b80712eb141c282278766',
         'ground_truth/ops.parquet': '22bef27e13952168966b76469efdcba6bfd724fbf8b74eba23bab8b6e577a5d7',
         'nccl/nccl_node000_85167.log': '7d0d83a255bbcc249732c30eba2d11f0afa97bdf640823ef6676791909881480',
         'nccl/nccl_node000_85180.log': '785c485c8dd55bb36270120ae9224b1bee40daa06a430bb2b11c2506c8501ab2',
         'nccl/nccl_node000_85193.log': 'da901b2030f98554acde01a73eaa45ac05471af48a6774a5a5ee282dad82bcd4',
         'nccl/nccl_node000_85206.log': '522704ba11a9e9f3d1f7483a5a22e546aae42d8e805c2b69f80f84b2d0972992',
-        'nsys/node000.sqlite': '19c1d47f2d0711b6febc7c41c1b5a29e7112f48e869cd5ecbb2a216012aa1ebc',
+        'nsys/node000.sqlite': '94a97a616506ea1ed4c4b3f2a57740769ad06af7d29805a13cdbb85a666b4951',
         'run.yaml': '5479a3a7f5e90c18a0bc943be812bda1ae0c484ed79c158a0231bb6c320042a2',
     },
     'knobs': {

@@ -480,21 +480,26 @@ def _capture_ids(node: int) -> tuple[int, int]:
 class _NodeClock:
     """A node's clock: ``local(t) = t + offset + drift_ppm * 1e-6 * t`` (t = true job time, ns)."""
 
-    def __init__(self, node: int, offset_ns: int, drift_ppm: float, session_true_ns: int) -> None:
+    def __init__(self, node: int, offset_ns: int, drift_ppm: float, session_true_ns: int,
+                 session_clock_ns: int = 0) -> None:  # fmt: skip
         self.node = node
         self.offset_ns = offset_ns
         self.drift_ppm = drift_ppm
         self.session_true_ns = session_true_ns
         self._k = drift_ppm * 1e-6
         self.session_local = self.local(session_true_ns)
+        # the host's monotonic clock at the session's start: nsys >= 2025 stores times on that
+        # clock (0: the export's times are session-relative, as older nsys stores them)
+        self.session_clock_ns = int(session_clock_ns)
 
     def local(self, t: int) -> int:
         """Node-local clock reading at true job time t (both ns)."""
         return int(t + self.offset_ns + round(self._k * t))
 
     def nsys(self, t: int) -> int:
-        """nsys timeline value (ns since the node's session start) of true time t."""
-        return int(t + self.offset_ns + round(self._k * t)) - self.session_local
+        """nsys timeline value of true time t: ns since the node's session start, plus the
+        host's monotonic clock at that start where the export stores times on it."""
+        return int(t + self.offset_ns + round(self._k * t)) - self.session_local + self.session_clock_ns
 
     def local_many(self, ts: Any) -> np.ndarray:
         """:meth:`local` of a sequence of true times (int64 array; same values: float64 holds
@@ -508,7 +513,7 @@ class _NodeClock:
         """:meth:`nsys` of a sequence of true times (None stays None: an object array then)."""
         if not isinstance(ts, np.ndarray) and None in ts:
             return np.array([None if t is None else self.nsys(t) for t in ts], dtype=object)
-        return self.local_many(ts) - self.session_local
+        return self.local_many(ts) - self.session_local + self.session_clock_ns
 
     def wall_many(self, ts: Any, start_utc: int) -> np.ndarray:
         """UTC wall clock (``start_utc + local``) of a sequence of true times."""
@@ -526,8 +531,21 @@ def _clocks(cfg: EmulatorConfig, anchors: dict[int, int] | None = None) -> list[
         sess = -(1_500_000_000 + int(400_000_000 * u01(cfg.seed, n, 0x5E55)))
         if anchors and n in anchors:
             sess = anchors[n]
-        out.append(_NodeClock(n, off, float(drift), sess))
+        # nsys >= 2025 (schema with systemClockNs) stores times on the host's monotonic clock:
+        # every node booted at its own time, 1 to 60 days before the session
+        uptime = 0
+        if session_clock_recorded(cfg.nsys_schema):
+            uptime = 86_400_000_000_000 + int(59 * 86_400_000_000_000 * u01(cfg.seed, n, 0xB007))
+        out.append(_NodeClock(n, off, float(drift), sess, uptime))
     return out
+
+
+def session_clock_recorded(schema_version: str) -> bool:
+    """Whether exports of this schema record the session's start on the host's monotonic clock
+    (``systemClockNs``), and so store times on that clock (nsys >= 2025)."""
+    from ..nsys.writer import _cached_ddl
+
+    return "systemClockNs" in _cached_ddl(schema_version).creates["TARGET_INFO_SESSION_START_TIME"]
 
 
 def _capture_anchors(cfg: EmulatorConfig, cap: CaptureWindow, layout: MegatronLayout,
@@ -1889,7 +1907,8 @@ def _emulate_node(node: int, ctx: _Context | None = None, sinks: dict[str, _Sink
         with NsysExportWriter(nsys_path, cfg.nsys_schema, hostname=host,
                               session_start_utc_ns=cfg.start_time_utc_ns + clk.session_local,
                               product_version=cfg.nsys_product_version, payload_mode=payload_mode,
-                              hw_id=hw_id, vm_id=vm_id, fsync=False) as nw:  # fmt: skip
+                              hw_id=hw_id, vm_id=vm_id, fsync=False,
+                              session_clock_ns=clk.session_clock_ns or None) as nw:  # fmt: skip
             for lr in range(cfg.gpus_per_node):
                 rank = node * cfg.gpus_per_node + lr
                 proc = _Process(ctx, rank, nw, sinks, record_times)
