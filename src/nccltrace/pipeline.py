@@ -119,7 +119,10 @@ def find_raw_inputs(raw_dir: Path | str, staging: Path | str | None = None) -> R
                 ignored.append(p)
     for stem in logs:
         process_key(stem)  # a host name the stages cannot key on fails here, with the remedy
-    exports = {p.stem: p for p in sorted(nsys_dir.glob("*.sqlite"))}
+    # one export per node, or one per process (any name, in subdirectories too); keyed by path
+    skip_dirs = [Path(staging).resolve()] if staging is not None else []
+    exports = {str(p.relative_to(nsys_dir).with_suffix("")): p for p in sorted(nsys_dir.rglob("*.sqlite"))
+               if not any(p.resolve().is_relative_to(d) for d in skip_dirs)}
     if staging is not None:
         exports.update(_export_reports(nsys_dir, exports, Path(staging) / "nsys", notes))
     if not logs:

@@ -4,7 +4,8 @@ The workflow's rules, the stages and ``nccltrace analyze`` all name a run's file
 :class:`RunLayout`, so the layout is written once. Paths are plain joins, so a layout built on a
 wildcard pattern (``RunLayout("results/c/{run}")``) gives the rules their output patterns::
 
-    <run>/raw/                                  acquired inputs (nccl/<proc>.log, nsys/<host>.sqlite, run.yaml)
+    <run>/raw/                                  acquired inputs (nccl/<proc>.log, nsys/<host>.sqlite or
+                                                nsys/<host>/<per-process>.sqlite, run.yaml)
     <run>/parsed/nccl/<host>/<proc>/            per-process log tables, by node
     <run>/parsed/nsys/<host>/                   per-node export tables
     <run>/communicators/                        communicators.parquet, communicator_members.parquet
@@ -84,6 +85,19 @@ class RunLayout:
     def raw_export(self, host: str) -> Path:
         """A node's nsys SQLite export as acquired."""
         return self._p("raw", "nsys", f"{host}.sqlite")
+
+    def raw_exports(self, host: str) -> list[Path]:
+        """Every nsys export of a node as acquired: its node export (``nsys/<host>.sqlite``) and
+        its per-process exports (``nsys/<host>/*.sqlite``, e.g. ``trace_%q{SLURM_PROCID}``)."""
+        node = self.raw_export(host)
+        return ([node] if node.is_file() else []) + sorted(self._p("raw", "nsys", host).glob("*.sqlite"))
+
+    def raw_export_hosts(self) -> list[str]:
+        """Nodes with at least one nsys export in ``raw/nsys/``."""
+        nsys = self._p("raw", "nsys")
+        return sorted({p.stem for p in nsys.glob("*.sqlite")} |
+                      {d.name for d in nsys.iterdir() if d.is_dir() and any(d.glob("*.sqlite"))}
+                      if nsys.is_dir() else set())
 
     @property
     def run_yaml(self) -> Path:

@@ -223,7 +223,7 @@ def failed_runs(wildcards):
 def export_hosts(run):
     """Nodes with an nsys export."""
     raw = Path(checkpoints.acquire.get(run=run).output.raw)
-    return sorted(p.stem for p in (raw / "nsys").glob("*.sqlite"))
+    return RunLayout.of_raw(raw).raw_export_hosts()
 
 
 def nsys_hosts(wildcards):
@@ -269,6 +269,5 @@ def metrics_part_calls(wc, input):
 
 
 def export_bytes(wc, input):
-    """Size of the node's nsys export (0 for a node without one)."""
-    export = RunLayout.of_raw(input.raw).raw_export(wc.host)
-    return export.stat().st_size if export.is_file() else 0
+    """Size of the node's nsys export(s) (0 for a node without one)."""
+    return sum(p.stat().st_size for p in RunLayout.of_raw(input.raw).raw_exports(wc.host))

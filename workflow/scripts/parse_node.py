@@ -1,4 +1,4 @@
-"""Rule parse_node: one node's NCCL logs (one per process) and nsys export, parsed in one job
+"""Rule parse_node: one node's NCCL logs (one per process) and nsys export(s), parsed in one job
 (nccltrace.stages.parse_node)."""
 
 import sys
@@ -17,5 +17,8 @@ host = sm.wildcards.host
 layout = RunLayout.of_raw(sm.input.raw)
 # judged at import, where the file's surroundings (a leftover journal) were visible
 unusable = (read_status(sm.input.raw).get("unusable_exports") or {}).get(host)
-run_parse_node(layout, host, {proc: layout.raw_log(proc) for proc in sm.params.processes}, layout.raw_export(host),
-               dict(sm.params.settings), unusable=unusable).echo()
+# one export per node, or one per process (merged on one clock by the parse)
+exports = layout.raw_exports(host)
+run_parse_node(layout, host, {proc: layout.raw_log(proc) for proc in sm.params.processes},
+               exports if len(exports) > 1 else layout.raw_export(host), dict(sm.params.settings),
+               unusable=unusable).echo()

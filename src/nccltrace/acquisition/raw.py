@@ -293,18 +293,17 @@ def import_raw(source: Path | str, raw: Path | str, *, run_id: str, settings: Ma
     names, unusable = assigned.exports, assigned.unusable
     ignored += assigned.ignored
     warnings += assigned.warnings
-    for host, extra in assigned.more.items():
-        warnings.append(f"{', '.join(p.name for p in extra)} and {names[host].name} are all exports of host {host} "
-                        f"(one per process): the workflow reads one export per node, so only {names[host].name} is "
-                        "used for its ranks; export one report per node, or analyse the directory with "
-                        "`nccltrace analyze`, which reads every export of a node")
     for name, p in names.items():
-        dst = partial / "nsys" / f"{name}.sqlite"
-        if p.parent != dst.parent or p.name != dst.name:
-            if p.is_relative_to(partial):
-                os.replace(p, dst)
-            else:
-                link_or_copy(p, dst)
+        # a node with one export per process keeps them all, in nsys/<host>/ (RunLayout.raw_exports)
+        extra = assigned.more.get(name, [])
+        for i, src in enumerate([p, *extra]):
+            dst = (partial / "nsys" / name / f"{i:03d}_{src.name}") if extra else (partial / "nsys" / f"{name}.sqlite")
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if src.parent != dst.parent or src.name != dst.name:
+                if src.is_relative_to(partial):
+                    os.replace(src, dst)
+                else:
+                    link_or_copy(src, dst)
     if not hosts_logs & set(names):
         raise RawImportError(f"import_dir {source}: the exports are of hosts {sorted(names)} but the NCCL logs of "
                            f"{sorted(hosts_logs)}; name each export <host>.sqlite after the host in the log lines")

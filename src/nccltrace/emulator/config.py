@@ -320,6 +320,7 @@ class EmulatorConfig:
     init_style: str = "plain"  # plain (lazy ncclCommInitRankConfig) | split (eager ncclCommSplit)
     nccl_timestamps: bool = False
     nvtx_payloads: str = "none"  # none | blob | dynamic | json
+    nsys_per_process: bool = False  # one export per process (nsys/<host>/trace_<rank>.sqlite), not per node
     log_timers_to_tensorboard: bool = True
     compute_kernels: bool = True
     # emulator
@@ -380,8 +381,11 @@ class EmulatorConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (round-trips through :meth:`from_dict`). ``capture``, ``cuda_graphs`` and
-        ``kernel_naming`` appear only when set, so a run without them writes the run.yaml it always did."""
+        ``kernel_naming`` (and ``nsys_per_process``) appear only when set, so a run without them writes
+        the run.yaml it always did."""
         d = dataclasses.asdict(self)
+        if not self.nsys_per_process:
+            del d["nsys_per_process"]
         if d["capture"] is None:
             del d["capture"]
         if not self.cuda_graphs.active:

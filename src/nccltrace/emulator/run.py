@@ -1847,7 +1847,7 @@ class _NodeOutput:
     """What emulating one node wrote (returned from a worker process)."""
 
     node: int
-    nsys_path: Path | None  # None: no profiled rank on the node, so nsys left no report
+    nsys_paths: list[Path]  # empty: no profiled rank on the node, so nsys left no report
     log_files: list[Path]
     parts: dict[str, Path]
     line_time_files: list[tuple[Path, Path, int]]
@@ -1897,21 +1897,29 @@ def _emulate_node(node: int, ctx: _Context | None = None, sinks: dict[str, _Sink
     else:
         for name, sink in sinks.items():
             sink.transforms = transforms.get(name) or {}
-    nsys_path = out_dir / "nsys" / f"{host}.sqlite"
+    ranks = [node * cfg.gpus_per_node + lr for lr in range(cfg.gpus_per_node)]
+    # one export per node (`nsys profile` around the node's launcher), or one per process
+    # (`srun nsys profile -o <dir>/trace_%q{SLURM_PROCID}`: nsys/<host>/trace_<rank>.sqlite)
+    if cfg.nsys_per_process:
+        (out_dir / "nsys" / host).mkdir(parents=True, exist_ok=True)
+        nsys_paths = {r: out_dir / "nsys" / host / f"trace_{r}.sqlite" for r in ranks}
+    else:
+        nsys_paths = dict.fromkeys(ranks, out_dir / "nsys" / f"{host}.sqlite")
     exported = node in ctx.exported_nodes
-    out = _NodeOutput(node, nsys_path if exported else None, [], {}, [])
+    out = _NodeOutput(node, sorted(set(nsys_paths.values())) if exported else [], [], {}, [])
     record_times = cfg.imperfections.torn_lines > 0
     payload_mode = cfg.nvtx_payloads if cfg.nvtx_payloads != "none" else "none"
     hw_id, vm_id = _capture_ids(node)
     try:
-        with NsysExportWriter(nsys_path, cfg.nsys_schema, hostname=host,
-                              session_start_utc_ns=cfg.start_time_utc_ns + clk.session_local,
-                              product_version=cfg.nsys_product_version, payload_mode=payload_mode,
-                              hw_id=hw_id, vm_id=vm_id, fsync=False,
-                              session_clock_ns=clk.session_clock_ns or None) as nw:  # fmt: skip
-            for lr in range(cfg.gpus_per_node):
-                rank = node * cfg.gpus_per_node + lr
-                proc = _Process(ctx, rank, nw, sinks, record_times)
+        with contextlib.ExitStack() as stack:
+            writers: dict[Path, NsysExportWriter] = {}
+            for path in dict.fromkeys(nsys_paths.values()):
+                writers[path] = stack.enter_context(NsysExportWriter(
+                    path, cfg.nsys_schema, hostname=host, session_start_utc_ns=cfg.start_time_utc_ns + clk.session_local,
+                    product_version=cfg.nsys_product_version, payload_mode=payload_mode, hw_id=hw_id, vm_id=vm_id,
+                    fsync=False, session_clock_ns=clk.session_clock_ns or None))  # fmt: skip
+            for rank in ranks:
+                proc = _Process(ctx, rank, writers[nsys_paths[rank]], sinks, record_times)
                 proc.run()
                 out.log_files.append(proc.log_path)
                 _add_counts(out, proc)
@@ -1920,7 +1928,8 @@ def _emulate_node(node: int, ctx: _Context | None = None, sinks: dict[str, _Sink
                     np.asarray(proc.fh.times, dtype=np.int64).tofile(tpath)
                     out.line_time_files.append((proc.log_path, tpath, proc.pid))
             if not exported:
-                nw.abort()  # its processes never started a capture: nsys generates no report
+                for nw in writers.values():
+                    nw.abort()  # its processes never started a capture: nsys generates no report
         if own_sinks:
             out.parts = {name: sink.close() for name, sink in sinks.items()}
         else:
@@ -2022,8 +2031,7 @@ def _emulate_run(config: EmulatorConfig | dict, out_dir: Path, *, progress: bool
         outputs.sort(key=lambda o: o.node)
         for o in outputs:
             res.log_files += o.log_files
-            if o.nsys_path is not None:
-                res.nsys_files.append(o.nsys_path)
+            res.nsys_files += o.nsys_paths
             _add_counts(res, o)
         if workers > 1:
             for name in _PART_NAMES:
