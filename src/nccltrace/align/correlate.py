@@ -409,7 +409,12 @@ def locate_capture(calls: pd.DataFrame, ks, version, capture_steps: tuple[int, i
             "the log and the trace cannot both be on UTC. Likely causes: a trace of another run, a trace whose time "
             "base was misread (nsys >= 2025 stores times on the host's monotonic clock, anchored by systemClockNs), "
             "or a host clock that far off; its calls are left unmatched"))
-        return _abstain(units, "capture_not_located"), window
+        from dataclasses import replace as _replace
+
+        # not known to lie outside the capture: their place in it cannot be told
+        cr = units.call_reason.copy()
+        cr[cr == OUTSIDE_CAPTURE_REASON] = "capture_not_located"
+        return _abstain(_replace(units, call_reason=cr), "capture_not_located"), window
     if ks.m == 0:
         # no NCCL kernel or launch of this process in its export: not profiled (a rank subset)
         # or nothing captured; its calls are analysed from the log alone

@@ -129,7 +129,8 @@ class LogUnits:
             "optional")}
         return LogUnits(
             calls=self.calls,
-            call_unit=np.where(self.call_unit >= 0, inv[np.maximum(self.call_unit, 0)], -1),
+            call_unit=(np.where(self.call_unit >= 0, inv[np.maximum(self.call_unit, 0)], -1) if len(inv)
+                       else np.full_like(self.call_unit, -1)),
             call_reason=self.call_reason,
             fuse_run=fuse_runs(per_unit["p2p"], per_unit["comm"], per_unit["stream"], self.informative_comm,
                                self.max_fuse),
@@ -261,7 +262,8 @@ def build_log_units(calls: pd.DataFrame, *, nccl_version: tuple[int, int, int] |
     perm = np.argsort(order_key, kind="stable")
     inv = np.empty(len(perm), np.int64)
     inv[perm] = np.arange(len(perm))
-    call_unit = np.where(call_unit >= 0, inv[np.maximum(call_unit, 0)], -1)
+    # no unit at all (every line outside the capture): nothing to index
+    call_unit = np.where(call_unit >= 0, inv[np.maximum(call_unit, 0)], -1) if len(inv) else np.full_like(call_unit, -1)
     all_fams = (1 << len(FAMILIES)) - 1
 
     def _p(x: np.ndarray, extra) -> np.ndarray:
