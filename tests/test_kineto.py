@@ -188,3 +188,19 @@ def test_parse_kineto_writes_the_tables_of_parse_nsys(tmp_path, capsys):
         assert set(theirs.columns) <= set(mine.columns), name
     session = json.loads((tmp_path / "k" / "session.json").read_text())
     assert session["source_kind"] == "pytorch_profiler" and session["rank"] == 0
+
+
+@needs_real
+def test_a_trace_of_another_job_is_named_on_the_console_and_in_the_report(tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(REAL / "nccl", run / "nccl")
+    doc = _small_trace()  # pid 42: no log of this run
+    (run / "kineto").mkdir()
+    _write_trace(run / "kineto" / "other.json", doc)
+    assert main(["analyze", str(run), "-o", str(tmp_path / "out"), "-q"]) == 0
+    err = capsys.readouterr().err
+    assert "other.json: its process(es) (pid 42, rank 1) left no NCCL log here" in err
+    html = (tmp_path / "out" / "report" / "report.html").read_text()
+    assert "other.json" in html and "another job" in html

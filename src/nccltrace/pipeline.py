@@ -293,14 +293,18 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
         assigned = assign_exports(list(inputs.exports.values()), set(log_hosts))
     except RawImportError as e:
         raise ValueError(str(e)) from None
+    n_before = len(problems)
     sources = _kernel_sources(inputs, assigned, procs, out, progress, problems, notes)
+    source_problems = problems[n_before:]  # traces not used, no kernel trace: the report names them too
     hosts = sorted(sources)
     if (inputs.exports or inputs.traces) and not set(hosts) & set(log_hosts):
-        raise FileNotFoundError(
-            f"no kernel trace belongs to a host of the NCCL logs (log hosts: {', '.join(log_hosts)}; exports: "
+        # kernel traces of other hosts or jobs: named, and the logs alone are analysed
+        source_problems.append(
+            f"no kernel trace belongs to a host of the NCCL logs (log hosts: {', '.join(log_hosts)}; nsys exports: "
             f"{', '.join(f'{p.name} (host {h})' for h, p in sorted(assigned.exports.items())) or 'none'}; "
-            f"profiler traces: {len(inputs.traces)}, none from a pid of the logs); each must be captured on a host "
-            f"of the logs; {_EXPORT_HINT}")
+            f"profiler traces: {len(inputs.traces)}, none from a pid of the logs): traces of another job or host; the "
+            f"logs alone are analysed. Each trace must be captured on a host of the logs; {_EXPORT_HINT}")
+        problems.append(source_problems[-1])
     no_export = [h for h in log_hosts if h not in sources]
     nodes = sorted({*hosts, *no_export})
     procs_of = {h: [p for p in procs if inputs.host_of(p) == h] for h in nodes}
@@ -336,7 +340,7 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
     run_id = (run_settings or {}).get("run_id") or Path(inputs.raw_dir).resolve().name
     summary = run_parse_summary(layout, procs, hosts, run_id=run_id, expected_processes=expected_procs,
                                 expected_nodes=expected_nodes, settings=run_settings,
-                                warnings=assigned.warnings, input_problems=inputs.problems,
+                                warnings=assigned.warnings, input_problems=[*inputs.problems, *source_problems],
                                 remedy=ANALYZE_REMEDY)  # fmt: skip
     _say(summary, problems, notes)
 
