@@ -141,6 +141,46 @@ def test_cross_rank_check_follows_the_instance_order_when_shifted_members_outnum
     assert sorted(zip(removed["instance"], removed["member"])) == [("7:4", 1), ("7:4", 2)]
 
 
+def _time_shared(n_inst: int = 24, period_us: int = 4_700, spread_us: int = 4_000) -> pd.DataFrame:
+    """Two ranks time-sharing one GPU (the real H200 capture's TP group): each collective's
+    kernels overlap, but they end ``spread_us`` apart and which rank ends first alternates."""
+    us = 1_000
+    rows = []
+    for k in range(n_inst):
+        t0 = k * period_us * us
+        first = k % 2
+        for r in range(2):
+            late = spread_us * us if r != first else 0
+            rows.append([f"9:{k}", r, "AllGather", r, 0, t0 + r * 200 * us, t0 + 8_000 * us + late])
+    return _instance_rows(rows)
+
+
+def test_cross_rank_check_stands_down_where_one_collectives_ends_spread_like_its_neighbours_gaps():
+    df = _time_shared()
+    removed = cross_rank_contradictions(df)
+    assert removed.empty  # every claim is right: none demoted for ending apart
+    (finding,) = removed.attrs["stood_down"]
+    assert finding["comm"] == "9" and finding["ratio"] > 0.5 and finding["end_spread_ns"] == 4_000_000
+    # a claim that breaks a dependency (it ended before its peer started) is still demoted there
+    bad = df.copy()
+    bad.loc[(bad["instance"] == "9:5") & (bad["member"] == 1), ["start_sync", "end_sync"]] = [
+        -50_000_000, -40_000_000]
+    assert sorted(cross_rank_contradictions(bad)["instance"]) == ["9:5", "9:5"]
+
+
+def test_cross_rank_check_keeps_its_tests_where_ends_agree_and_on_other_communicators():
+    us = 1_000
+    tight = []
+    for k in range(12):  # 4 ranks ending within 0.3 us, 100 us apart: one claim shifted
+        for r in range(4):
+            tight.append([f"7:{k}", r, "AllReduce", r, 0, k * 100 * us + r * 3 * us, k * 100 * us + 20 * us + r * 100])
+    tight[1 * 4 + 2][5:7] = [2 * 100 * us + 2, 2 * 100 * us + 20 * us]
+    df = pd.concat([_instance_rows(tight), _time_shared()], ignore_index=True)
+    removed = cross_rank_contradictions(df)
+    assert list(zip(removed["instance"], removed["member"])) == [("7:1", 2)]
+    assert [f["comm"] for f in removed.attrs["stood_down"]] == ["9"]
+
+
 def test_stream_check_demotes_matches_off_their_log_streams_home_and_splits_it_cannot_decide():
     from types import SimpleNamespace
 

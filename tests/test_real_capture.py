@@ -91,13 +91,22 @@ def test_the_real_capture_as_it_is_matches_every_window_call_to_its_true_kernel(
         print(f"\n[real capture, profiler traces, no options] analyze {seconds:.1f} s; aligned: {got}; ops: {ops}")
     assert got["wrong"] == 0 and ops["wrong"] == 0
     assert got["window_calls"] == 708 and got["right"] == 708
+    # the run-level checks confirm them: the cross-rank check stands down on the TP groups, whose
+    # kernels end milliseconds apart on ranks sharing the GPU, and names it; nothing is demoted
+    assert ops["right"] == 708
+    quality = pd.read_parquet(out / "ops" / "alignment_quality.parquet")
+    stood = quality[quality["check"] == "cross_rank_stood_down"]
+    assert len(stood) == 4 and stood["message"].str.contains(r"end \d\.\d\d ms apart").all()
+    assert int(quality.loc[quality["check"] == "cross_rank", "contradicted"].sum()) == 0
+    assert not json.loads((out / "ops" / "manifest.json").read_text())["partial"]
+    assert "stood down" in (out / "report" / "report.html").read_text()
     assert got["other_lines"] == 1188 and got["outside_capture"] == 1188
     comms = pd.read_parquet(out / "communicators" / "communicators.parquet")
     assert len(comms) == 8 and comms["complete"].all()
     assert sorted(map(tuple, comms["members"])) == sorted(
         [(0, 1, 2, 3), (0, 1), (2, 3), (1, 3), (1, 3), (0, 2), (0, 1, 2, 3), (0, 2)])
-    quality = json.loads((out / "aligned" / "vm" / "nccl_vm_498" / "alignment_quality.json").read_text())
-    window = next(c for c in quality["checks"] if c["check"] == "capture_window")
+    record = json.loads((out / "aligned" / "vm" / "nccl_vm_498" / "alignment_quality.json").read_text())
+    window = next(c for c in record["checks"] if c["check"] == "capture_window")
     assert window["located_by"] == "profiler_steps" and window["first_step"] == 3
     manifest = json.loads((out / "manifest.json").read_text())
     assert "kernel times from 4 PyTorch-profiler trace(s)" in manifest["summary"]["notes"]

@@ -289,15 +289,23 @@ def _cross_rank_rows(frame: pd.DataFrame, model: Any) -> tuple[pd.DataFrame, dic
     return rows, slack
 
 
-def _cross_rank(frame: pd.DataFrame, model: Any, processes: list[str],
-                scales: tuple[float, float]) -> tuple[dict[int, np.ndarray], pd.DataFrame]:  # fmt: skip
+def _cross_rank(frame: pd.DataFrame, model: Any, processes: list[str], scales: tuple[float, float],
+                stood_down: dict[str, list[dict]]) -> tuple[dict[int, np.ndarray], pd.DataFrame]:  # fmt: skip
     """Run the cross-rank check on instance rows of whole communicators with the run's
     ``scales`` (``cross_rank_scales``): per process position the ops rows to demote, and the
-    per-process summary (confirmed, contradicted, not checkable)."""
+    per-process summary (confirmed, contradicted, not checkable). ``stood_down`` (filled): per
+    process, the communicators where the common-end and order tests stood down
+    (``align.quality.end_spread_by_comm``)."""
     from .align.quality import cross_rank_contradictions, cross_rank_summary
 
     rows, slack = _cross_rank_rows(frame, model)
     removed = cross_rank_contradictions(rows, slack, scales)
+    # communicators whose collectives' kernels end too far apart for the common-end and order
+    # tests: per process, what to say
+    procs_of = rows.assign(proc=frame["proc"].to_numpy()).groupby("comm")["proc"].unique()
+    for rec in removed.attrs.get("stood_down", []):
+        for i in procs_of.get(rec["comm"], []):
+            stood_down.setdefault(processes[int(i)], []).append(rec)
     timed = rows["start_sync"].notna() & rows["end_sync"].notna()
     members = rows[timed].groupby("instance")["member"].transform("size")
     testable = pd.Series(False, index=rows.index)
@@ -400,8 +408,9 @@ def _merged(demotes: list[_Demotions]) -> _Demotions:
     return {proc: np.concatenate(rows) for proc, rows in out.items()}
 
 
-def _run_checks(checks: _CheckRows, model: Any, processes: list[str],
-                ranks: pd.DataFrame) -> tuple[_Demotions, pd.DataFrame, _Demotions, pd.DataFrame]:  # fmt: skip
+def _run_checks(checks: _CheckRows, model: Any, processes: list[str], ranks: pd.DataFrame,
+                stood_down: dict[str, list[dict]] | None = None,
+                ) -> tuple[_Demotions, pd.DataFrame, _Demotions, pd.DataFrame]:  # fmt: skip
     """The cross-rank and P2P checks, one part of whole communicators at a time: per process
     position the rows each demotes, and each one's per-process summary. The cross-rank check's
     two run-wide scales are taken from every part first (its deviations: 9 bytes per row)."""
@@ -415,7 +424,8 @@ def _run_checks(checks: _CheckRows, model: Any, processes: list[str],
         widest = max(widest, tol)
     scales = cross_rank_scales(np.concatenate(devs), np.concatenate(bigs), widest)
     del devs, bigs
-    cross = [_cross_rank(part, model, processes, scales) for part in checks.parts("sync")]
+    stood_down = {} if stood_down is None else stood_down
+    cross = [_cross_rank(part, model, processes, scales, stood_down) for part in checks.parts("sync")]
     pairing = [_p2p_check(part, ranks, model, processes, checks.lossy) for part in checks.parts("p2p")]
     return (_merged([d for d, _ in cross]), _summed([t for _, t in cross], processes),
             _merged([d for d, _ in pairing]), _summed([t for _, t in pairing], processes))  # fmt: skip
@@ -525,8 +535,9 @@ def stream_run_ops(
                 problems.append(f"clock of {row[1]}: {row.reason}")
         # Cross-rank check: kernels of one instance must overlap in synchronised time. P2P
         # pairing: the k-th Recv on a channel cannot end before its k-th Send started.
+        stood_down: dict[str, list[dict]] = {}
         demote, cross, demote_p2p, p2p_summary = _run_checks(
-            checks, model, processes, pd.concat(ranks, ignore_index=True) if ranks else pd.DataFrame())
+            checks, model, processes, pd.concat(ranks, ignore_index=True) if ranks else pd.DataFrame(), stood_down)
         del ranks
         checks.spill.close()
         # Pass 2: synchronised times, appended process by process to the one output file.
@@ -560,10 +571,14 @@ def stream_run_ops(
             raise
     finally:
         shutil.rmtree(parts_dir, ignore_errors=True)
-    quality = _quality_table(processes, records, cross, p2p_summary)
-    for msg in quality["message"].dropna():
-        if msg not in problems:
-            problems.append(str(msg))
+    quality = _quality_table(processes, records, cross, p2p_summary, stood_down)
+    for check, msg in zip(quality["check"], quality["message"], strict=True):
+        if pd.isna(msg):
+            continue
+        # a check that stood down is a finding about the run, not a gap in the result
+        target = notes if check in INFORMATIONAL_CHECKS else problems
+        if msg not in target:
+            target.append(str(msg))
     for check, reason in (("cross_rank", CROSS_RANK_REASON), ("p2p_pairing", P2P_REASON)):
         n_demoted = int(quality.loc[quality["check"] == check, "contradicted"].sum())
         if n_demoted:
@@ -622,10 +637,12 @@ def _lost_lines(records: list[Mapping[str, Any]]) -> set[int]:
             if any(c.get("check") == "log_gaps" and int(c.get("not_checkable") or 0) > 0 for c in q.get("checks", []))}
 
 
-def _quality_table(processes: list[str], records: list[Mapping[str, Any]],
-                   cross: pd.DataFrame, p2p: pd.DataFrame | None = None) -> pd.DataFrame:  # fmt: skip
+def _quality_table(processes: list[str], records: list[Mapping[str, Any]], cross: pd.DataFrame,
+                   p2p: pd.DataFrame | None = None,
+                   stood_down: Mapping[str, list[dict]] | None = None) -> pd.DataFrame:  # fmt: skip
     """The run's alignment-quality table (``QUALITY_SCHEMA``): each process's own checks
-    (``records``, one per process) and the run-level ones (cross-rank instances, P2P pairing)."""
+    (``records``, one per process) and the run-level ones (cross-rank instances, P2P pairing,
+    and where the cross-rank check stood down: ``stood_down`` per process)."""
     from .align.quality import QUALITY_SCHEMA, quality_rows
 
     run_checks = [(name, t.set_index("process") if t is not None and len(t) else None)
@@ -641,9 +658,31 @@ def _quality_table(processes: list[str], records: list[Mapping[str, Any]],
                                "contradicted": int(c["contradicted"]), "not_checkable": int(c["not_checkable"])})
             else:
                 checks.append({"check": name, "applicable": False})
+        if stood_down and stood_down.get(proc):
+            checks.append(_stand_down_record(proc, stood_down[proc]))
         rows += quality_rows(proc, host, pid, {"checks": checks})
     frame = pd.DataFrame(rows, columns=QUALITY_SCHEMA.names)
     return coerce_to_schema(frame, QUALITY_SCHEMA)
+
+
+INFORMATIONAL_CHECKS = frozenset({"cross_rank_stood_down"})
+"""Quality-table checks whose message is a finding about the run, not a gap in its results (the
+run is not made partial by them)."""
+
+
+def _stand_down_record(proc: str, recs: list[dict]) -> dict[str, Any]:
+    """The quality record of a process whose communicators the cross-rank check stood down on."""
+    comms = sorted({int(r["comm"]) for r in recs if pd.notna(r["comm"])})
+    spread = float(np.median([r["end_spread_ns"] for r in recs]))
+    gap = float(np.median([r["gap_ns"] for r in recs]))
+    return {"check": "cross_rank_stood_down", "applicable": True, "confirmed": 0, "contradicted": 0,
+            "not_checkable": 0, "message": (
+        f"{proc}: the cross-rank check's common-end and order tests stood down on {len(comms)} communicator(s) "
+        f"(logical id {', '.join(map(str, comms))}): the kernels of one collective end {spread / 1e6:.2f} ms apart on "
+        f"its ranks (median) for {gap / 1e6:.2f} ms between consecutive collectives, so ending together cannot "
+        "tell a collective from its neighbour there; only the dependency test ran (no match demoted for ending "
+        "apart). Likely causes: ranks time-sharing a GPU, unsynchronised clocks, a capture from several sessions "
+        "or millisecond stragglers")}  # fmt: skip
 
 
 def build_run_ops(

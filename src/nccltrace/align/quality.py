@@ -92,7 +92,7 @@ QUALITY_SCHEMA = pa.schema(
         _f("process", pa.string(), "", "process (log stem nccl_<host>_<pid>, or host:pid)"),
         _f("host", pa.string(), "", "host of the process"),
         _f("pid", pa.int64(), "", "process id"),
-        _f("check", pa.string(), "", "'capture_window', 'log_time', 'stream', 'nvtx_range', 'cuda_graph', 'log_gaps', 'one_process_per_log', 'p2p_pairing' or 'cross_rank' (see docs/correlation.md)"),
+        _f("check", pa.string(), "", "'capture_window', 'log_time', 'stream', 'nvtx_range', 'cuda_graph', 'log_gaps', 'one_process_per_log', 'p2p_pairing', 'cross_rank' or 'cross_rank_stood_down' (a finding: where the cross-rank check's common-end and order tests stood down; see docs/correlation.md)"),
         _f("applicable", pa.bool_(), "", "whether the evidence the check needs exists for this process"),
         _f("confirmed", pa.int64(), "", "matches the check confirmed (capture_window: matches inside the located window)"),
         _f("contradicted", pa.int64(), "", "matches the check contradicted; they were demoted to unmatched"),
@@ -186,25 +186,70 @@ def cross_rank_contradictions(rows: pd.DataFrame, slack: Mapping[str, float] | N
     t = _timed(rows, slack)
     if t.empty:
         return rows.iloc[0:0][["instance", "member"]]
-    spread, wide = scales if scales is not None else cross_rank_scales(*_deviations(t))
+    judged = end_spread_by_comm(t)
+    stood_down = judged[judged["stood_down"]]
+    relaxed = t["comm"].isin(set(stood_down["comm"])).to_numpy(bool)
+    spread, wide = scales if scales is not None else cross_rank_scales(*_deviations(t[~relaxed]))
     size = t.groupby("instance", sort=False)["member"].transform("size")
     # claims off their communicator's instance order first (they would skew each instance's
-    # median); a one-member instance still carries its place in that order
-    out_idx: list[Any] = _order_consensus(t, wide, 3 * spread)
+    # median); a one-member instance still carries its place in that order. Not where the
+    # kernels of one collective end too far apart to order them (stood down: dependency only)
+    out_idx: list[Any] = _order_consensus(t[~relaxed], wide, 3 * spread)
     t = t[size >= 2].drop(index=out_idx, errors="ignore")
     if t.empty:
-        return rows.loc[out_idx, ["instance", "member"]]
+        return _with_findings(rows.loc[out_idx, ["instance", "member"]], stood_down)
+    relaxed = t["comm"].isin(set(stood_down["comm"])).to_numpy(bool)
     g = t.groupby("instance", sort=False)
     dev = (t["end_sync"].astype("float64") - g["end_sync"].transform("median").astype("float64")).abs()
-    off_end = (dev.to_numpy() > np.maximum(t["tol"].to_numpy(), END_SPREAD_K * spread))
+    off_end = (dev.to_numpy() > np.maximum(t["tol"].to_numpy(), END_SPREAD_K * spread)) & ~relaxed
     # fast path for the dependency test: an instance whose latest start precedes its earliest
     # end (within the largest tolerance) is consistent under every dependency pattern
     late = g["start_sync"].transform("max") - g["tol"].transform("max")
     early = g["end_sync"].transform("min")
     bad_inst = set(t.loc[(late > early).to_numpy() | off_end, "instance"])
+    loose = set(stood_down["comm"])
     for _, inst in t[t["instance"].isin(bad_inst)].groupby("instance", sort=False):
-        out_idx += _resolve(inst, END_SPREAD_K * spread)
-    return rows.loc[out_idx, ["instance", "member"]]
+        out_idx += _resolve(inst, END_SPREAD_K * spread, common_end=inst["comm"].iloc[0] not in loose)
+    return _with_findings(rows.loc[out_idx, ["instance", "member"]], stood_down)
+
+
+STAND_DOWN_RATIO = 0.25
+"""The cross-rank check's common-end and order tests stand down on a communicator whose
+collectives' kernels end, on their ranks, further apart than this share of the time between
+consecutive collectives of the communicator (medians over its instances): there, ending together
+cannot tell a collective from its neighbour, and the tests would contradict correct matches
+(ranks time-sharing a GPU: 3-4.5 ms of end spread for 4.7 ms between collectives, a ratio of 0.8,
+on the real H200 capture; emulated runs, lossy or not: below 0.01). The dependency test (no
+kernel ends before a peer it needs data from started) still runs there."""
+_MIN_JUDGED = 4  # instances of two or more timed members needed to judge a communicator
+
+
+def end_spread_by_comm(timed: pd.DataFrame) -> pd.DataFrame:
+    """Per communicator of the timed rows (``_timed``): its instances of two or more timed
+    members, the median spread of their kernel ends (latest - earliest, ns), the median time
+    between consecutive instances' median ends (ns), their ratio and whether the check stands
+    down there (``STAND_DOWN_RATIO``). Medians, so a minority of wrong claims (each widening its
+    instance's spread) does not make the check stand down."""
+    cols = ["comm", "instances", "end_spread_ns", "gap_ns", "ratio", "stood_down"]
+    if timed.empty:
+        return pd.DataFrame(columns=cols).astype({"stood_down": bool})
+    ends = timed.groupby(["comm", "instance"], sort=False)["end_sync"].agg(["min", "max", "median", "size"])
+    ends = ends[ends["size"] >= 2].astype({"min": "float64", "max": "float64", "median": "float64"})
+    out = []
+    for comm, e in ends.groupby(level="comm", sort=False):
+        med = np.sort(e["median"].to_numpy())
+        gaps = np.diff(med)
+        spread = float(np.median(e["max"] - e["min"])) if len(e) else 0.0
+        gap = float(np.median(gaps)) if len(gaps) else float("nan")
+        ratio = spread / gap if gap and gap > 0 else float("nan")
+        out.append((comm, len(e), spread, gap, ratio, bool(len(e) >= _MIN_JUDGED and ratio > STAND_DOWN_RATIO)))
+    return pd.DataFrame(out, columns=cols).astype({"stood_down": bool})
+
+
+def _with_findings(removed: pd.DataFrame, stood_down: pd.DataFrame) -> pd.DataFrame:
+    """The removed rows, carrying the communicators the check stood down on (``attrs``)."""
+    removed.attrs["stood_down"] = stood_down.to_dict("records")
+    return removed
 
 
 END_SPREAD_K = 8.0
@@ -229,7 +274,10 @@ def end_deviations(rows: pd.DataFrame,
     instance has three or more; and the widest tolerance of the timed rows (-inf without any).
     Instances lie within one communicator, so the arrays of parts of whole communicators
     concatenate to the run's."""
-    return _deviations(_timed(rows, slack))
+    timed = _timed(rows, slack)
+    judged = end_spread_by_comm(timed)
+    # a communicator the check stands down on says nothing about the others' end spread
+    return _deviations(timed[~timed["comm"].isin(set(judged.loc[judged["stood_down"], "comm"]))])
 
 
 def _deviations(timed: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, float]:
@@ -253,9 +301,9 @@ def cross_rank_scales(dev: np.ndarray, big: np.ndarray, widest_tol: float) -> tu
     return spread, float(max(widest_tol, END_SPREAD_K * spread))
 
 
-def _resolve(inst: pd.DataFrame, end_spread: float = 0.0) -> list[Any]:
-    """Rows of one instance to remove so that every dependency holds and every end lies near
-    the others' (see caller)."""
+def _resolve(inst: pd.DataFrame, end_spread: float = 0.0, common_end: bool = True) -> list[Any]:
+    """Rows of one instance to remove so that every dependency holds and (``common_end``) every
+    end lies near the others' (see caller)."""
     op = str(inst["op"].iloc[0])
     idx = list(inst.index)
     start = inst["start_sync"].to_numpy(np.int64)
@@ -281,7 +329,7 @@ def _resolve(inst: pd.DataFrame, end_spread: float = 0.0) -> list[Any]:
     bad = need & (end[:, None] < start[None, :] - pair_tol)
     # ends of one collective agree: a pair further apart than twice the learned spread is wrong
     # on one side (symmetric, so the member apart from most others is removed first)
-    if op in _SYMMETRIC or op in ("Broadcast", "Reduce"):
+    if common_end and (op in _SYMMETRIC or op in ("Broadcast", "Reduce")):
         far = np.abs(end[:, None] - end[None, :]) > 2 * np.maximum(pair_tol, end_spread)
         np.fill_diagonal(far, False)
         bad |= far
