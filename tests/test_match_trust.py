@@ -259,8 +259,25 @@ def untimed_window_run(tmp_path_factory):
     return raw
 
 
-def test_analyze_refuses_an_untimed_step_window_and_names_both_remedies(untimed_window_run, tmp_path, capsys):
-    assert main(["analyze", str(untimed_window_run), "-o", str(tmp_path / "o"), "-q"]) == 0
+@pytest.fixture(scope="module")
+def unmarked_window_run(untimed_window_run, tmp_path_factory):
+    """The same run with the exports' step markers (NVTX ``iteration N`` ranges) removed: nothing
+    in the trace says which iterations it holds."""
+    import shutil
+    import sqlite3
+
+    raw = tmp_path_factory.mktemp("unmarked") / "raw"
+    shutil.copytree(untimed_window_run, raw)
+    for path in (raw / "nsys").glob("*.sqlite"):
+        db = sqlite3.connect(path)
+        assert db.execute("DELETE FROM NVTX_EVENTS WHERE text LIKE 'iteration %'").rowcount > 0
+        db.commit()
+        db.close()
+    return raw
+
+
+def test_analyze_refuses_an_untimed_step_window_and_names_both_remedies(unmarked_window_run, tmp_path, capsys):
+    assert main(["analyze", str(unmarked_window_run), "-o", str(tmp_path / "o"), "-q"]) == 0
     out, err = capsys.readouterr()
     assert "partial" in out and "capture.steps" in err and "--capture-steps" in err and "timestamps" in err
     ops = read_table(tmp_path / "o" / "ops" / "ops.parquet")
@@ -269,16 +286,40 @@ def test_analyze_refuses_an_untimed_step_window_and_names_both_remedies(untimed_
     assert set(calls["reason"].dropna()) <= {"capture_not_located", "duplicate_line", "single_rank_communicator"}
 
 
-def test_analyze_locates_a_declared_step_window_without_timestamps(untimed_window_run, tmp_path, capsys):
-    assert main(["analyze", str(untimed_window_run), "-o", str(tmp_path / "o"), "-q", "--capture-steps", "2-3"]) == 0
+def _window_record(out: Path) -> dict:
+    record = json.loads(next((out / "aligned").glob("*/*/alignment_quality.json")).read_text())
+    return next(c for c in record["checks"] if c["check"] == "capture_window")
+
+
+@pytest.mark.parametrize("declared", [None, "2-3", "3-4"])
+def test_analyze_locates_an_untimed_step_window_by_the_traces_step_markers(untimed_window_run, tmp_path, capsys,
+                                                                          declared):  # fmt: skip
+    extra = ["--capture-steps", declared] if declared else []
+    assert main(["analyze", str(untimed_window_run), "-o", str(tmp_path / "o"), "-q", *extra]) == 0
+    err = capsys.readouterr().err
     ops = read_table(tmp_path / "o" / "ops" / "ops.parquet")
     s = score_alignment(ops, read_table(untimed_window_run / "ground_truth" / "ops.parquet"))
     assert s["fp"] == 0 and s["recall"] >= 0.99, s
     quality = read_table(tmp_path / "o" / "ops" / "alignment_quality.parquet")
     assert set(quality["check"]) >= {"capture_window", "log_time", "cross_rank", "nvtx_range"}
-    record = json.loads(next((tmp_path / "o" / "aligned").glob("*/*/alignment_quality.json")).read_text())
-    window = next(c for c in record["checks"] if c["check"] == "capture_window")
-    assert window["located_by"] == "declared_steps" and window["outside"] > 0
+    window = _window_record(tmp_path / "o")
+    # the markers ("iteration 2", "iteration 3": Megatron's 1-based numbers) place it at loop index 1
+    assert window["located_by"] == "profiler_steps" and window["first_step"] == 1 and window["outside"] > 0
+    assert ("contradict the profiler's step markers" in err) is (declared == "3-4")
+
+
+@pytest.mark.parametrize("declared", ["2-3", "1-2", "3-4"])
+def test_declared_steps_that_nothing_verifies_are_refused_not_guessed(unmarked_window_run, tmp_path, capsys,
+                                                                     declared):  # fmt: skip
+    """Without markers or timestamps, the captured steps repeat identically in the log: the right
+    declaration (2-3) and its neighbours fit alike, so none is used (0 wrong, the reason named)."""
+    assert main(["analyze", str(unmarked_window_run), "-o", str(tmp_path / "o"), "-q", "--capture-steps",
+                 declared]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    assert "declared_unverified" in err and "starting at iterations 1, 2, 3" in err
+    ops = read_table(tmp_path / "o" / "ops" / "ops.parquet")
+    assert not (ops["status"] == "matched").any()
+    assert _window_record(tmp_path / "o")["located_by"] is None
 
 
 def test_every_capture_family_has_no_wrong_match(tmp_path):
@@ -287,7 +328,8 @@ def test_every_capture_family_has_no_wrong_match(tmp_path):
     for fam in FAMILIES:
         row = run_family(fam, tmp_path)
         assert row["precision"] >= 0.999 and row["recall"] >= fam.min_recall, row
-        if fam.name in ("step window, nothing declared", "log cut short") and fam.nccl < "2.26":
+        if fam.name in ("step window, nothing declared", "step window, declared steps, no markers",
+                        "log cut short") and fam.nccl < "2.26":
             assert row["partial"] and row["problems"] > 0, row
         if fam.name == "block of log lines lost":  # named from the opCount gaps it leaves
             assert row["partial"] and row["problems"] == 2, row

@@ -184,3 +184,23 @@ def test_real_nsys_2026_exports_are_read_on_the_hosts_monotonic_clock(name, utc,
         assert x.session_start_clock_ns == clock and x.utc_offset_ns == utc - clock
         assert x.time_base_note is None
     assert not [w for w in recwarn if "schema" in str(w.message)]  # a known schema: no warning
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("steps", ["4-6", "3-5", "5-7"])
+def test_declared_steps_without_the_profilers_markers_give_no_wrong_match(tmp_path, capsys, steps):
+    """The traces with their ProfilerStep ranges removed: the captured iterations repeat
+    identically in the log, so no declaration can be verified: refused with the reason, and the
+    places the trace fits named (1-based iterations 2-6: the first iteration counts)."""
+    run = tmp_path / "run"
+    shutil.copytree(CAPTURE / "nccl", run / "nccl")
+    (run / "kineto").mkdir()
+    for trace in sorted((CAPTURE / "kineto").glob("*.json.gz")):
+        doc = json.loads(gzip.decompress(trace.read_bytes()))
+        doc["traceEvents"] = [e for e in doc["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep")]
+        (run / "kineto" / trace.name).write_bytes(gzip.compress(json.dumps(doc).encode()))
+    _analyze(run, tmp_path / "out", "--capture-steps", steps, "--until", "ops")
+    err = capsys.readouterr().err
+    got = score(tmp_path / "out")
+    assert got["wrong"] == 0 and got["matched"] == 0, got
+    assert "declared_unverified" in err and "starting at iterations 2, 3, 4, 5, 6" in err

@@ -427,11 +427,19 @@ def locate_capture(calls: pd.DataFrame, ks, version, capture_steps: tuple[int, i
         real = int((~units.placeholder).sum())
         steps = trace_steps(ks.kernels, nvtx, _process_pid(calls))
         partial_capture = window_unlocated(real, ks.m) or log_unlocated(real, ks.m)
-        found = locate_by_trace(units, ks, steps) if (steps is not None or partial_capture) else None
+        found = (locate_by_trace(units, ks, steps, None if steps is not None else capture_steps)
+                 if (steps is not None or partial_capture) else None)  # fmt: skip
         if found is not None and found.outside is not None:
             units = build_log_units(units.calls, nccl_version=version, outside=found.outside)
+            said = f"{_process_name(calls)}: {found.message}" if found.message else None
             window.update(located_by=found.located_by, trace_offset=found.offset, trace_candidates=found.candidates,
-                          first_step=found.first_step, message=_declared_vs_trace(calls, capture_steps, found))
+                          first_step=found.first_step,
+                          message=said or _declared_vs_trace(calls, capture_steps, found))
+        elif capture_steps is not None and found is not None and steps is None and found.candidates:
+            # the trace's sequence fits the log, but not so that the declared steps are verified
+            window.update(located_by=None, message=f"{_process_name(calls)}: {found.message}; its calls are left "
+                                                   "unmatched")
+            units = _abstain(units, "capture_not_located")
         elif capture_steps is not None:
             units, window = _locate_steps(units, calls, version, capture_steps, window)
             if found is not None and steps is not None:

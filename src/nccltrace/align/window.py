@@ -137,10 +137,12 @@ def unlocated_message(process: str, n_units: int, n_launches: int) -> str:
 
 # --------------------------------------------------------------------------- profiler step markers
 
-STEP_MARKER_RE = re.compile(r"^ProfilerStep#(\d+)$")
-"""The step ranges ``torch.profiler`` records around each ``prof.step()`` interval (the number is
-the profiler's step count: the training loop's 0-based iteration when the profiler starts with
-the loop, as Megatron's ``--use-pytorch-profiler`` and ``torch.profiler.schedule`` users do)."""
+STEP_MARKER_RE = re.compile(r"^(?:ProfilerStep#(?P<profiler>\d+)|iteration (?P<megatron>\d+))$")
+"""Step ranges in a kernel trace: ``ProfilerStep#N``, which ``torch.profiler`` records around each
+``prof.step()`` interval (N = the profiler's step count: the training loop's 0-based iteration
+when the profiler starts with the loop, as Megatron's ``--use-pytorch-profiler`` and
+``torch.profiler.schedule`` users do), and NVTX ranges ``iteration N`` in Megatron's 1-based
+iteration numbering (what ``--capture-steps`` takes; the emulator writes them)."""
 
 _MAX_SEQUENCE_WORK = 400_000_000  # unit x kernel comparisons before offsets are pre-filtered
 
@@ -183,7 +185,11 @@ def trace_steps(kernels: pd.DataFrame, nvtx: pd.DataFrame | None, pid: int | Non
     if pid is not None and "pid" in nvtx:
         rows = nvtx[nvtx["pid"].astype("Int64") == int(pid)]
     text = rows["text"].astype(object)
-    num = text.str.extract(STEP_MARKER_RE, expand=False)
+    parts = text.str.extract(STEP_MARKER_RE)
+    # steps completed before each marked step: ProfilerStep#N counts from 0, "iteration N" from 1
+    num = parts["profiler"].astype("Int64").fillna(parts["megatron"].astype("Int64") - 1)
+    if num.notna().any() and parts["profiler"].notna().any() and parts["megatron"].notna().any():
+        num = parts["profiler"].astype("Int64")  # both kinds: the profiler's own count is used
     rows = rows[num.notna().to_numpy(bool)]
     if not len(rows):
         return None
@@ -234,13 +240,21 @@ def _fits(fam_mask: np.ndarray, dt_mask: np.ndarray, op: np.ndarray, count: np.n
     return fam_ok & size_ok & group_ok
 
 
-def locate_by_trace(units, ks, steps: TraceSteps | None) -> TraceLocation:
+def locate_by_trace(units, ks, steps: TraceSteps | None,
+                    declared: tuple[int, int] | None = None) -> TraceLocation:  # fmt: skip
     """Locate a kernel trace's window in one process's log from the trace's own evidence: the
     sequence of its kernels (family, and the profiler's collective arguments where present)
     must occur in the log's launch units at one offset; where the log repeats it step after
     step, the profiler's step number picks the offset whose preceding log holds that many
     occurrences of the calls made once per step. Refuses (``outside`` None) when the sequence
-    does not occur, or when several offsets remain and nothing tells them apart."""
+    does not occur, or when several offsets remain and nothing tells them apart.
+
+    ``declared`` (0-based first and last loop iteration, without step markers): the declared
+    window is checked against the places the sequence fits, counting completed steps by the
+    kernels made once in every declared step (the first iteration counts even when it differs
+    from the rest). It is used only when verified: the sequence fits there and nowhere else.
+    Where the captured steps repeat identically, nothing tells the declared iterations from
+    their neighbours, and the window is refused with the reason (``declared_unverified``)."""
     real, op, count, nranks = _unit_calls(units)
     kreal = np.flatnonzero(~ks.placeholder)
     fam, kdt = ks.family[kreal], ks.dtype_class[kreal]
@@ -282,16 +296,64 @@ def locate_by_trace(units, ks, steps: TraceSteps | None) -> TraceLocation:
                 f"profiler's step number #{first} matches {'none' if not hits else len(hits)} of them (steps "
                 f"completed before each place, by the calls made once per step: {seen}); the profiler's steps may "
                 "not count from the log's first iteration"), candidates=len(full), first_step=first)
+    elif declared is not None:
+        return _check_declared(full, declared, m, fm, dm, op, count, nranks, fam, kdt, in_n, out_n, gsize, kreal,
+                               units, real)
     else:
         return TraceLocation(None, None, f"the trace's kernel sequence fits the log at {len(full)} places (its steps "
                                          "repeat) and the trace has no step markers to tell them apart",
                              candidates=len(full))
+    said = None
+    if declared is not None and steps is None and how == "trace_sequence":
+        # one place fits: the declared steps are checked against it (completed steps before it)
+        check = _check_declared(full, declared, m, fm, dm, op, count, nranks, fam, kdt, in_n, out_n, gsize, kreal,
+                                units, real)
+        if check.outside is not None:
+            return check
+        said = f"{check.message}; the one place where the trace's sequence fits was used"
     # the window: the lines of its launch units, and the lines without a launch between them
     inside = np.isin(units.call_unit, real[chosen:chosen + m])
     rows = np.flatnonzero(inside)
     r = np.arange(len(units.calls))
     outside = (r < rows.min()) | (r > rows.max())
-    return TraceLocation(outside, how, None, offset=chosen, candidates=len(full), first_step=first)
+    return TraceLocation(outside, how, said, offset=chosen, candidates=len(full), first_step=first)
+
+
+def _window(units, real: np.ndarray, offset: int, m: int) -> np.ndarray:
+    """``outside`` per call row for the window of ``m`` launch units from ``offset``."""
+    rows = np.flatnonzero(np.isin(units.call_unit, real[offset:offset + m]))
+    r = np.arange(len(units.calls))
+    return (r < rows.min()) | (r > rows.max())
+
+
+def _check_declared(full: list[int], declared: tuple[int, int], m: int, fm, dm, op, count, nranks, fam, kdt, in_n,
+                    out_n, gsize, kreal, units, real) -> TraceLocation:  # fmt: skip
+    """Declared steps (0-based loop iterations ``declared``) checked against the places ``full``
+    where the trace's sequence fits (see :func:`locate_by_trace`)."""
+    lo, hi = declared
+    n_steps = hi - lo + 1
+    said = f"the declared capture steps (Megatron iterations {lo + 1}-{hi + 1})"
+    if n_steps <= 0 or m % n_steps:
+        return TraceLocation(None, None, f"{said} do not fit the trace: its {m} NCCL kernels are not {n_steps} equal "
+                                         "steps", candidates=len(full))
+    per = m // n_steps
+    pseudo = TraceSteps(tuple(range(lo, hi + 1)), np.repeat(np.arange(lo, hi + 1), per))
+    est = _steps_before(full, pseudo, fm, dm, op, count, nranks, fam, kdt, in_n, out_n, gsize, np.arange(m))
+    at = [o for o, e in zip(full, est, strict=True) if e == lo]
+    fits = ", ".join(str(e + 1) if e is not None else "?" for e in est[:8])
+    if len(at) == 1 and len(full) == 1:
+        return TraceLocation(_window(units, real, at[0], m), "declared_steps", None, offset=at[0], candidates=1,
+                             first_step=lo)
+    if len(at) == 1:
+        return TraceLocation(None, None, (
+            f"{said} fit the trace, but the captured steps repeat identically in the log: the trace's kernel sequence "
+            f"fits at {len(full)} places (starting at iterations {fits}), so nothing verifies that the capture holds "
+            "these iterations rather than their neighbours (declared_unverified). Remedy: keep the profiler's step "
+            "markers (ProfilerStep#N) or NVTX iteration ranges in the trace, or log timestamps (NCCL >= 2.26)"),
+            candidates=len(full))  # fmt: skip
+    return TraceLocation(None, None, (
+        f"{said} contradict the trace: its kernel sequence fits the log only where iterations {fits} start, not "
+        f"at iteration {lo + 1}; check the declared steps (Megatron's 1-based iteration numbers)"), candidates=len(full))
 
 
 def _steps_before(offsets: list[int], steps: TraceSteps, fm, dm, op, count, nranks, fam, kdt, in_n, out_n, gsize,

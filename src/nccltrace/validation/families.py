@@ -7,8 +7,10 @@ scored against ground truth: a positive is a call line whose kernel is in the ex
 capture window, on a profiled rank, not lost); a reported match to another kernel, or to any
 kernel when none is in the export, is a false positive.
 
-Families (``FAMILIES``): the whole run; a step window located by log time, by a declared step
-range, and by nothing (must abstain); a rank subset; a log cut short and a log with a block of
+Families (``FAMILIES``): the whole run; a step window located by log time, by the export's step
+markers (NVTX ``iteration N`` ranges), by a declared step range checked against them, and, with
+neither markers nor timestamps, by nothing (declared or not: must abstain, the captured steps
+repeat identically); a rank subset; a log cut short and a log with a block of
 lines lost; 20 % of lines and 20 % of kernels *with their launch records* lost, with NCCL's
 NVTX ranges stripped (an export of a run without NVTX tracing), with and without log
 timestamps; a build that runs collectives through SendRecv kernels (NVTX stripped, so only the
@@ -74,6 +76,19 @@ def _strip_launches_and_nvtx(raw: Path) -> None:
     _strip_nvtx(raw)
 
 
+def _strip_step_markers(raw: Path) -> None:
+    """An export without step markers (no NVTX ``iteration N`` ranges: a job that emits none)."""
+    for db in (raw / "nsys").glob("*.sqlite"):
+        with sqlite3.connect(db) as c:
+            c.execute("DELETE FROM NVTX_EVENTS WHERE text LIKE 'iteration %'")
+
+
+def _forget_capture_and_markers(raw: Path) -> None:
+    """Nothing says which steps were captured: no declaration, no step markers in the export."""
+    _forget_capture(raw)
+    _strip_step_markers(raw)
+
+
 def _forget_capture(raw: Path) -> None:
     """The user does not say which steps were captured (run.yaml without ``capture``)."""
     p = raw / "run.yaml"
@@ -103,8 +118,11 @@ FAMILIES: tuple[Family, ...] = (
     Family("full", UNTIMED, min_recall=0.99),
     Family("full", TIMED, min_recall=0.99),
     Family("step window, log time", TIMED, {"capture": {"steps": [2, 3]}}, min_recall=0.99),
+    Family("step window, step markers", UNTIMED, {"capture": {"steps": [2, 3]}}, _forget_capture, min_recall=0.99),
     Family("step window, declared steps", UNTIMED, {"capture": {"steps": [2, 3]}}, min_recall=0.9),
-    Family("step window, nothing declared", UNTIMED, {"capture": {"steps": [2, 3]}}, _forget_capture),
+    # identical steps, no marker: nothing verifies the declared iterations, so they are not used
+    Family("step window, declared steps, no markers", UNTIMED, {"capture": {"steps": [2, 3]}}, _strip_step_markers),
+    Family("step window, nothing declared", UNTIMED, {"capture": {"steps": [2, 3]}}, _forget_capture_and_markers),
     Family("rank subset", TIMED, {"capture": {"ranks": [0, 5]}}, min_recall=0.99),
     Family("log cut short", UNTIMED, damage=_cut_logs),
     Family("log cut short", TIMED, damage=_cut_logs, min_recall=0.99),
