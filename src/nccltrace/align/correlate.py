@@ -25,7 +25,15 @@ from .sequences import (
     build_log_units,
     is_nccl_kernel,
 )
-from .window import locate_by_trace, log_unlocated, step_lines, trace_steps, unlocated_message, window_unlocated
+from .window import (
+    locate_by_trace,
+    log_unlocated,
+    step_lines,
+    steps_before_periodic,
+    trace_steps,
+    unlocated_message,
+    window_unlocated,
+)
 
 MODES = ("default", "thesis", "exact")
 NO_EXPORT_REASON = "no_export"
@@ -612,21 +620,30 @@ def _locate_steps(units, calls, version, steps: tuple[int, int], window: dict):
         len(sorted_calls), bool)
     sl = step_lines(sorted_calls[live])
     lo, hi = steps
-    if sl is None or hi >= sl.steps:
+    # steps completed before the periodic region: an irregular first iteration still counts
+    offset = steps_before_periodic(sorted_calls[live], sl) if sl is not None else 0
+    if sl is None or hi >= sl.steps + offset or lo < offset:
         why = ("its calls do not repeat step after step (a damaged log, an irregular schedule or evaluation steps)"
-               if sl is None else f"the log holds {sl.steps} training steps, the declared range ends at step {hi + 1}")
+               if sl is None else
+               f"the log's first {offset} step(s) differ from the rest and cannot be delimited" if lo < offset else
+               f"the log holds {sl.steps + offset} training steps, the declared range ends at step {hi + 1}")
         window.update(located_by=None, message=f"{_process_name(calls)}: the declared capture steps cannot be found "
                       f"in the log: {why}; its calls are left unmatched. Remedy: log timestamps (NCCL >= 2.26 with "
                       "NCCL_DEBUG_TIMESTAMP_FORMAT)")
         return _abstain(units, "capture_not_located"), window
     step = np.full(len(sorted_calls), -1, np.int64)
-    step[np.flatnonzero(live)] = sl.step
+    step[np.flatnonzero(live)] = np.where(sl.step >= 0, sl.step + offset, -1)
     # a duplicate line belongs to the step of the line it repeats (the previous live line)
     idx = np.maximum.accumulate(np.where(live, np.arange(len(live)), 0))
     step = step[idx]
     outside = (step < lo) | (step > hi)
     units = build_log_units(sorted_calls, nccl_version=version, outside=outside)
-    window.update(located_by="declared_steps", period=sl.period, log_steps=sl.steps)
+    window.update(located_by="declared_steps", period=sl.period, log_steps=sl.steps + offset, first_step=lo,
+                  iterations_verified=False, message=(
+        f"{_process_name(calls)}: the declared capture steps (Megatron iterations {lo + 1}-{hi + 1}) were located from "
+        f"the log's step structure alone ({sl.period} calls per step, {offset} irregular first step(s)): the trace's "
+        "kernel sequence could not be placed in the log to confirm them, so the iteration numbers are unverified. "
+        "Remedy: profiler step markers or log timestamps"))  # fmt: skip
     return units, window
 
 

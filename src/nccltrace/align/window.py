@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["COVERAGE_MIN", "STEP_MARKER_RE", "StepLines", "TraceLocation", "TraceSteps", "locate_by_trace", "log_unlocated",
-           "step_lines", "trace_steps", "unlocated_message", "window_unlocated"]
+           "step_lines", "steps_before_periodic", "trace_steps", "unlocated_message", "window_unlocated"]
 
 COVERAGE_MIN = 0.75
 """Below this ratio of export launches (kernels and launch records) to logged launch units, the
@@ -107,6 +107,23 @@ def step_lines(calls: pd.DataFrame) -> StepLines | None:
     step[inside] = (rows[inside] - a) // p
     step[rows >= a + steps * p] = steps
     return StepLines(step=step, period=p, first=a, steps=steps)
+
+
+def steps_before_periodic(calls: pd.DataFrame, sl: StepLines) -> int:
+    """How many training steps the log completed before its periodic region starts (row
+    ``sl.first``): the calls made exactly once in every periodic step are counted in the rows
+    before it (their median). A first iteration that differs from the rest (an extra broadcast,
+    communicators created on first use) is not periodic, yet it is a step: without this count,
+    step numbers found from the periodic region alone start one iteration late."""
+    sig = _signatures(calls)
+    p, a = sl.period, sl.first
+    body = sig[a:a + sl.steps * p].reshape(sl.steps, p)
+    vals, counts = np.unique(body[0], return_counts=True)
+    once = [v for v, c in zip(vals, counts, strict=True) if c == 1 and ((body == v).sum(axis=1) == 1).all()]
+    if not once:
+        return 0
+    before = sig[:a]
+    return int(np.median([int((before == v).sum()) for v in once]))
 
 
 def window_unlocated(n_units: int, n_launches: int) -> bool:
