@@ -416,8 +416,11 @@ def build_parser() -> argparse.ArgumentParser:
                                    "aligned/, ops/, metrics/, volume/, trace/, report/) with manifests. Logs are "
                                    "found by content under RAW_DIR (or RAW_DIR/nccl): any name, .txt or .gz, one "
                                    "per process or rank, or one combined stdout of all ranks (srun --label, "
-                                   "torchrun --tee, mpirun --tag-output); exports are the *.sqlite files under "
-                                   "RAW_DIR (or RAW_DIR/nsys), matched to nodes by their recorded host name. "
+                                   "torchrun --tee, mpirun --tag-output); kernel traces are the nsys exports "
+                                   "(*.sqlite under RAW_DIR or RAW_DIR/nsys, one per node or per process, matched "
+                                   "to nodes by their recorded host name) and PyTorch-profiler Chrome traces (.json, "
+                                   ".json.gz, found by content, placed by the pid of their kernels' launches); "
+                                   "without any, the logs alone are analysed. "
                                    "Declared sizes come from RAW_DIR/run.yaml if present, overridden by --settings "
                                    "and the size flags.")
     s.add_argument("raw_dir", metavar="RAW_DIR", help="directory of the run's NCCL logs and nsys exports")

@@ -25,7 +25,6 @@ dtype and process group of each NCCL kernel (``args``: "Collective name", "In ms
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -273,13 +272,11 @@ class KinetoTrace:
     def session_info(self) -> dict[str, Any]:
         """Session metadata as written to ``session.json`` (the keys of an nsys export's, plus
         the profiler's rank, world size, process groups and NCCL version)."""
-        digest = hashlib.sha256()
-        with open(self.path, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(chunk)
+        from ..provenance import file_sha256
+
         return {
             "source_file": self.path.name,
-            "source_sha256": digest.hexdigest(),
+            "source_sha256": file_sha256(self.path),
             "source_kind": self.source_kind,
             "schema_version": None if self.schema_version is None else str(self.schema_version),
             "product_version": "torch.profiler (Kineto)",
