@@ -29,7 +29,7 @@ from typing import Any
 from . import __version__
 from .tables import SCHEMA_VERSION, write_json_atomic
 
-_TOOLS = ("numpy", "pandas", "pyarrow", "numba", "snakemake", "jinja2", "pyyaml")
+_TOOLS = ("numpy", "pandas", "pyarrow", "numba", "msgspec", "snakemake", "jinja2", "pyyaml")
 
 
 def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
