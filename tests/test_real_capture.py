@@ -138,7 +138,7 @@ def test_an_nsys_export_in_the_real_time_base_written_from_the_traces_aligns_the
     got = score(tmp_path / "out")
     with capsys.disabled():
         print(f"\n[real capture, one nsys export (schema 3.28.1, monotonic time base)] analyze {seconds:.1f} s; {got}")
-    assert got["wrong"] == 0 and got["right"] >= 703 and got["outside_capture"] == 1188
+    assert got["wrong"] == 0 and got["right"] == 708 and got["outside_capture"] == 1188
 
 
 @pytest.mark.slow

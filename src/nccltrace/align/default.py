@@ -647,8 +647,14 @@ def _learn_rate(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, min_obs: int
     top = int(usize.max()) if (usize >= 0).any() else 0
     kcap = np.where(kcap >= 0, np.minimum(kcap, top), -1)  # larger capacities all mean "anything fits"
     # a kernel whose own record (profiler arguments) names its payload needs no guess of what it
-    # could carry: kernels that waited for peers make the learned rate far too low for it
-    kcap = np.where(kernel_count_key(ks) >= 0, -1, kcap)
+    # could carry: kernels that waited for peers make the learned rate far too low for it. The
+    # bound is for what nothing else separates, a run of identical P2P units and a short SendRecv
+    # kernel without a line; a collective's kernels are kept apart by opCount, order and the
+    # cross-rank check, and bounding them wrongly refused fast ones (on ranks time-sharing a GPU,
+    # 5 AllGathers of 142 us among ones of 8.2 ms on the real H200 capture)
+    from .sequences import FAMILY_CODE
+
+    kcap = np.where((kernel_count_key(ks) >= 0) | (ks.family != FAMILY_CODE["SendRecv"]), -1, kcap)
     return usize, kcap
 
 
