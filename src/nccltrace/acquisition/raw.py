@@ -121,6 +121,32 @@ def _inspect_export(path: Path) -> tuple[str | None, str | None]:
         return None, str(e)
 
 
+def export_pids(path: Path) -> set[int]:
+    """OS pids of the processes that launched kernels (or made CUDA calls) in an export: what
+    tells one export per process from the same capture twice."""
+    import sqlite3
+
+    from ..nsys.reader import NsysExport, NsysFormatError
+
+    try:
+        with NsysExport.open(path) as export:
+            tables = export.table_names()
+    except NsysFormatError:
+        return set()
+    db = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+    try:
+        for table, col in (("CUPTI_ACTIVITY_KIND_KERNEL", "globalPid"), ("CUPTI_ACTIVITY_KIND_RUNTIME", "globalTid")):
+            if table in tables:
+                rows = db.execute(f"SELECT DISTINCT ({col} >> 24) & 16777215 FROM {table}").fetchall()
+                if rows:
+                    return {int(r[0]) for r in rows if r[0] is not None}
+        return set()
+    except sqlite3.DatabaseError:
+        return set()
+    finally:
+        db.close()
+
+
 def _owner(stem: str, hosts: set[str]) -> str | None:
     """The log host an unreadable export belongs to by its name: <host>.sqlite or <host><sep>...sqlite."""
     if stem in hosts:
@@ -210,7 +236,16 @@ def assign_exports(sqlites: list[Path], log_hosts: set[str], source: Path | None
         if host not in log_hosts and host.split(".")[0] in log_hosts:
             host = host.split(".")[0]  # logs name the short hostname (gethostname), nsys the full one
         if host in names:
-            # one export per process (`nsys profile -o trace_%q{SLURM_PROCID}`): all of them serve the node
+            # one export per process (`nsys profile -o trace_%q{SLURM_PROCID}`): all of them serve the
+            # node, each recording other processes; two recording one process are the same capture twice
+            mine = export_pids(p)
+            for other in [names[host], *more.get(host, [])]:
+                shared = mine & export_pids(other)
+                if shared:
+                    raise RawImportError(
+                        f"{p} and {other} are both exports of host {host} and record the same process(es) "
+                        f"({', '.join(map(str, sorted(shared)[:5]))}): the same capture twice? Keep one export per "
+                        "node, or one per process")
             more.setdefault(host, []).append(p)
             continue
         names[host] = p
