@@ -98,6 +98,10 @@ def test_the_real_capture_as_it_is_matches_every_window_call_to_its_true_kernel(
     stood = quality[quality["check"] == "cross_rank_stood_down"]
     assert len(stood) == 4 and stood["message"].str.contains(r"end \d\.\d\d ms apart").all()
     assert int(quality.loc[quality["check"] == "cross_rank", "contradicted"].sum()) == 0
+    # each kernel's own record (the profiler's element counts) confirms 153 matches per rank;
+    # the 24 batched Send/Recv kernels carry none
+    args = quality[quality["check"] == "kernel_args"]
+    assert args["confirmed"].tolist() == [153] * 4 and args["not_checkable"].tolist() == [24] * 4
     assert not json.loads((out / "ops" / "manifest.json").read_text())["partial"]
     assert "stood down" in (out / "report" / "report.html").read_text()
     assert got["other_lines"] == 1188 and got["outside_capture"] == 1188

@@ -307,7 +307,8 @@ def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kerne
         reason[captured] = GRAPH_CAPTURED_REASON
     if quality is not None:
         window["confirmed"] = int((res.kernel >= 0).sum())
-        checks = [window, *res.checks, nvtx_check, _log_gaps(units, _process_name(calls))]
+        checks = [window, *res.checks, nvtx_check, _log_gaps(units, _process_name(calls)),
+                  _kernel_args_check(units, ks, call_kernel, cu)]
         if len(replayed) or captured.any():
             n_cap = int(captured.sum())  # duplicate lines have no launch unit, so none is counted twice
             checks.append({"check": "cuda_graph", "applicable": True, "confirmed": 0, "contradicted": 0,
@@ -329,6 +330,27 @@ def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kerne
         extra["host"] = table["host"].dropna().iloc[0] if table["host"].notna().any() else None
         table = pd.concat([table, extra], ignore_index=True)
     return table
+
+
+def _kernel_args_check(units, ks, call_kernel: np.ndarray, cu: np.ndarray) -> dict:
+    """The kernel's own record of its call (a profiler trace's collective element counts) against
+    each match: the alignment never pairs a unit with a kernel whose record names another count,
+    so this counts the matches that record confirms and those it cannot test (no record: a
+    batched Send/Recv, an nsys export)."""
+    from .default import kernel_count_key, unit_count_key
+
+    kkey = kernel_count_key(ks)
+    out = {"check": "kernel_args", "applicable": bool((kkey >= 0).any()), "confirmed": 0, "contradicted": 0,
+           "not_checkable": 0}
+    if not out["applicable"]:
+        return out
+    ukey = unit_count_key(units)
+    matched = np.flatnonzero((call_kernel >= 0) & (cu >= 0))
+    uk, kk = ukey[cu[matched]], kkey[call_kernel[matched]]
+    both = (uk >= 0) & (kk >= 0)
+    out.update(confirmed=int((both & (uk == kk)).sum()), contradicted=int((both & (uk != kk)).sum()),
+               not_checkable=int((~both).sum()))
+    return out
 
 
 def _log_gaps(units, process: str) -> dict:

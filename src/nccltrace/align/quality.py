@@ -92,7 +92,7 @@ QUALITY_SCHEMA = pa.schema(
         _f("process", pa.string(), "", "process (log stem nccl_<host>_<pid>, or host:pid)"),
         _f("host", pa.string(), "", "host of the process"),
         _f("pid", pa.int64(), "", "process id"),
-        _f("check", pa.string(), "", "'capture_window', 'log_time', 'stream', 'nvtx_range', 'cuda_graph', 'log_gaps', 'one_process_per_log', 'p2p_pairing', 'cross_rank' or 'cross_rank_stood_down' (a finding: where the cross-rank check's common-end and order tests stood down; see docs/correlation.md)"),
+        _f("check", pa.string(), "", "'capture_window', 'log_time', 'stream', 'nvtx_range', 'cuda_graph', 'log_gaps', 'one_process_per_log', 'kernel_args', 'p2p_pairing', 'cross_rank' or 'cross_rank_stood_down' (a finding: where the cross-rank check's common-end and order tests stood down; see docs/correlation.md)"),
         _f("applicable", pa.bool_(), "", "whether the evidence the check needs exists for this process"),
         _f("confirmed", pa.int64(), "", "matches the check confirmed (capture_window: matches inside the located window)"),
         _f("contradicted", pa.int64(), "", "matches the check contradicted; they were demoted to unmatched"),
