@@ -65,3 +65,28 @@ def test_a_misread_time_base_is_named_with_both_spans_not_a_crash(run, tmp_path,
     calls = ops[ops["row_kind"] == "call"]
     assert not (calls["status"] == "matched").any()
     assert (calls["reason"] == "capture_not_located").any()
+
+
+def test_reader_warnings_are_one_console_line(tmp_path):
+    """An export of an untested schema version: the CLI says so in one line, not in Python's
+    warning format (file, line, category, source line)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    real = Path(__file__).resolve().parents[2] / "shared" / "realdata" / "nsys_sqlite" / "nsysai_mfu_2gpu_after.sqlite"
+    if not real.is_file():
+        pytest.skip(f"real export not present at {real}")
+    copy = tmp_path / "x.sqlite"
+    shutil.copy(real, copy)
+    db = sqlite3.connect(copy)
+    table = "META_DATA_EXPORT"
+    db.execute(f"UPDATE {table} SET value = '3.99.0' WHERE name = 'EXPORT_SCHEMA_VERSION'")
+    db.commit()
+    db.close()
+    done = subprocess.run([sys.executable, "-m", "nccltrace.cli", "parse-nsys", str(copy), "-o", str(tmp_path / "o")],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = [ln for ln in done.stderr.splitlines() if "3.99.0" in ln]
+    assert len(lines) == 1 and lines[0].startswith("warning: ") and "NsysSchemaWarning" not in done.stderr
+    assert ".py:" not in done.stderr
