@@ -487,6 +487,11 @@ def locate_capture(calls: pd.DataFrame, ks, version, capture_steps: tuple[int, i
     window["outside"] = int((units.call_reason == "outside_capture").sum())
     if window["located_by"] == "log_time":
         window["span_utc_ns"] = list(span)
+    if window["located_by"] is not None and window["outside"]:
+        # where the window lies in the log, to show: its first and last line
+        inside = units.calls.loc[units.call_reason != "outside_capture", "line"]
+        if len(inside):
+            window["lines"] = [int(inside.min()), int(inside.max())]
     return units, window
 
 

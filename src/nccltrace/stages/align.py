@@ -66,8 +66,27 @@ def run_align(layout: RunLayout, proc: str, host: str, *, mode: str = "default",
     if available and needing and not summary["matched"] and not problems:
         problems.append(f"{proc}: none of its {needing} calls matched a kernel of node {host}'s export "
                         f"({session.get('source_file', host + '.sqlite')}); no times or bandwidths for this rank")
+    notes = _window_notes(proc, read_quality(out / QUALITY_FILE))
     outputs = [out / "alignment.parquet", out / QUALITY_FILE]
     write_manifest(layout.manifest(out), stage="align", inputs=[calls, nsys / "kernels.parquet", nsys / "session.json"],
                    outputs=outputs, config={"mode": mode}, partial=bool(problems), reasons=problems,
                    extra={"summary": summary})
-    return StageResult("align", outputs, bool(problems), problems, str(summary), details={"summary": summary})
+    return StageResult("align", outputs, bool(problems), problems, str(summary), notes, details={"summary": summary})
+
+
+_LOCATED_BY = {"profiler_steps": "the trace's step markers", "trace_sequence": "the trace's kernel sequence",
+               "declared_steps": "the declared steps", "log_time": "log timestamps"}  # fmt: skip
+
+
+def _window_notes(proc: str, quality: dict[str, Any]) -> list[str]:
+    """Where a located capture window lies in the process's log (console)."""
+    window = next((c for c in quality.get("checks", []) if c.get("check") == "capture_window"), None)
+    if not window or not window.get("lines") or window.get("located_by") not in _LOCATED_BY:
+        return []
+    a, b = window["lines"]
+    steps = ""
+    if window.get("first_step") is not None:
+        steps = f"the capture starts at Megatron iteration {int(window['first_step']) + 1} (loop index " \
+                f"{int(window['first_step'])}); "
+    return [f"{proc}: {steps}its calls are lines {a}-{b} of the log, located by {_LOCATED_BY[window['located_by']]}; "
+            f"{int(window.get('outside') or 0)} other call lines outside the capture"]
