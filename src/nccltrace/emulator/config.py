@@ -109,6 +109,10 @@ class Imperfections:
       at arrival and end together (within ~1 us).
     * ``torn_lines``: also write a combined stdout log of all processes (as when ranks share
       stdout) in which this fraction of call lines is torn by another process's line.
+    * ``first_iteration_extra_calls``: the first training iteration ends with this many extra
+      Broadcasts on the world communicator (a job's first steps often differ from the rest:
+      initial broadcasts, communicators created on first use; the real H200 capture's first
+      iteration has one), so the log's periodic part starts at the second iteration.
     """
 
     fuse_grouped_p2p: bool = False
@@ -121,6 +125,7 @@ class Imperfections:
     clock_drift_ppm_max: float = 0.0
     arrival_skew_ns_max: int = 0
     torn_lines: float = 0.0
+    first_iteration_extra_calls: int = 0
 
     @classmethod
     def realistic(cls) -> "Imperfections":
@@ -386,6 +391,8 @@ class EmulatorConfig:
         d = dataclasses.asdict(self)
         if not self.nsys_per_process:
             del d["nsys_per_process"]
+        if not self.imperfections.first_iteration_extra_calls:
+            del d["imperfections"]["first_iteration_extra_calls"]
         if d["capture"] is None:
             del d["capture"]
         if not self.cuda_graphs.active:
@@ -646,7 +653,7 @@ class EmulatorConfig:
             raise ConfigError("imperfections.duplicate_log_lines.ranks", f"ranks {bad} are outside 0..{world - 1}")
         if imp.single_rank_comm_ops < -1:
             raise ConfigError("imperfections.single_rank_comm_ops", "use 0 (none), -1 (all) or a positive count")
-        for name in ("clock_offset_ns_max", "arrival_skew_ns_max"):
+        for name in ("clock_offset_ns_max", "arrival_skew_ns_max", "first_iteration_extra_calls"):
             if getattr(imp, name) < 0:
                 raise ConfigError(f"imperfections.{name}", "must be >= 0")
         if imp.clock_drift_ppm_max < 0 or imp.clock_drift_ppm_max > 1000:

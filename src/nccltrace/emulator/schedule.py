@@ -409,6 +409,11 @@ class RankProgram:
         yield from self._optimizer(it)
         yield from self._train_step_tail()
         yield from self._training_log()
+        extra = cfg.imperfections.first_iteration_extra_calls
+        if it == 0 and extra:
+            self.phase = "first-iteration/broadcast"  # a job's first step that differs from the rest
+            for _ in range(extra):
+                yield from self._c(self.g["world"], "Broadcast", 1 << 18, DT["bfloat16"], 0, 0)
 
     # ---------------------------------------------------------------- schedules
     def _no_pipelining(self) -> Iterator[Unit]:

@@ -123,6 +123,14 @@ FAMILIES: tuple[Family, ...] = (
     # identical steps, no marker: nothing verifies the declared iterations, so they are not used
     Family("step window, declared steps, no markers", UNTIMED, {"capture": {"steps": [2, 3]}}, _strip_step_markers),
     Family("step window, nothing declared", UNTIMED, {"capture": {"steps": [2, 3]}}, _forget_capture_and_markers),
+    # a first iteration with extra calls: the log's periodic part starts at the second one
+    Family("step window, step markers, irregular first iteration", UNTIMED,
+           {"capture": {"steps": [2, 3]}, "imperfections": {"first_iteration_extra_calls": 1}}, _forget_capture,
+           min_recall=0.99),
+    # ... and lost kernel records without markers: declared steps found from the log's structure
+    Family("step window, declared steps, irregular first iteration, kernels lost", UNTIMED,
+           {"capture": {"steps": [2, 3]}, "imperfections": {"first_iteration_extra_calls": 1, "drop_kernels": 0.03}},
+           _strip_step_markers, min_recall=0.9),
     Family("rank subset", TIMED, {"capture": {"ranks": [0, 5]}}, min_recall=0.99),
     Family("log cut short", UNTIMED, damage=_cut_logs),
     Family("log cut short", TIMED, damage=_cut_logs, min_recall=0.99),
