@@ -70,7 +70,8 @@ def cmd_parse_kineto(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"no PyTorch-profiler trace (Chrome-trace JSON, .json or .json.gz) in "
                                 f"{', '.join(args.traces)}")
     for path in paths:
-        out = Path(args.out) if len(paths) == 1 else Path(args.out) / path.name.removesuffix(".gz").removesuffix(".json")
+        name = path.name.removesuffix(".gz").removesuffix(".json")
+        out = Path(args.out) if len(paths) == 1 else Path(args.out) / name
         trace = KinetoTrace.open(path)
         written = trace.export_tables(out)
         write_manifest(out / "manifest.json", stage="parse_kineto", inputs=[path], outputs=list(written.values()),
@@ -373,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--out", required=True, help="output directory (one subdirectory per export if several)")
     s.set_defaults(func=cmd_parse_nsys)
 
-    s = sub.add_parser("parse-kineto", help="read PyTorch-profiler (Kineto) Chrome traces into the tables of parse-nsys",
+    s = sub.add_parser("parse-kineto", help="read PyTorch-profiler (Kineto) traces into the tables of parse-nsys",
                        description="Read torch.profiler Chrome traces (.json or .json.gz, any name; files or "
                                    "directories, found by content) in one streaming pass: NCCL kernels with their "
                                    "launch calls and the profiler's collective arguments, CPU ranges (ProfilerStep#N) "

@@ -136,9 +136,9 @@ def traces_of_hosts(staged: Sequence[StagedTrace], procs: dict[str, tuple[str, i
         hosts = {h for pid in t.pids for h in by_pid.get(pid, ())}
         if not hosts:
             pids = ", ".join(map(str, t.pids)) or "none"
-            problems.append(f"{t.path.name}: its process(es) (pid {pids}{'' if t.rank is None else f', rank {t.rank}'}) "
-                            "left no NCCL log here: a trace of another job, or of a rank whose log is missing; not "
-                            "used")
+            rank = "" if t.rank is None else f", rank {t.rank}"
+            problems.append(f"{t.path.name}: its process(es) (pid {pids}{rank}) left no NCCL log here: a trace of "
+                            "another job, or of a rank whose log is missing; not used")
             continue
         if len(hosts) > 1:
             problems.append(f"{t.path.name}: pid {', '.join(map(str, t.pids))} has logs on several nodes "

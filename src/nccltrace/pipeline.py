@@ -132,7 +132,8 @@ def find_raw_inputs(raw_dir: Path | str, staging: Path | str | None = None) -> R
                                 f"{raw / 'nccl'} or directly in {raw}); {_LOG_HINT}")
     if not exports and not traces:
         reports = sorted({*nsys_dir.glob("*.nsys-rep"), *nsys_dir.glob("*.qdrep")})
-        found = f" (found {', '.join(p.name for p in reports[:5])}, not exported yet: {_EXPORT_HINT})" if reports else ""
+        names = ", ".join(p.name for p in reports[:5])
+        found = f" (found {names}, not exported yet: {_EXPORT_HINT})" if reports else ""
         notes.append(f"no kernel trace in {raw}{found}: the NCCL logs alone are analysed (calls, communicators, "
                      "labels, volumes; no kernel times or bandwidths)")
     run_yaml = raw / "run.yaml"
@@ -375,7 +376,8 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
     out_summary: dict[str, Any] = {
         "raw_dir": str(inputs.raw_dir), "out_dir": str(out), "mode": mode,
         "processes": len(procs), "hosts": log_hosts,
-        "exports": {h: (p.name if isinstance(p, Path) else [Path(x).name for x in p]) for h, p in sorted(sources.items())},
+        "exports": {h: (p.name if isinstance(p, Path) else [Path(x).name for x in p])
+                    for h, p in sorted(sources.items())},
         "hosts_without_export": no_export, "ignored_logs": [str(p) for p in inputs.ignored_logs],
         "calls": result.calls, "matched": result.matched, "unmatched_by_reason": result.unmatched_by_reason,
         "partial": partial, "problems": problems, "notes": notes, "settings": run_settings,

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-__all__ = ["COVERAGE_MIN", "STEP_MARKER_RE", "StepLines", "TraceLocation", "TraceSteps", "locate_by_trace", "log_unlocated",
-           "step_lines", "steps_before_periodic", "trace_steps", "unlocated_message", "window_unlocated"]
+__all__ = ["COVERAGE_MIN", "STEP_MARKER_RE", "StepLines", "TraceLocation", "TraceSteps", "locate_by_trace",
+           "log_unlocated", "step_lines", "steps_before_periodic", "trace_steps", "unlocated_message",
+           "window_unlocated"]
 
 COVERAGE_MIN = 0.75
 """Below this ratio of export launches (kernels and launch records) to logged launch units, the
@@ -370,7 +371,8 @@ def _check_declared(full: list[int], declared: tuple[int, int], m: int, fm, dm, 
             candidates=len(full))  # fmt: skip
     return TraceLocation(None, None, (
         f"{said} contradict the trace: its kernel sequence fits the log only where iterations {fits} start, not "
-        f"at iteration {lo + 1}; check the declared steps (Megatron's 1-based iteration numbers)"), candidates=len(full))
+        f"at iteration {lo + 1}; check the declared steps (Megatron's 1-based iteration numbers)"),
+        candidates=len(full))
 
 
 def _steps_before(offsets: list[int], steps: TraceSteps, fm, dm, op, count, nranks, fam, kdt, in_n, out_n, gsize,

@@ -1915,8 +1915,8 @@ def _emulate_node(node: int, ctx: _Context | None = None, sinks: dict[str, _Sink
             writers: dict[Path, NsysExportWriter] = {}
             for path in dict.fromkeys(nsys_paths.values()):
                 writers[path] = stack.enter_context(NsysExportWriter(
-                    path, cfg.nsys_schema, hostname=host, session_start_utc_ns=cfg.start_time_utc_ns + clk.session_local,
-                    product_version=cfg.nsys_product_version, payload_mode=payload_mode, hw_id=hw_id, vm_id=vm_id,
+                    path, cfg.nsys_schema, hostname=host,
+                    session_start_utc_ns=cfg.start_time_utc_ns + clk.session_local, product_version=cfg.nsys_product_version, payload_mode=payload_mode, hw_id=hw_id, vm_id=vm_id,
                     fsync=False, session_clock_ns=clk.session_clock_ns or None))  # fmt: skip
             for rank in ranks:
                 proc = _Process(ctx, rank, writers[nsys_paths[rank]], sinks, record_times)

@@ -140,7 +140,8 @@ def sniff_trace(path: Path | str, probe: int = 1 << 16) -> bool:
 
 
 def iter_event_runs(path: Path | str, result: ScanResult, block_bytes: int = BLOCK_BYTES) -> Iterator[bytearray]:
-    """Yield JSON arrays (``b"[...]"``, as a ``bytearray`` the caller may not keep) of whole trace events in file order, reading ``path``
+    """Yield JSON arrays (``b"[...]"``, a ``bytearray`` the caller must not keep) of whole trace
+    events in file order, reading ``path``
     ``block_bytes`` at a time; ``result`` is filled as the scan goes (``header`` once done).
     Raises ``ValueError`` when the file holds no JSON object or array."""
     state = np.zeros(3, np.int64)

@@ -493,8 +493,8 @@ class NsysExport:
         if clock is not None and start is not None and clock != start:
             self.time_base_note = (
                 f"{self.path.name}: the session's start on the target clock is recorded twice and the records "
-                f"disagree (systemClockNs {clock} ns, ANALYSIS_DETAILS.startTime {start} ns, {abs(clock - start) / 1e9:.3f} s "
-                "apart): systemClockNs is used as the time base; a capture started with a delay (nsys --delay) starts "
+                f"disagree (systemClockNs {clock} ns, ANALYSIS_DETAILS.startTime {start} ns, "
+                f"{abs(clock - start) / 1e9:.3f} s apart): systemClockNs is used as the time base; a capture started with a delay (nsys --delay) starts "
                 "its trace later than its session")
 
     @contextlib.contextmanager

@@ -37,7 +37,8 @@ def run_parse_node(layout: RunLayout, host: str, logs: Mapping[str, Path | str],
                    remedy: Remedy = WORKFLOW_REMEDY, done: Callable[[str], None] | None = None) -> StageResult:  # fmt: skip
     """Parse node ``host``'s logs (``logs``: process -> its log, every process of the node) into
     ``layout.parsed_nccl(proc)`` and its export into ``layout.parsed_nsys(host)``; ``export`` (one
-    export, a list of kernel sources, or None), ``unusable`` and ``remedy`` as :func:`~nccltrace.stages.parse_nsys.run_parse_nsys` takes
+    export, a list of kernel sources, or None), ``unusable`` and ``remedy`` as
+    :func:`~nccltrace.stages.parse_nsys.run_parse_nsys` takes
     them. ``done(unit)`` after the export and after each process (progress)."""
     settings = dict(settings or {})
     strangers = [p for p in logs if layout.host_of(p) != host]

@@ -151,8 +151,8 @@ def _parse_sources(sources: list[Path], out: Path, host: str, settings: dict[str
     problems += session.get("problems") or []
     kernels = pq.read_metadata(written["kernels"]).num_rows
     if kernels == 0:
-        problems.append(f"the kernel sources of node {host} ({session['source_file']}) contain no NCCL kernels: no call "
-                        "of its ranks can be aligned, so they have no kernel times or bandwidths; profile with CUDA "
+        problems.append(f"the kernel sources of node {host} ({session['source_file']}) contain no NCCL kernels: "
+                        "no call of its ranks can be aligned, so they have no kernel times or bandwidths; profile with CUDA "
                         "activity traced and NCCL in use")
     if problems:
         write_json_atomic(written["session"], {**session, "problems": problems})
