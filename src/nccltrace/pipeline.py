@@ -16,11 +16,18 @@ and listed. Exports (``*.sqlite`` of any name; ``.nsys-rep`` reports are exporte
 installed) are named after the host recorded in them, as the workflow's import names them
 (:func:`nccltrace.acquisition.raw.assign_exports`).
 
-Missing inputs. No NCCL log, no export, or no export of a host of the logs: an error naming what
-is missing and how to produce it. A host of the logs without an export gets the workflow's
-'no export' tables: its calls are ``unmatched`` with reason ``'no_export'`` and the run is
-partial, as are runs with fewer logs than the world size, fewer exports than nodes (when the
-settings know the node count) or NCCL kernels of pids without a log.
+Missing inputs. No NCCL log: an error naming what is missing and how to produce it. No kernel
+trace at all (no nsys export, no PyTorch-profiler trace), or none of a host or job of the logs:
+the logs alone are analysed (communicators, labels, ops without kernel times, volume validation,
+report) and the run is partial, with how to capture kernel times. A host of the logs without a
+kernel trace gets the workflow's 'no export' tables: its calls are ``unmatched`` with reason
+``'no_export'`` and the run is partial, as are runs with fewer logs than the world size, fewer
+exports than nodes (when the settings know the node count) or NCCL kernels of pids without a log.
+
+Kernel traces. nsys exports (``*.sqlite``, one per node or one per process, in subdirectories too)
+are named after the host recorded in them; PyTorch-profiler traces (Chrome-trace JSON, found by
+content) after the node of the log whose pid launched their kernels; a node's several sources are
+merged on one clock by the parse stage (:mod:`nccltrace.kernel_sources`).
 
 Settings. Declared parallel sizes label the communicators (``nccltrace.parallelism``). They come
 from ``run.yaml`` in ``raw_dir`` (the emulator writes one), overridden key by key by
