@@ -1,13 +1,12 @@
 """PyTorch-profiler (Kineto) Chrome traces: a second kernel source beside nsys exports."""
 
+from ..kernel_sources import KERNEL_ARG_COLUMNS, kernel_count_fits
 from .reader import (
-    KERNEL_ARG_COLUMNS,
     KINETO_DOMAIN,
     KinetoFormatError,
     KinetoTrace,
     is_kineto_trace,
     iter_kineto_files,
-    kernel_count_fits,
 )
 
 __all__ = [

@@ -34,24 +34,14 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import numpy as np
 import pandas as pd
 
+from ..kernel_sources import KERNEL_ARG_COLUMNS
 from ..nsys import reader as nsys_reader
 from ..nsys.nccl_api import NCCL_API_CALLS_SCHEMA
 from .scan import ScanResult, iter_event_runs, sniff_trace
 
-__all__ = ["KERNEL_ARG_COLUMNS", "KINETO_DOMAIN", "KinetoFormatError", "KinetoTrace", "is_kineto_trace"]
-
-KERNEL_ARG_COLUMNS: list[tuple[str, str]] = [
-    ("coll_name", "object"), ("coll_in_nelems", "Int64"), ("coll_out_nelems", "Int64"),
-    ("coll_dtype", "object"), ("coll_group_size", "Int64"), ("pg_name", "object"), ("pg_desc", "object"),
-    ("pg_ranks", "object"),
-]  # fmt: skip
-"""Per-kernel communication arguments a PyTorch-profiler trace records for NCCL kernels launched
-through ProcessGroupNCCL (null where the trace has none, e.g. batched Send/Recv, or for nsys):
-PyTorch's collective name, input/output element counts, dtype, group size, and the process group
-(name, description, member ranks as text "[0, 1]")."""
+__all__ = ["KINETO_DOMAIN", "KinetoFormatError", "KinetoTrace", "is_kineto_trace", "iter_kineto_files"]
 
 KINETO_DOMAIN = "pytorch_profiler"
 """The ``domain`` of the CPU ranges (``user_annotation``) written to the ``nvtx`` table."""
@@ -442,23 +432,3 @@ def iter_kineto_files(paths: list[Path]) -> Iterator[Path]:
                     yield q
         elif p.is_file() and is_kineto_trace(p):
             yield p
-
-
-def kernel_count_fits(op: np.ndarray, count: np.ndarray, nranks: np.ndarray, in_nelems: np.ndarray,
-                      out_nelems: np.ndarray) -> np.ndarray:  # fmt: skip
-    """Whether a logged call (NCCL op, element count, communicator size) can be the kernel whose
-    profiler arguments say ``in_nelems``/``out_nelems`` (-1 where unknown: fits). NCCL logs
-    AllGather's send count, ReduceScatter's receive count, AlltoAll's count per peer; PyTorch
-    records the whole input and output tensors."""
-    op = np.asarray(op, object)
-    known = (in_nelems >= 0) | (out_nelems >= 0)
-    fits = np.ones(len(op), bool)
-    ag = op == "AllGather"
-    rs = op == "ReduceScatter"
-    a2a = op == "AlltoAll"
-    plain = np.isin(op, ["AllReduce", "Broadcast", "Reduce"])
-    fits[ag] = in_nelems[ag] == count[ag]
-    fits[rs] = out_nelems[rs] == count[rs]
-    fits[a2a] = in_nelems[a2a] == count[a2a] * nranks[a2a]
-    fits[plain] = in_nelems[plain] == count[plain]
-    return np.where(known, fits, True)
