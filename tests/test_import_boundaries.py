@@ -158,3 +158,14 @@ def test_model_defaults_have_one_home():
 
     defaults = {f.name: f.default for f in dataclasses.fields(EmulatorConfig)}
     assert {k: defaults.get(k, "<no such field>") for k in MODEL_DEFAULTS} == dict(MODEL_DEFAULTS)
+
+
+def test_the_alignment_does_not_know_which_profiler_recorded_the_kernels():
+    """One kernel-source interface, two readers: no alignment module imports the PyTorch-profiler
+    reader, the nsys export reader or the source merging; what it knows of a kernel's recorded
+    call comes from ``kernel_args`` (columns and count conventions, no reader)."""
+    readers = {"kineto/__init__.py", "kineto/reader.py", "kineto/scan.py", "kineto/to_nsys.py", "nsys/reader.py",
+               "kernel_sources.py"}  # fmt: skip
+    bad = {m: sorted(_edges(m, top_level=False) & readers) for m in _modules() if m.startswith("align/")}
+    assert not any(bad.values()), bad
+    assert not set(import_closure(("kernel_args.py",))) - {"kernel_args.py", "__init__.py"}

@@ -22,14 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
+
+from .kernel_args import KERNEL_ARG_COLUMNS
 
 __all__ = [
     "CAPTURE_HINT",
-    "KERNEL_ARG_COLUMNS",
     "StagedTrace",
-    "kernel_count_fits",
     "merge_sources",
     "source_kind",
     "stage_traces",
@@ -41,16 +40,6 @@ CAPTURE_HINT = ("profile the ranks with nsys (`nsys profile --trace=cuda,nvtx`, 
                 "Chrome trace per rank, e.g. tensorboard_trace_handler or Megatron --use-pytorch-profiler) and put "
                 "the files beside the logs")
 """How to capture kernel times, said wherever a run has none."""
-
-KERNEL_ARG_COLUMNS: list[tuple[str, str]] = [
-    ("coll_name", "object"), ("coll_in_nelems", "Int64"), ("coll_out_nelems", "Int64"),
-    ("coll_dtype", "object"), ("coll_group_size", "Int64"), ("pg_name", "object"), ("pg_desc", "object"),
-    ("pg_ranks", "object"),
-]  # fmt: skip
-"""Per-kernel communication arguments a PyTorch-profiler trace records for NCCL kernels launched
-through ProcessGroupNCCL (null where the trace has none, e.g. batched Send/Recv, or for nsys):
-PyTorch's collective name, input/output element counts, dtype, group size, and the process group
-(name, description, member ranks as text "[0, 1]")."""
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 _TIME_COLUMNS = {"kernels": ("start", "end", "launch_start", "launch_end"), "nvtx": ("start", "end"),
@@ -236,23 +225,3 @@ def merge_sources(parts: Sequence[Path], out: Path, host: str) -> dict[str, Path
     with atomic_output(paths["session"]) as tmp:
         tmp.write_text(json.dumps(session, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
     return paths
-
-
-def kernel_count_fits(op: np.ndarray, count: np.ndarray, nranks: np.ndarray, in_nelems: np.ndarray,
-                      out_nelems: np.ndarray) -> np.ndarray:  # fmt: skip
-    """Whether a logged call (NCCL op, element count, communicator size) can be the kernel whose
-    profiler arguments say ``in_nelems``/``out_nelems`` (-1 where unknown: fits). NCCL logs
-    AllGather's send count, ReduceScatter's receive count, AlltoAll's count per peer; PyTorch
-    records the whole input and output tensors."""
-    op = np.asarray(op, object)
-    known = (in_nelems >= 0) | (out_nelems >= 0)
-    fits = np.ones(len(op), bool)
-    ag = op == "AllGather"
-    rs = op == "ReduceScatter"
-    a2a = op == "AlltoAll"
-    plain = np.isin(op, ["AllReduce", "Broadcast", "Reduce"])
-    fits[ag] = in_nelems[ag] == count[ag]
-    fits[rs] = out_nelems[rs] == count[rs]
-    fits[a2a] = in_nelems[a2a] == count[a2a] * nranks[a2a]
-    fits[plain] = in_nelems[plain] == count[plain]
-    return np.where(known, fits, True)

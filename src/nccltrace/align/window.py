@@ -249,7 +249,7 @@ def _fits(fam_mask: np.ndarray, dt_mask: np.ndarray, op: np.ndarray, count: np.n
     """Element-wise: can log unit (fam_mask, dt_mask, op, count, nranks) be the kernel (family and
     dtype class from its name, profiler arguments)? What a kernel does not say (a generic name,
     no dtype, no arguments) does not rule a unit out."""
-    from ..kernel_sources import kernel_count_fits
+    from ..kernel_args import kernel_count_fits
 
     fam_ok = (family < 0) | (((fam_mask >> np.maximum(family, 0)) & 1) == 1)
     fam_ok &= (dtype < 0) | (dt_mask <= 0) | (((dt_mask >> np.maximum(dtype, 0)) & 1) == 1)

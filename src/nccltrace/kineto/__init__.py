@@ -1,6 +1,6 @@
 """PyTorch-profiler (Kineto) Chrome traces: a second kernel source beside nsys exports."""
 
-from ..kernel_sources import KERNEL_ARG_COLUMNS, kernel_count_fits
+from ..kernel_args import KERNEL_ARG_COLUMNS, kernel_count_fits
 from .reader import (
     KINETO_DOMAIN,
     KinetoFormatError,

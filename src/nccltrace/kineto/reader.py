@@ -36,7 +36,7 @@ from typing import Any
 import msgspec
 import pandas as pd
 
-from ..kernel_sources import KERNEL_ARG_COLUMNS
+from ..kernel_args import KERNEL_ARG_COLUMNS
 from ..nsys import reader as nsys_reader
 from ..nsys.nccl_api import NCCL_API_CALLS_SCHEMA
 from .scan import ScanResult, iter_event_runs, sniff_trace
