@@ -457,8 +457,9 @@ def locate_capture(calls: pd.DataFrame, ks, version, capture_steps: tuple[int, i
         real = int((~units.placeholder).sum())
         steps = trace_steps(ks.kernels, nvtx, _process_pid(calls))
         partial_capture = window_unlocated(real, ks.m) or log_unlocated(real, ks.m)
+        # a trace that covers the whole log needs no locating (its step markers included)
         found = (locate_by_trace(units, ks, steps, None if steps is not None else capture_steps)
-                 if (steps is not None or partial_capture) else None)  # fmt: skip
+                 if (partial_capture or capture_steps is not None) else None)  # fmt: skip
         if found is not None and found.outside is not None:
             units = build_log_units(units.calls, nccl_version=version, outside=found.outside)
             said = f"{_process_name(calls)}: {found.message}" if found.message else None

@@ -162,7 +162,6 @@ when the profiler starts with the loop, as Megatron's ``--use-pytorch-profiler``
 ``torch.profiler.schedule`` users do), and NVTX ranges ``iteration N`` in Megatron's 1-based
 iteration numbering (what ``--capture-steps`` takes; the emulator writes them)."""
 
-_MAX_SEQUENCE_WORK = 400_000_000  # unit x kernel comparisons before offsets are pre-filtered
 
 
 @dataclass(frozen=True)
@@ -282,8 +281,9 @@ def locate_by_trace(units, ks, steps: TraceSteps | None,
     if m == 0 or n < m:
         return TraceLocation(None, None, f"the trace holds {m} NCCL kernels for {n} logged launches")
     offsets = np.arange(n - m + 1)
-    # pre-filter offsets on a prefix of the sequence, then check every position
-    for i in range(min(m, 16 if n * m > _MAX_SEQUENCE_WORK else m)):
+    # pre-filter offsets on a prefix of the sequence (a few vectorised passes), then check every
+    # position of the offsets left, one vectorised pass each
+    for i in range(min(m, 16)):
         if not len(offsets):
             break
         j = offsets + i
