@@ -41,15 +41,15 @@ CAPTURE_HINT = ("profile the ranks with nsys (`nsys profile --trace=cuda,nvtx`, 
                 "the files beside the logs")
 """How to capture kernel times, said wherever a run has none."""
 
-_SQLITE_MAGIC = b"SQLite format 3\x00"
 _TIME_COLUMNS = {"kernels": ("start", "end", "launch_start", "launch_end"), "nvtx": ("start", "end"),
-                 "launches_without_kernel": ("start", "end"), "nccl_api_calls": ()}  # fmt: skip
+                 "launches_without_kernel": ("start", "end")}  # fmt: skip
 
 
 def source_kind(path: Path | str) -> str | None:
     """``'nsys'`` (an SQLite file), ``'pytorch_profiler'`` (a Chrome-trace JSON, gzip or not)
     or None, by the file's content."""
     from .kineto import is_kineto_trace
+    from .nsys.reader import _SQLITE_MAGIC
 
     p = Path(path)
     try:
@@ -72,9 +72,6 @@ class StagedTrace:
     pids: list[int] = field(default_factory=list)
     rank: int | None = None
     problem: str | None = None
-    truncated: str | None = None
-    nccl_kernels: int = 0
-    kernel_records: int = 0
 
 
 def stage_traces(paths: Sequence[Path], staging: Path, progress=None) -> list[StagedTrace]:
@@ -107,11 +104,8 @@ def stage_traces(paths: Sequence[Path], staging: Path, progress=None) -> list[St
                 continue
             (dest / "staged.json").write_text(json.dumps(stamp))
             s = json.loads(session.read_text())
-        import pyarrow.parquet as pq
-
-        st = StagedTrace(p, dest, list(s.get("pids") or []), s.get("rank"), truncated=s.get("truncated"),
-                         nccl_kernels=pq.read_metadata(dest / "kernels.parquet").num_rows,
-                         kernel_records=int(s.get("kernel_records") or 0))  # fmt: skip
+        # a cut-short trace is used (its session says so; the parse names it): only unusable ones carry a problem
+        st = StagedTrace(p, dest, list(s.get("pids") or []), s.get("rank"))
         if not s.get("kernel_table"):
             st.problem = (f"{p.name}: a PyTorch-profiler trace without CUDA activity (a CPU-only trace: no kernels "
                           "or launches); profile with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]")
