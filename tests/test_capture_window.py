@@ -5,7 +5,6 @@ truth (docs/emulator.md §3.1)."""
 from __future__ import annotations
 
 import copy
-import json
 import sqlite3
 import subprocess
 import sys

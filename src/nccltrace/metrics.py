@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .align.correlate import OUTSIDE_CAPTURE_REASON
+from .align.sequences import kernel_algorithm, normalise_algorithm
 from .spill import PartSpill, merge_sorted_parts
 from .tables import (
     SCHEMA_VERSION,
@@ -68,11 +68,6 @@ _FACTOR_N = frozenset({"AllGather", "ReduceScatter", "AlltoAll", "Gather", "Scat
 _FACTOR_1 = frozenset({"Broadcast", "Reduce", "Send", "Recv", "SendRecv"})  # 1
 _P2P = frozenset({"Send", "Recv"})
 
-_ALGOS = ("NVLS_TREE", "COLLNET_DIRECT", "COLLNET_CHAIN", "TREE", "RING", "NVLS", "PAT")
-_PROTOS = ("LL128", "LL", "SIMPLE")
-# Specialised kernels carry ALGO_PROTO in their name: ncclDevKernel_AllReduce_Sum_f32_RING_LL
-# (>= 2.19) or ncclKernel_AllReduce_RING_LL_Sum_float (older). Generic/SendRecv kernels do not.
-_KERNEL_ALGO = re.compile(r"_(" + "|".join(_ALGOS) + r")_(" + "|".join(_PROTOS) + r")(?![A-Za-z0-9])")
 
 
 def _schema(fields: list[pa.Field], table: str, doc: str) -> pa.Schema:
@@ -610,19 +605,10 @@ def _locate_limit(located: list[tuple[str, int | None]], missing: list[str], top
 def _kernel_algorithms(names: pd.Series) -> tuple[pd.Series, pd.Series]:
     """Algorithm and protocol parsed from kernel names (per distinct name)."""
     uniq = pd.Series(names.dropna().unique())
-    parsed = {n: _KERNEL_ALGO.search(str(n)) for n in uniq}
-    algo = {n: m.group(1) for n, m in parsed.items() if m}
-    proto = {n: m.group(2) for n, m in parsed.items() if m}
+    parsed = {n: kernel_algorithm(str(n)) for n in uniq}
+    algo = {n: a for n, (a, _) in parsed.items() if a}
+    proto = {n: p for n, (_, p) in parsed.items() if p}
     return names.map(algo).astype("string"), names.map(proto).astype("string")
-
-
-# Spellings of older named TUNING formats -> the kernel-name spelling used throughout.
-_ALGO_ALIASES = {"COLLNETDIRECT": "COLLNET_DIRECT", "COLLNETCHAIN": "COLLNET_CHAIN", "NVLSTREE": "NVLS_TREE"}
-
-
-def _norm_name(s: pd.Series, aliases: dict[str, str]) -> pd.Series:
-    up = s.astype("string").str.upper()
-    return up.replace(aliases) if aliases else up
 
 
 def _tuning_per_call(calls: pd.DataFrame, tuning: pd.DataFrame) -> pd.DataFrame:
@@ -634,7 +620,7 @@ def _tuning_per_call(calls: pd.DataFrame, tuning: pd.DataFrame) -> pd.DataFrame:
     t = tuning.dropna(subset=["call_line", "algo"])
     t = pd.DataFrame({"file": t["file"].astype("string"), "line": t["call_line"].astype("int64"),
                       "n": t["n_calls"].astype("Int64").fillna(1).astype("int64"),
-                      "t_algo": _norm_name(t["algo"], _ALGO_ALIASES), "t_proto": _norm_name(t["proto"], {})})  # fmt: skip
+                      "t_algo": normalise_algorithm(t["algo"]), "t_proto": t["proto"].astype("string").str.upper()})  # fmt: skip
     single = t[t["n"] <= 1][["file", "line", "t_algo", "t_proto"]]
     multi = t[t["n"] > 1]
     if multi.empty:

@@ -24,7 +24,7 @@ import pandas as pd
 import pyarrow as pa
 
 from .align.correlate import ALIGNMENT_SCHEMA
-from .align.quality import CROSS_RANK_REASON, P2P_REASON
+from .align.quality import CROSS_RANK_REASON, INFORMATIONAL_CHECKS, P2P_REASON
 from .nccl.enums import P2P_OPS
 from .spill import PartSpill
 from .tables import (
@@ -663,11 +663,6 @@ def _quality_table(processes: list[str], records: list[Mapping[str, Any]], cross
         rows += quality_rows(proc, host, pid, {"checks": checks})
     frame = pd.DataFrame(rows, columns=QUALITY_SCHEMA.names)
     return coerce_to_schema(frame, QUALITY_SCHEMA)
-
-
-INFORMATIONAL_CHECKS = frozenset({"cross_rank_stood_down"})
-"""Quality-table checks whose message is a finding about the run, not a gap in its results (the
-run is not made partial by them)."""
 
 
 def _stand_down_record(proc: str, recs: list[dict]) -> dict[str, Any]:

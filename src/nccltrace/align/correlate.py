@@ -21,6 +21,7 @@ from .sequences import (
     FAMILIES,
     GENERIC,
     NO_TIME,
+    attach_tuning,
     build_kernel_sequence,
     build_log_units,
     is_nccl_kernel,
@@ -239,6 +240,7 @@ def align_process(
     quality: dict | None = None,
     capture_steps: tuple[int, int] | None = None,
     comms: pd.DataFrame | None = None,
+    tuning: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Correlate one process's call lines (``calls`` table) with its kernels (nsys ``kernels`` rows of
     the same pid). ``utc_offset_ns`` (the export's session UTC start) enables the time signal
@@ -248,10 +250,14 @@ def align_process(
     training step of a step-window capture (used when the log has no timestamps to locate the
     window; see :mod:`.window`). ``comms``: the log's ``comms`` table; its logged ``commId``s
     link communicators to NCCL's NVTX communicator ids (NCCL >= 2.26.2) where the export has no
-    init ranges (a windowed capture). Returns a table with ``ALIGNMENT_SCHEMA``."""
+    init ranges (a windowed capture). ``tuning``: the log's ``tuning`` table; a call's own TUNING
+    line (channels, algorithm) constrains its kernel where the run bears those facts out
+    (:class:`~.default.TuningFacts`). Returns a table with ``ALIGNMENT_SCHEMA``."""
     if mode not in MODES:
         raise ValueError(f"unknown alignment mode {mode!r}; use one of {', '.join(MODES)}")
     kernels = kernels[is_nccl_kernel(kernels["short_name"].astype(object))]
+    if tuning is not None:
+        calls = attach_tuning(calls, tuning)
     if mode == "default":
         return _align_default(calls, kernels, utc_offset_ns, params or AlignParams(), launches_without_kernel,
                               _version_tuple(nccl_version), quality, capture_steps, nvtx, comms)
@@ -307,7 +313,8 @@ def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kerne
         reason[captured] = GRAPH_CAPTURED_REASON
     if quality is not None:
         window["confirmed"] = int((res.kernel >= 0).sum())
-        checks = [window, *res.checks, nvtx_check, _log_gaps(units, _process_name(calls)),
+        checks = [window, *(_with_tuning_message(c, calls, version) for c in res.checks), nvtx_check,
+                  _log_gaps(units, _process_name(calls)),
                   _kernel_args_check(units, ks, call_kernel, cu)]
         if len(replayed) or captured.any():
             n_cap = int(captured.sum())  # duplicate lines have no launch unit, so none is counted twice
@@ -330,6 +337,22 @@ def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kerne
         extra["host"] = table["host"].dropna().iloc[0] if table["host"].notna().any() else None
         table = pd.concat([table, extra], ignore_index=True)
     return table
+
+
+def _with_tuning_message(check: dict, calls: pd.DataFrame, version: tuple[int, int, int] | None) -> dict:
+    """The TUNING-evidence record with the finding to print when the run contradicts a fact."""
+    if check.get("check") != "tuning" or not check.get("stood_down"):
+        return check
+    f = check["facts"]
+    counts = {"channels = grid": (f["grid_disagree"], f["grid_agree"] + f["grid_disagree"], "grid"),
+              "algorithm = kernel name": (f["algo_disagree"], f["algo_agree"] + f["algo_disagree"], "name")}
+    what = "; ".join(f"{name}: {counts[name][0]} of {counts[name][1]} certain matches disagree"
+                     for name in check["stood_down"])
+    build = "NCCL " + ".".join(map(str, version)) if version else "this NCCL build"
+    return {**check, "message": (
+        f"{_process_name(calls)}: what TUNING lines say of a call's kernel does not hold on this run ({what}; "
+        f"{build}), so it was not used as evidence (no match depends on it). Verified on NCCL 2.28.9; if this build "
+        "prints TUNING lines differently, report it with the log")}  # fmt: skip
 
 
 def _kernel_args_check(units, ks, call_kernel: np.ndarray, cu: np.ndarray) -> dict:
@@ -823,6 +846,8 @@ def align_files(calls_path, kernels_path, session_path, out_path, *, mode: str =
             nccl_version = str(v["version"].dropna().iloc[0]) if v["version"].notna().any() else None
     comms_path = Path(calls_path).parent / "comms.parquet"  # the log's init lines (same parse output)
     comms = read_table(comms_path) if comms_path.exists() else None
+    tuning_path = Path(calls_path).parent / "tuning.parquet"
+    tuning = read_table(tuning_path) if tuning_path.exists() else None
     quality: dict = {"host": str(calls["host"].dropna().iloc[0]) if calls["host"].notna().any() else None,
                      "pid": int(pid), "checks": []}
     if not export_available:
@@ -834,7 +859,7 @@ def align_files(calls_path, kernels_path, session_path, out_path, *, mode: str =
     else:
         table = align_process(calls, kernels, mode=mode, utc_offset_ns=utc, nvtx=nvtx,
                               launches_without_kernel=launches, nccl_version=nccl_version, quality=quality,
-                              capture_steps=capture_steps, comms=comms)  # fmt: skip
+                              capture_steps=capture_steps, comms=comms, tuning=tuning)  # fmt: skip
     if len(foreign):
         table = pd.concat([table, _foreign_rows(foreign, nccl_version)], ignore_index=True)
         quality["checks"].append(_foreign_check(foreign, Path(calls_path).parent.name, pid))

@@ -30,7 +30,7 @@ import numba as nb
 import numpy as np
 import pandas as pd
 
-from .sequences import NO_TIME, PLACEHOLDER, KernelSeq, LogUnits, _runs
+from .sequences import ALGORITHM_CODE, NO_TIME, PLACEHOLDER, KernelSeq, LogUnits, _runs, kernel_algorithm
 
 NEG = -(10**8)  # forbidden pair
 GAP_LOG = -4  # a unit without kernel
@@ -64,7 +64,7 @@ class AlignParams:
 
 @nb.njit(cache=True, inline="always")
 def _pair(i, j, u_fam, u_dt, u_stream, k_fam, k_dt, k_stream, u_grid, k_grid, smap, u_size, k_cap, u_opt, u_key,
-          k_key):  # fmt: skip
+          k_key, u_tgrid, u_talgo, k_rawgrid, k_algo):  # fmt: skip
     """Score of matching unit i with kernel j, time aside (NEG = forbidden; ``_score`` adds time).
 
     Placeholders stand for launches known to exist from the other side's evidence: a kernel
@@ -72,7 +72,10 @@ def _pair(i, j, u_fam, u_dt, u_stream, k_fam, k_dt, k_stream, u_grid, k_grid, sm
     (opCount gap, dtype mask -1). Each scores as well as a real partner agreeing on everything
     it cannot show, so a unit gains nothing by stealing a neighbour's real kernel over its own
     placeholder. Two placeholders match too (a launch whose line and kernel record are both
-    lost), which keeps the launches on both sides in step."""
+    lost), which keeps the launches on both sides in step.
+
+    ``u_tgrid``/``u_talgo``: what the unit's own TUNING line says (channels = the kernel's grid,
+    the algorithm in its name; -1 unknown or not verified on this run), hard constraints."""
     kf = k_fam[j]
     u_ph = u_dt[i] == -1
     if u_key[i] >= 0 and k_key[j] >= 0 and u_key[i] != k_key[j]:
@@ -81,6 +84,11 @@ def _pair(i, j, u_fam, u_dt, u_stream, k_fam, k_dt, k_stream, u_grid, k_grid, sm
         return NEG  # the kernel ran too briefly to have moved the unit's payload
     if u_opt[i] == 1 and smap[u_stream[i]] < 0:
         return NEG  # a lost line at a guessed position takes only kernels of its (mapped) stream
+    if kf != PLACEHOLDER:
+        if u_tgrid[i] >= 0 and k_rawgrid[j] >= 0 and u_tgrid[i] != k_rawgrid[j]:
+            return NEG  # the call's TUNING line names another channel count than the kernel's grid
+        if u_talgo[i] >= 0 and k_algo[j] >= 0 and u_talgo[i] != k_algo[j]:
+            return NEG  # ... or another algorithm than the kernel's name
     if kf == PLACEHOLDER:
         s = BASE + DTYPE_OK + STREAM_OK + (GRID_OK if u_grid[i] >= 0 else 0)
     else:
@@ -507,22 +515,36 @@ class UnitAlignment:
 
 
 def _class_table(units: LogUnits, ks: KernelSeq, ugrid: np.ndarray, kgrid: np.ndarray, smap: np.ndarray,
-                 usize: np.ndarray | None = None, kcap: np.ndarray | None = None):  # fmt: skip
+                 usize: np.ndarray | None = None, kcap: np.ndarray | None = None,
+                 tuned: TuningFacts | None = None):  # fmt: skip
     """Units and kernels reduced to classes of everything ``_pair`` reads except time, and the
-    score of every (unit class, kernel class): the DPs then cost a table lookup per cell."""
+    score of every (unit class, kernel class): the DPs then cost a table lookup per cell.
+    ``tuned``: which facts of the units' TUNING lines this run bears out (None: none used)."""
+    u_tgrid, u_talgo = unit_tuning(units, tuned or TuningFacts())
+    k_algo = kernel_algorithm_codes(ks) if tuned is not None and tuned.algo_holds else np.full(ks.m, -1, np.int64)
     if usize is None:
         usize = np.full(units.n, -1, np.int64)
     if kcap is None:
         kcap = np.full(ks.m, -1, np.int64)
     # before any stream is mapped (first pass) a guessed placeholder may take any kernel
     strict = units.optional.astype(np.int64) if (smap >= 0).any() else np.zeros(units.n, np.int64)
-    uvals, ucls = _classes([units.fam_mask, units.dt_mask, units.stream, ugrid, usize, strict, unit_count_key(units)])
-    kvals, kcls = _classes([ks.family, ks.dtype_class, ks.stream, kgrid, kcap, kernel_count_key(ks)])
-    T = _table(*(uvals[:, c].copy() for c in range(7)), *(kvals[:, c].copy() for c in range(6)), smap)
+    uvals, ucls = _classes([units.fam_mask, units.dt_mask, units.stream, ugrid, usize, strict, unit_count_key(units),
+                            u_tgrid, u_talgo])  # fmt: skip
+    kvals, kcls = _classes([ks.family, ks.dtype_class, ks.stream, kgrid, kcap, kernel_count_key(ks), ks.grid, k_algo])
+    T = _table(*(uvals[:, c].copy() for c in range(9)), *(kvals[:, c].copy() for c in range(8)), smap)
     return ucls, kcls, T
 
 
 _KEYED_OPS = ("AllGather", "ReduceScatter", "AllReduce", "Broadcast", "Reduce", "AlltoAll")
+
+
+def _single_call_units(units: LogUnits) -> tuple[np.ndarray, np.ndarray]:
+    """Units of exactly one logged call, and that call's row in ``units.calls``: what one call
+    line says of its launch holds for the unit's kernel only when the unit is that call alone."""
+    real = np.flatnonzero(units.first_call >= 0)
+    calls_per_unit = np.bincount(units.call_unit[units.call_unit >= 0], minlength=units.n)
+    one = real[calls_per_unit[real] == 1]
+    return one, units.first_call[one]
 
 
 def unit_count_key(units: LogUnits) -> np.ndarray:
@@ -531,14 +553,95 @@ def unit_count_key(units: LogUnits) -> np.ndarray:
     key = np.full(units.n, -1, np.int64)
     if "count" not in units.calls or not units.n:
         return key
-    real = np.flatnonzero(units.first_call >= 0)
-    calls_per_unit = np.bincount(units.call_unit[units.call_unit >= 0], minlength=units.n)
-    rows = units.first_call[real]
+    one, rows = _single_call_units(units)
     op = units.calls["op"].astype(object).to_numpy()[rows]
     count = units.calls["count"].astype("Int64").fillna(-1).to_numpy(np.int64)[rows]
-    ok = np.isin(op, _KEYED_OPS) & (calls_per_unit[real] == 1)
-    key[real[ok]] = count[ok]
+    ok = np.isin(op, _KEYED_OPS)
+    key[one[ok]] = count[ok]
     return key
+
+
+TUNING_MIN_AGREE = 3
+TUNING_TOLERANCE = 0.05
+"""A fact stands down when more than max(1, 5 %) of the certain first-pass matches it could test
+disagree with it: one disagreement is what a stray wrong first-pass match (the kind this
+evidence then corrects) explains; more is a build where the fact does not hold."""
+
+
+@dataclass(frozen=True)
+class TuningFacts:
+    """How often this run's certain matches bear out what a call's TUNING line says of its
+    kernel: the kernel's grid is the line's channel count, its name carries the line's
+    algorithm. Each fact is verified per run (so per NCCL build) before it is used as a hard
+    constraint: it holds when at least ``TUNING_MIN_AGREE`` certain first-pass matches agree and
+    no more than ``contradicted`` allows disagree; otherwise it is not used (unverified, or stood
+    down when contradicted)."""
+
+    grid_agree: int = 0
+    grid_disagree: int = 0
+    algo_agree: int = 0
+    algo_disagree: int = 0
+
+    @staticmethod
+    def contradicted(agree: int, disagree: int) -> bool:
+        return disagree > max(1.0, TUNING_TOLERANCE * (agree + disagree))
+
+    @classmethod
+    def _holds(cls, agree: int, disagree: int) -> bool:
+        return agree >= TUNING_MIN_AGREE and not cls.contradicted(agree, disagree)
+
+    @property
+    def grid_holds(self) -> bool:
+        return self._holds(self.grid_agree, self.grid_disagree)
+
+    @property
+    def algo_holds(self) -> bool:
+        return self._holds(self.algo_agree, self.algo_disagree)
+
+    @property
+    def used(self) -> bool:
+        return self.grid_holds or self.algo_holds
+
+
+def unit_tuning(units: LogUnits, facts: TuningFacts | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per unit: the channel count and algorithm code (``ALGORITHM_CODE``) its one call's TUNING
+    line names; -1 where it names none (no line, a group of calls, a placeholder) or where
+    ``facts`` says the run does not bear that fact out (None: both, unchecked)."""
+    grid = np.full(units.n, -1, np.int64)
+    algo = np.full(units.n, -1, np.int64)
+    if "tuned_channels" not in units.calls or not units.n:
+        return grid, algo
+    one, rows = _single_call_units(units)
+    if facts is None or facts.grid_holds:
+        grid[one] = units.calls["tuned_channels"].astype("Int64").fillna(-1).to_numpy(np.int64)[rows]
+    if facts is None or facts.algo_holds:
+        names = units.calls["tuned_algo"].astype(object).to_numpy()[rows]
+        algo[one] = [ALGORITHM_CODE.get(a, -1) if isinstance(a, str) else -1 for a in names]
+    return grid, algo
+
+
+def kernel_algorithm_codes(ks: KernelSeq) -> np.ndarray:
+    """Per kernel: the code (``ALGORITHM_CODE``) of the algorithm its name carries, -1 if none."""
+    if not ks.m or "short_name" not in ks.kernels:
+        return np.full(ks.m, -1, np.int64)
+    codes, names = pd.factorize(ks.kernels["short_name"].astype(object))
+    lut = np.array([ALGORITHM_CODE.get(kernel_algorithm(str(n))[0] or "", -1) for n in names] + [-1], np.int64)
+    return np.where(ks.placeholder, -1, lut[codes])  # code -1 (no name) reads the trailing -1
+
+
+def verify_tuning(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, amb: np.ndarray) -> TuningFacts:
+    """Count, over the certain matches (a real line, a real kernel record), how often the unit's
+    TUNING line agrees with its kernel's grid and with the algorithm in its name."""
+    sure = (kernel >= 0) & ~amb & ~units.placeholder
+    sure[sure] = ~ks.placeholder[kernel[sure]]
+    grid, algo = unit_tuning(units)
+    idx = np.flatnonzero(sure)
+    kg, ka = ks.grid[kernel[idx]], kernel_algorithm_codes(ks)[kernel[idx]]
+    g_sel = (grid[idx] >= 0) & (kg >= 0)
+    a_sel = (algo[idx] >= 0) & (ka >= 0)
+    g_ok = grid[idx][g_sel] == kg[g_sel]
+    a_ok = algo[idx][a_sel] == ka[a_sel]
+    return TuningFacts(int(g_ok.sum()), int((~g_ok).sum()), int(a_ok.sum()), int((~a_ok).sum()))
 
 
 def kernel_count_key(ks: KernelSeq) -> np.ndarray:
@@ -583,13 +686,14 @@ def _classes(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 
 @nb.njit(cache=True)
-def _table(u_fam, u_dt, u_stream, u_grid, u_size, u_opt, u_key, k_fam, k_dt, k_stream, k_grid, k_cap, k_key, smap):
+def _table(u_fam, u_dt, u_stream, u_grid, u_size, u_opt, u_key, u_tgrid, u_talgo, k_fam, k_dt, k_stream, k_grid,
+           k_cap, k_key, k_rawgrid, k_algo, smap):  # fmt: skip
     nu, nk = u_fam.shape[0], k_fam.shape[0]
     T = np.empty((nu, nk), np.int32)
     for a in range(nu):
         for b in range(nk):
             T[a, b] = _pair(a, b, u_fam, u_dt, u_stream, k_fam, k_dt, k_stream, u_grid, k_grid, smap, u_size, k_cap,
-                            u_opt, u_key, k_key)  # fmt: skip
+                            u_opt, u_key, k_key, u_tgrid, u_talgo, k_rawgrid, k_algo)  # fmt: skip
     return T
 
 
@@ -661,14 +765,14 @@ def _learn_rate(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, min_obs: int
 def _run(units: LogUnits, ks: KernelSeq, smap: np.ndarray, tw: TimeWindows, p: AlignParams,
          ugrid: np.ndarray | None = None, kgrid: np.ndarray | None = None,
          guide: np.ndarray | None = None, usize: np.ndarray | None = None,
-         kcap: np.ndarray | None = None):  # fmt: skip
+         kcap: np.ndarray | None = None, tuned: TuningFacts | None = None):  # fmt: skip
     """Windowed pass for a guide path, then the exact set of certain matches within a band
     around it (forward DP and the forward DP of the reversed sequences)."""
     if ugrid is None:
         ugrid = np.full(units.n, -1, np.int64)
     if kgrid is None:
         kgrid = ks.grid
-    ucls, kcls, T = _class_table(units, ks, ugrid, kgrid, smap, usize, kcap)
+    ucls, kcls, T = _class_table(units, ks, ugrid, kgrid, smap, usize, kcap, tuned)
     # a placeholder whose log position is a guess may go unmatched at no cost
     u_gap = np.where(units.optional, 0, GAP_LOG).astype(np.int64)
     t_lo, t_hi = tw.per_unit(units)
@@ -1049,6 +1153,10 @@ def align_units(units: LogUnits, ks: KernelSeq, params: AlignParams = AlignParam
     # optimal alignment still puts each communicator's launches on one stream.
     smap, tw = _learn(units, ks, kernel, cstream, prior)
     ugrid = _learn_grid(units, ks, kernel, cgrid)
+    # a call's own TUNING line, where this run bears it out, says more than the size class
+    tuned = verify_tuning(units, ks, kernel, amb)
+    tgrid = unit_tuning(units, tuned)[0]
+    ugrid = np.where(tgrid >= 0, tgrid, ugrid)
     kgrid = _odd_grids(ks, cstream, cgrid)
     usize, kcap = _learn_rate(units, ks, np.where(amb, -1, kernel))
     perm: np.ndarray | None = None  # current unit order (position -> original index)
@@ -1056,30 +1164,31 @@ def align_units(units: LogUnits, ks: KernelSeq, params: AlignParams = AlignParam
     if moved is not None:
         ugrid, guide, usize = ugrid[moved], guide[moved], usize[moved]
     if ((smap >= 0).any() or tw.active or (ugrid >= 0).any() or (kgrid <= ODD_GRID).any()
-            or (kcap >= 0).any()):  # fmt: skip
+            or (kcap >= 0).any() or tuned.used):  # fmt: skip
         # the first pass's guide path serves again (the band around it held the first pass)
         kernel, amb, _, _, _ = _run(units, ks, smap, tw, params, ugrid, kgrid, guide=guide, usize=usize,
-                                    kcap=kcap)  # fmt: skip
+                                    kcap=kcap, tuned=tuned)  # fmt: skip
         # with the stream map, far more matches are certain: place the remaining lost lines
         # from them, and align once more if any moved
         units, perm, moved = _place(units, ks, kernel, amb, smap, kgrid, perm)
         if moved is not None:
             ugrid, guide, usize = ugrid[moved], guide[moved], usize[moved]
             kernel, amb, _, _, _ = _run(units, ks, smap, tw, params, ugrid, kgrid, guide=guide,
-                                        usize=usize, kcap=kcap)  # fmt: skip
+                                        usize=usize, kcap=kcap, tuned=tuned)  # fmt: skip
     else:
         ugrid = np.full(units.n, -1, np.int64)
         kgrid = ks.grid
     method = np.where(kernel >= 0, "alignment", None).astype(object)
     _opcount_fix(units, ks, kernel, amb, method, smap)
     contradicted = np.full(units.n, None, object)
-    checks = [_check_log_time(units, ks, kernel, tw, contradicted), _check_stream(units, ks, kernel, smap, contradicted)]
+    checks = [_check_log_time(units, ks, kernel, tw, contradicted), _check_stream(units, ks, kernel, smap, contradicted),
+              _tuning_check(units, ks, kernel, tuned)]
     # Confidence: the share of the evidence available for the pair that confirmed it.
     conf = np.zeros(units.n)
     us = np.flatnonzero(kernel >= 0)
     if len(us):
         js = kernel[us]
-        ucls, kcls, T = _class_table(units, ks, ugrid, kgrid, smap, usize, kcap)
+        ucls, kcls, T = _class_table(units, ks, ugrid, kgrid, smap, usize, kcap, tuned)
         t_lo, t_hi = tw.per_unit(units)
         got = _match_scores(us, js, ucls, kcls, T, units.time, ks.time, t_lo, t_hi, np.int64(0))
         avail = np.full(len(us), BASE, np.int64)
@@ -1095,6 +1204,27 @@ def align_units(units: LogUnits, ks: KernelSeq, params: AlignParams = AlignParam
         kernel, amb, conf, method, contradicted = (_unpermute(x, perm) for x in (kernel, amb, conf, method,
                                                                                  contradicted))
     return UnitAlignment(kernel, amb, conf, method, stream_map, contradicted, checks)
+
+
+def _tuning_check(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, tuned: TuningFacts) -> dict:
+    """Quality record of the TUNING-line evidence: the final matches it constrained (every one
+    agrees: a disagreeing pair is never formed), those it could not test, and each fact's count
+    on the first pass's certain matches; ``stood_down`` names a fact the run contradicts."""
+    grid, algo = unit_tuning(units, tuned)
+    matched = kernel >= 0
+    matched[matched] = ~ks.placeholder[kernel[matched]]
+    has = (grid >= 0) | (algo >= 0)
+    stood = [name for name, agree, dis in (("channels = grid", tuned.grid_agree, tuned.grid_disagree),
+                                           ("algorithm = kernel name", tuned.algo_agree, tuned.algo_disagree))
+             if TuningFacts.contradicted(agree, dis)]  # fmt: skip
+    raw_grid, raw_algo = unit_tuning(units)
+    return {"check": "tuning", "applicable": bool(((raw_grid >= 0) | (raw_algo >= 0)).any()),
+            "confirmed": int((matched & has).sum()), "contradicted": 0,
+            "not_checkable": int((matched & ~has).sum()),
+            "facts": {"grid_agree": tuned.grid_agree, "grid_disagree": tuned.grid_disagree,
+                      "grid_used": tuned.grid_holds, "algo_agree": tuned.algo_agree,
+                      "algo_disagree": tuned.algo_disagree, "algo_used": tuned.algo_holds},
+            "stood_down": stood}  # fmt: skip
 
 
 def _check_log_time(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, tw: TimeWindows,

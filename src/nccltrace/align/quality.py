@@ -61,6 +61,8 @@ __all__ = [
     "cross_rank_scales",
     "end_deviations",
     "p2p_contradictions",
+    "INFORMATIONAL_CHECKS",
+    "quality_findings",
     "quality_problems",
     "quality_rows",
     "read_quality",
@@ -92,7 +94,7 @@ QUALITY_SCHEMA = pa.schema(
         _f("process", pa.string(), "", "process (log stem nccl_<host>_<pid>, or host:pid)"),
         _f("host", pa.string(), "", "host of the process"),
         _f("pid", pa.int64(), "", "process id"),
-        _f("check", pa.string(), "", "'capture_window', 'log_time', 'stream', 'nvtx_range', 'cuda_graph', 'log_gaps', 'one_process_per_log', 'kernel_args', 'p2p_pairing', 'cross_rank' or 'cross_rank_stood_down' (a finding: where the cross-rank check's common-end and order tests stood down; see docs/correlation.md)"),
+        _f("check", pa.string(), "", "'capture_window', 'log_time', 'stream', 'nvtx_range', 'cuda_graph', 'log_gaps', 'one_process_per_log', 'kernel_args', 'p2p_pairing', 'cross_rank', 'tuning' (a call's own TUNING line as evidence) or 'cross_rank_stood_down'; the messages of 'tuning' and 'cross_rank_stood_down' are findings (a check that stood down), not gaps: see docs/correlation.md"),
         _f("applicable", pa.bool_(), "", "whether the evidence the check needs exists for this process"),
         _f("confirmed", pa.int64(), "", "matches the check confirmed (capture_window: matches inside the located window)"),
         _f("contradicted", pa.int64(), "", "matches the check contradicted; they were demoted to unmatched"),
@@ -127,9 +129,21 @@ def _message(process: str, check: dict[str, Any]) -> str | None:
             f"What to do: {remedy}")
 
 
+INFORMATIONAL_CHECKS = frozenset({"cross_rank_stood_down", "tuning"})
+"""Checks whose message is a finding about the run, not a gap in its results (the run is not
+made partial by them): where a check stood down because the run contradicts its assumption."""
+
+
 def quality_problems(process: str, quality: Mapping[str, Any]) -> list[str]:
     """The problems a process's quality record makes (each makes the run partial)."""
-    return [m for c in quality.get("checks", []) if (m := _message(process, c))]
+    return [m for c in quality.get("checks", []) if c.get("check") not in INFORMATIONAL_CHECKS
+            and (m := _message(process, c))]  # fmt: skip
+
+
+def quality_findings(process: str, quality: Mapping[str, Any]) -> list[str]:
+    """The findings (``INFORMATIONAL_CHECKS``) of a process's quality record: notes, not problems."""
+    return [m for c in quality.get("checks", []) if c.get("check") in INFORMATIONAL_CHECKS
+            and (m := _message(process, c))]  # fmt: skip
 
 
 def quality_rows(process: str, host: str | None, pid: int | None, quality: Mapping[str, Any]) -> list[dict]:

@@ -48,6 +48,61 @@ _DTYPE_TOKEN_CLASS = {
 }  # fmt: skip
 _KERNEL_RE = re.compile(r"^nccl(?:Sym|Symk)?(?:Dev)?Kernel_([A-Za-z]+)(.*)$")
 
+# Algorithms and protocols as kernel names spell them. Specialised kernels carry ALGO_PROTO in
+# their name: ncclDevKernel_AllReduce_Sum_f32_RING_LL (>= 2.19), ncclKernel_AllReduce_RING_LL_Sum_float
+# (older); generic and SendRecv kernels do not. The name's protocol is the specialised kernel's,
+# not necessarily the call's (2.28 runs SIMPLE calls on RING_LL-named kernels); its algorithm is
+# the call's (docs/correlation.md, "A call's own evidence").
+ALGORITHMS: tuple[str, ...] = ("NVLS_TREE", "COLLNET_DIRECT", "COLLNET_CHAIN", "TREE", "RING", "NVLS", "PAT")
+PROTOCOLS: tuple[str, ...] = ("LL128", "LL", "SIMPLE")
+ALGORITHM_CODE = {name: i for i, name in enumerate(ALGORITHMS)}
+# TUNING-line spellings of some versions -> the kernel name's
+_ALGORITHM_ALIASES = {"COLLNETDIRECT": "COLLNET_DIRECT", "COLLNETCHAIN": "COLLNET_CHAIN", "NVLSTREE": "NVLS_TREE"}
+_KERNEL_ALGO_RE = re.compile(r"_(" + "|".join(ALGORITHMS) + r")_(" + "|".join(PROTOCOLS) + r")(?![A-Za-z0-9])")
+
+
+def kernel_algorithm(name: str | None) -> tuple[str | None, str | None]:
+    """(algorithm, protocol) a NCCL kernel name carries, (None, None) when it carries none."""
+    m = _KERNEL_ALGO_RE.search(name) if isinstance(name, str) else None
+    return (m.group(1), m.group(2)) if m else (None, None)
+
+
+def normalise_algorithm(names: pd.Series) -> pd.Series:
+    """Algorithm names as TUNING lines print them, spelled as kernel names spell them."""
+    return names.astype("string").str.upper().replace(_ALGORITHM_ALIASES)
+
+
+def attach_tuning(calls: pd.DataFrame, tuning: pd.DataFrame | None) -> pd.DataFrame:
+    """``calls`` with what each call's own TUNING line says of its launch: ``tuned_channels``
+    (channel_hi - channel_lo + 1, the >= 2.24 format) and ``tuned_algo`` (kernel-name spelling);
+    null where no TUNING line names the call alone. Only standard lines attached to exactly one
+    call count: an aggregate of several calls (2.20-2.23) or a symmetric/copy-engine launch says
+    nothing certain about one kernel's grid or name."""
+    out = calls.copy()
+    out["tuned_channels"] = pd.array([pd.NA] * len(out), dtype="Int64")
+    out["tuned_algo"] = pd.array([pd.NA] * len(out), dtype="string")
+    if tuning is None or tuning.empty or "call_line" not in tuning or not len(out):
+        return out
+    t = tuning[tuning["call_line"].notna()]
+    if "kind" in t:
+        t = t[t["kind"].astype("string").fillna("standard") == "standard"]
+    if "n_calls" in t:
+        t = t[t["n_calls"].astype("Int64").fillna(1) <= 1]
+    t = t.drop_duplicates(["file", "call_line"], keep=False)  # two lines for one call: neither is sure
+    if t.empty:
+        return out
+    lo = t["channel_lo"].astype("Int64") if "channel_lo" in t else pd.Series(pd.NA, index=t.index, dtype="Int64")
+    hi = t["channel_hi"].astype("Int64") if "channel_hi" in t else pd.Series(pd.NA, index=t.index, dtype="Int64")
+    algo = normalise_algorithm(t["algo"]) if "algo" in t else pd.Series(pd.NA, index=t.index, dtype="string")
+    ev = pd.DataFrame({"file": t["file"].astype("string").to_numpy(), "line": t["call_line"].astype("int64").to_numpy(),
+                       "_ch": (hi - lo + 1).to_numpy(), "_algo": algo.where(algo.isin(ALGORITHMS)).to_numpy()})
+    key = pd.MultiIndex.from_arrays([out["file"].astype("string"), out["line"].astype("int64")])
+    pos = pd.MultiIndex.from_arrays([ev["file"], ev["line"]]).get_indexer(key)
+    hit = pos >= 0
+    out.loc[hit, "tuned_channels"] = pd.array(ev["_ch"].to_numpy()[pos[hit]], dtype="Int64")
+    out.loc[hit, "tuned_algo"] = pd.array(ev["_algo"].to_numpy()[pos[hit]], dtype="string")
+    return out
+
 
 @dataclass(frozen=True)
 class KernelName:

@@ -14,7 +14,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from ..align.correlate import NO_EXPORT_REASON, align_files, process_key
-from ..align.quality import QUALITY_FILE, quality_problems, read_quality
+from ..align.quality import QUALITY_FILE, quality_findings, quality_problems, read_quality
 from ..provenance import write_manifest
 from ..run_layout import RunLayout
 from . import StageResult
@@ -66,7 +66,8 @@ def run_align(layout: RunLayout, proc: str, host: str, *, mode: str = "default",
     if available and needing and not summary["matched"] and not problems:
         problems.append(f"{proc}: none of its {needing} calls matched a kernel of node {host}'s export "
                         f"({session.get('source_file', host + '.sqlite')}); no times or bandwidths for this rank")
-    notes = _window_notes(proc, read_quality(out / QUALITY_FILE))
+    record = read_quality(out / QUALITY_FILE)
+    notes = _window_notes(proc, record) + quality_findings(proc, record)
     outputs = [out / "alignment.parquet", out / QUALITY_FILE]
     write_manifest(layout.manifest(out), stage="align", inputs=[calls, nsys / "kernels.parquet", nsys / "session.json"],
                    outputs=outputs, config={"mode": mode}, partial=bool(problems), reasons=problems,
