@@ -223,9 +223,33 @@ def test_p2p_check_demotes_a_recv_that_ended_before_its_send_started_and_skips_u
         rows.append({"comm": 7, "rank": 5, "peer": 4, "op": "Recv", "seq": k, "clock_domain": "n0",
                      "start_sync": k * us, "end_sync": k * us + 5})
     df = pd.DataFrame(rows)
-    removed, checked = p2p_contradictions(df)
+    removed, checked, stood_down = p2p_contradictions(df)
     assert sorted(removed) == [2, 3]  # send 1 and recv 1 of channel 0 -> 1: which side is wrong is unknown
-    assert set(checked) == set(range(8)) and not set(checked) & {8, 9, 10}
+    assert set(checked) == set(range(8)) and not set(checked) & {8, 9, 10} and stood_down == []
+
+
+def test_p2p_check_stands_down_on_a_communicator_whose_pairs_it_would_mostly_contradict():
+    """Sixty Send/Recv pairs 100 us apart whose Recvs all end 30 us before their Send starts (a
+    receiver's clock 50 us behind): the assumption fails, not the matches, so nothing there is
+    demoted and the communicator is named with its measured lead; a second communicator's one
+    early Recv among sixty is still demoted."""
+    from nccltrace.align.quality import p2p_contradictions
+
+    us = 1_000
+    rows = []
+    for comm, early in ((5, range(60)), (6, [7])):
+        for k in range(60):
+            rows.append({"comm": comm, "rank": 0, "peer": 1, "op": "Send", "seq": k, "clock_domain": "n0",
+                         "start_sync": k * 100 * us, "end_sync": k * 100 * us + 20 * us})
+            start = k * 100 * us + (-50 * us if k in early else 5 * us)
+            rows.append({"comm": comm, "rank": 1, "peer": 0, "op": "Recv", "seq": k, "clock_domain": "n1",
+                         "start_sync": start, "end_sync": start + 20 * us})
+    df = pd.DataFrame(rows)
+    removed, checked, stood_down = p2p_contradictions(df)
+    assert len(checked) == 240 and set(df.loc[removed, "comm"]) == {6} and len(removed) == 2
+    (rec,) = stood_down
+    assert rec["comm"] == 5 and rec["pairs"] == 60 and rec["contradicted"] == 60
+    assert rec["median_lead_ns"] == pytest.approx(30 * us)
 
 
 def test_cross_rank_check_abstains_on_both_members_of_a_two_rank_instance_it_cannot_split():
@@ -423,3 +447,24 @@ def test_calls_captured_into_cuda_graphs_are_reported_as_captured_and_replays_ta
     replays = ops[(ops["row_kind"] == "kernel") & (ops["reason"] == "graph_replay")]
     assert len(replays) > len(captured) and replays["line"].isna().all()
     assert "kernel_record_missing" not in set(ops["reason"].dropna())
+
+
+def test_log_time_stands_down_where_the_logs_clock_stepped_and_keeps_the_matches():
+    """Sixty identical AllReduces; the log's clock steps back 5 ms after call 35 (NTP), so from
+    there every line seems written 5 ms before its launch. Windows learned on the first part
+    forbid every later true pair and leave those lines unmatched: time stands down instead
+    (named, with what was measured), every line keeps its true kernel, and the run is not made
+    partial by it."""
+    from nccltrace.align.quality import quality_findings, quality_problems
+
+    line_t = [1_000_000_000 + 100_000 * i - (5_000_000 if i > 35 else 0) for i in range(60)]
+    launch = [1_000_000_000 + 100_000 * i + 3_000 for i in range(60)]
+    table = align_process(_calls(60, line_t), _kernels(launch), utc_offset_ns=0, quality=(q := {}))
+    calls = table[table["row_kind"] == "call"].sort_values("line")
+    got = calls["kernel_correlation_id"].tolist()
+    assert all(pd.isna(g) or g == i + 1 for i, g in enumerate(got)) and sum(pd.notna(got)) >= 58, got
+    log_time = next(c for c in q["checks"] if c["check"] == "log_time")
+    assert log_time["contradicted"] == 0 and log_time["stood_down"]["matched_untimed"] >= 58
+    assert log_time["stood_down"]["matched_timed"] <= 40
+    assert any(c["check"] == "log_time_stood_down" for c in q["checks"])
+    assert not quality_problems("h:1", q) and "log time stood down" in quality_findings("h:1", q)[0]

@@ -200,13 +200,15 @@ def _p2p_rows(ops: pd.DataFrame, proc: int) -> pd.DataFrame:
 
 
 def _p2p_check(p2p: pd.DataFrame, ranks: pd.DataFrame, model: Any, processes: list[str],
-               lossy: set[int]) -> tuple[dict[int, np.ndarray], pd.DataFrame]:  # fmt: skip
+               lossy: set[int], stood_down: dict[str, list[dict]] | None = None,
+               ) -> tuple[dict[int, np.ndarray], pd.DataFrame]:  # fmt: skip
     """Run the P2P pairing check on Send/Recv rows (``_p2p_rows``) whose communicator, rank and
     peer are known (``_CheckRows`` keeps only those), indexed 0..n-1: per process position the
     ops rows to demote, and the per-process summary (confirmed, contradicted, not checkable).
     ``lossy``: global ranks of the processes whose logs lost lines; their channels are not
     paired (a lost line shifts the k-th Send against the k-th Recv even when both sides logged
-    as many calls)."""
+    as many calls). ``stood_down`` (filled): per process, the communicators where the check
+    stood down (``contradicts_most``), each a record of ``p2p_contradictions``."""
     from .align.quality import cross_rank_summary, p2p_contradictions
     from .clocksync import add_sync_columns
 
@@ -227,7 +229,11 @@ def _p2p_check(p2p: pd.DataFrame, ranks: pd.DataFrame, model: Any, processes: li
             t = t.assign(s=t["start_ns"], e=t["end_ns"])
         p2p.loc[has, "start_sync"] = t["s"].astype("float64").to_numpy()
         p2p.loc[has, "end_sync"] = t["e"].astype("float64").to_numpy()
-    removed, checked = p2p_contradictions(p2p.dropna(subset=["peer"]), slack)
+    removed, checked, stood = p2p_contradictions(p2p.dropna(subset=["peer"]), slack)
+    if stood_down is not None:
+        for rec in stood:
+            for i in sorted({int(p2p.at[r, "proc"]) for r in rec["rows"]}):
+                stood_down.setdefault(processes[i], []).append({k: v for k, v in rec.items() if k != "rows"})
     rows = p2p[has].assign(process=[processes[i] for i in p2p.loc[has, "proc"]],
                            testable=p2p.index[has].isin(checked))
     summary = cross_rank_summary(rows, removed)
@@ -410,10 +416,12 @@ def _merged(demotes: list[_Demotions]) -> _Demotions:
 
 def _run_checks(checks: _CheckRows, model: Any, processes: list[str], ranks: pd.DataFrame,
                 stood_down: dict[str, list[dict]] | None = None,
+                p2p_stood_down: dict[str, list[dict]] | None = None,
                 ) -> tuple[_Demotions, pd.DataFrame, _Demotions, pd.DataFrame]:  # fmt: skip
     """The cross-rank and P2P checks, one part of whole communicators at a time: per process
     position the rows each demotes, and each one's per-process summary. The cross-rank check's
-    two run-wide scales are taken from every part first (its deviations: 9 bytes per row)."""
+    two run-wide scales are taken from every part first (its deviations: 9 bytes per row).
+    ``stood_down``/``p2p_stood_down`` (filled): per process, where each check stood down."""
     from .align.quality import cross_rank_scales, end_deviations
 
     devs, bigs, widest = [np.zeros(0)], [np.zeros(0, bool)], float("-inf")
@@ -426,7 +434,7 @@ def _run_checks(checks: _CheckRows, model: Any, processes: list[str], ranks: pd.
     del devs, bigs
     stood_down = {} if stood_down is None else stood_down
     cross = [_cross_rank(part, model, processes, scales, stood_down) for part in checks.parts("sync")]
-    pairing = [_p2p_check(part, ranks, model, processes, checks.lossy) for part in checks.parts("p2p")]
+    pairing = [_p2p_check(part, ranks, model, processes, checks.lossy, p2p_stood_down) for part in checks.parts("p2p")]
     return (_merged([d for d, _ in cross]), _summed([t for _, t in cross], processes),
             _merged([d for d, _ in pairing]), _summed([t for _, t in pairing], processes))  # fmt: skip
 
@@ -536,8 +544,10 @@ def stream_run_ops(
         # Cross-rank check: kernels of one instance must overlap in synchronised time. P2P
         # pairing: the k-th Recv on a channel cannot end before its k-th Send started.
         stood_down: dict[str, list[dict]] = {}
+        p2p_stood_down: dict[str, list[dict]] = {}
         demote, cross, demote_p2p, p2p_summary = _run_checks(
-            checks, model, processes, pd.concat(ranks, ignore_index=True) if ranks else pd.DataFrame(), stood_down)
+            checks, model, processes, pd.concat(ranks, ignore_index=True) if ranks else pd.DataFrame(), stood_down,
+            p2p_stood_down)
         del ranks
         checks.spill.close()
         # Pass 2: synchronised times, appended process by process to the one output file.
@@ -571,7 +581,7 @@ def stream_run_ops(
             raise
     finally:
         shutil.rmtree(parts_dir, ignore_errors=True)
-    quality = _quality_table(processes, records, cross, p2p_summary, stood_down)
+    quality = _quality_table(processes, records, cross, p2p_summary, stood_down, p2p_stood_down)
     for check, msg in zip(quality["check"], quality["message"], strict=True):
         if pd.isna(msg):
             continue
@@ -639,7 +649,8 @@ def _lost_lines(records: list[Mapping[str, Any]]) -> set[int]:
 
 def _quality_table(processes: list[str], records: list[Mapping[str, Any]], cross: pd.DataFrame,
                    p2p: pd.DataFrame | None = None,
-                   stood_down: Mapping[str, list[dict]] | None = None) -> pd.DataFrame:  # fmt: skip
+                   stood_down: Mapping[str, list[dict]] | None = None,
+                   p2p_stood_down: Mapping[str, list[dict]] | None = None) -> pd.DataFrame:  # fmt: skip
     """The run's alignment-quality table (``QUALITY_SCHEMA``): each process's own checks
     (``records``, one per process) and the run-level ones (cross-rank instances, P2P pairing,
     and where the cross-rank check stood down: ``stood_down`` per process)."""
@@ -660,6 +671,8 @@ def _quality_table(processes: list[str], records: list[Mapping[str, Any]], cross
                 checks.append({"check": name, "applicable": False})
         if stood_down and stood_down.get(proc):
             checks.append(_stand_down_record(proc, stood_down[proc]))
+        if p2p_stood_down and p2p_stood_down.get(proc):
+            checks.append(_p2p_stand_down_record(proc, p2p_stood_down[proc]))
         rows += quality_rows(proc, host, pid, {"checks": checks})
     frame = pd.DataFrame(rows, columns=QUALITY_SCHEMA.names)
     return coerce_to_schema(frame, QUALITY_SCHEMA)
@@ -678,6 +691,20 @@ def _stand_down_record(proc: str, recs: list[dict]) -> dict[str, Any]:
         "tell a collective from its neighbour there; only the dependency test ran (no match demoted for ending "
         "apart). Likely causes: ranks time-sharing a GPU, unsynchronised clocks, a capture from several sessions "
         "or millisecond stragglers")}  # fmt: skip
+
+
+def _p2p_stand_down_record(proc: str, recs: list[dict]) -> dict[str, Any]:
+    """The quality record of a process on communicators where the P2P pairing check stood down."""
+    comms = sorted({int(r["comm"]) for r in recs if pd.notna(r["comm"])})
+    bad, pairs = sum(int(r["contradicted"]) for r in recs), sum(int(r["pairs"]) for r in recs)
+    lead = float(np.median([r["median_lead_ns"] for r in recs]))
+    return {"check": "p2p_pairing_stood_down", "applicable": True, "confirmed": 0, "contradicted": 0,
+            "not_checkable": 0, "message": (
+        f"{proc}: the P2P pairing check stood down on {len(comms)} communicator(s) (logical id "
+        f"{', '.join(map(str, comms))}): {bad} of {pairs} Send/Recv pairs would have a Recv ending before its Send "
+        f"started, by {lead / 1e3:.1f} us (median), more than a few lost records explain, so no match was demoted "
+        "for it. Likely causes: unsynchronised clocks (exports of several sessions or processes, a clock fit "
+        "without shared collectives), ranks time-sharing a GPU")}  # fmt: skip
 
 
 def build_run_ops(

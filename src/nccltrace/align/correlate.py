@@ -313,7 +313,7 @@ def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kerne
         reason[captured] = GRAPH_CAPTURED_REASON
     if quality is not None:
         window["confirmed"] = int((res.kernel >= 0).sum())
-        checks = [window, *(_with_tuning_message(c, calls, version) for c in res.checks), nvtx_check,
+        checks = [window, *(f for c in res.checks for f in _with_findings(c, calls, version)), nvtx_check,
                   _log_gaps(units, _process_name(calls)),
                   _kernel_args_check(units, ks, call_kernel, cu)]
         if len(replayed) or captured.any():
@@ -339,20 +339,30 @@ def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kerne
     return table
 
 
-def _with_tuning_message(check: dict, calls: pd.DataFrame, version: tuple[int, int, int] | None) -> dict:
-    """The TUNING-evidence record with the finding to print when the run contradicts a fact."""
-    if check.get("check") != "tuning" or not check.get("stood_down"):
-        return check
+def _with_findings(check: dict, calls: pd.DataFrame, version: tuple[int, int, int] | None) -> list[dict]:
+    """A check's record, with the finding to print where it stood down: the TUNING evidence's
+    message, or a ``log_time_stood_down`` record after the log-time check's."""
+    if not check.get("stood_down"):
+        return [check]
+    if check.get("check") == "log_time":
+        sd, proc = check["stood_down"], _process_name(calls)
+        what = (f"aligned with the log's timestamps only {sd['matched_timed']} of {sd['lines']} launch units matched, "
+                f"without them {sd['matched_untimed']}, so time was not used to match or demote")
+        return [check, {"check": "log_time_stood_down", "applicable": True, "message": (
+            f"{proc}: log time stood down: {what}. Likely causes: the host clock stepped or drifted during the run "
+            "(NTP), or the log and the export were written on different hosts' clocks")}]  # fmt: skip
+    if check.get("check") != "tuning":
+        return [check]
     f = check["facts"]
     counts = {"channels = grid": (f["grid_disagree"], f["grid_agree"] + f["grid_disagree"], "grid"),
               "algorithm = kernel name": (f["algo_disagree"], f["algo_agree"] + f["algo_disagree"], "name")}
     what = "; ".join(f"{name}: {counts[name][0]} of {counts[name][1]} certain matches disagree"
                      for name in check["stood_down"])
     build = "NCCL " + ".".join(map(str, version)) if version else "this NCCL build"
-    return {**check, "message": (
+    return [{**check, "message": (
         f"{_process_name(calls)}: what TUNING lines say of a call's kernel does not hold on this run ({what}; "
         f"{build}), so it was not used as evidence (no match depends on it). Verified on NCCL 2.28.9; if this build "
-        "prints TUNING lines differently, report it with the log")}  # fmt: skip
+        "prints TUNING lines differently, report it with the log")}]  # fmt: skip
 
 
 def _kernel_args_check(units, ks, call_kernel: np.ndarray, cu: np.ndarray) -> dict:

@@ -24,7 +24,7 @@ O(window^2), independent of the sequence length.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numba as nb
 import numpy as np
@@ -1140,7 +1140,34 @@ def _opcount_fix(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, amb: np.nda
 
 
 def align_units(units: LogUnits, ks: KernelSeq, params: AlignParams = AlignParams()) -> UnitAlignment:
-    """Align launch units with kernels (two passes: plain, then with learned stream map and delay)."""
+    """Align launch units with kernels (two passes: plain, then with learned stream map and delay).
+
+    Log time forbids pairs outside its windows. Where, with it, most of the process's lines stay
+    unmatched (``contradicts_most``) and aligning without it matches most of those with
+    certainty, its assumption failed (a log clock that stepped or drifted against the export's
+    mid-run), not the matches: the alignment without time is kept and the check record says so
+    (``stood_down`` of the ``log_time`` record)."""
+    from .quality import contradicts_most
+
+    res = _align_units(units, ks, params)
+    if not (units.time != NO_TIME).any() or not (ks.time != NO_TIME).any():
+        return res
+    real = ~units.placeholder
+    n_timed = int(((res.kernel >= 0) & ~res.ambiguous & real).sum())
+    if not contradicts_most(int(real.sum()) - n_timed, int(real.sum())):
+        return res
+    plain = _align_units(replace(units, time=np.full(units.n, NO_TIME, np.int64)), ks, params)
+    n_plain = int(((plain.kernel >= 0) & ~plain.ambiguous & real).sum())
+    if not contradicts_most(n_plain - n_timed, int(real.sum())):
+        return res
+    for c in plain.checks:
+        if c["check"] == "log_time":
+            c.update(applicable=True, stood_down={"lines": int(real.sum()), "matched_timed": n_timed,
+                                                  "matched_untimed": n_plain})  # fmt: skip
+    return plain
+
+
+def _align_units(units: LogUnits, ks: KernelSeq, params: AlignParams) -> UnitAlignment:
     n = units.n
     if n == 0 or ks.m == 0:
         return UnitAlignment(np.full(n, -1, np.int64), np.zeros(n, bool), np.zeros(n), np.full(n, None, object),
@@ -1181,7 +1208,8 @@ def align_units(units: LogUnits, ks: KernelSeq, params: AlignParams = AlignParam
     method = np.where(kernel >= 0, "alignment", None).astype(object)
     _opcount_fix(units, ks, kernel, amb, method, smap)
     contradicted = np.full(units.n, None, object)
-    checks = [_check_log_time(units, ks, kernel, tw, contradicted), _check_stream(units, ks, kernel, smap, contradicted),
+    checks = [_check_log_time(units, ks, kernel, tw, contradicted),
+              _check_stream(units, ks, kernel, smap, contradicted),
               _tuning_check(units, ks, kernel, tuned)]
     # Confidence: the share of the evidence available for the pair that confirmed it.
     conf = np.zeros(units.n)
@@ -1231,7 +1259,9 @@ def _check_log_time(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, tw: Time
                     contradicted: np.ndarray) -> dict:  # fmt: skip
     """Check every match against the learned log-line -> launch windows; a match outside its
     window (e.g. one made by opCount arithmetic, which does not look at time) is demoted in
-    place (``kernel`` -1, ``contradicted`` names the check)."""
+    place (``kernel`` -1, ``contradicted`` names the check). Where the windows fail for most of
+    a process, :func:`align_units` has already set time aside."""
+
     matched = (kernel >= 0) & ~units.placeholder
     out = {"check": "log_time", "applicable": bool(tw.active), "confirmed": 0, "contradicted": 0,
            "not_checkable": int(matched.sum()), "detail": tw.describe(units.streams)}

@@ -60,6 +60,7 @@ __all__ = [
     "cross_rank_contradictions",
     "cross_rank_scales",
     "end_deviations",
+    "contradicts_most",
     "p2p_contradictions",
     "INFORMATIONAL_CHECKS",
     "quality_findings",
@@ -94,7 +95,7 @@ QUALITY_SCHEMA = pa.schema(
         _f("process", pa.string(), "", "process (log stem nccl_<host>_<pid>, or host:pid)"),
         _f("host", pa.string(), "", "host of the process"),
         _f("pid", pa.int64(), "", "process id"),
-        _f("check", pa.string(), "", "'capture_window', 'log_time', 'stream', 'nvtx_range', 'cuda_graph', 'log_gaps', 'one_process_per_log', 'kernel_args', 'p2p_pairing', 'cross_rank', 'tuning' (a call's own TUNING line as evidence) or 'cross_rank_stood_down'; the messages of 'tuning' and 'cross_rank_stood_down' are findings (a check that stood down), not gaps: see docs/correlation.md"),
+        _f("check", pa.string(), "", "'capture_window', 'log_time', 'stream', 'nvtx_range', 'cuda_graph', 'log_gaps', 'one_process_per_log', 'kernel_args', 'p2p_pairing', 'cross_rank', 'tuning' (a call's own TUNING line as evidence), 'cross_rank_stood_down', 'p2p_pairing_stood_down' or 'log_time_stood_down'; the messages of 'tuning' and the '*_stood_down' records are findings (a check that stood down where the run contradicts its assumption), not gaps: see docs/correlation.md"),
         _f("applicable", pa.bool_(), "", "whether the evidence the check needs exists for this process"),
         _f("confirmed", pa.int64(), "", "matches the check confirmed (capture_window: matches inside the located window)"),
         _f("contradicted", pa.int64(), "", "matches the check contradicted; they were demoted to unmatched"),
@@ -129,7 +130,8 @@ def _message(process: str, check: dict[str, Any]) -> str | None:
             f"What to do: {remedy}")
 
 
-INFORMATIONAL_CHECKS = frozenset({"cross_rank_stood_down", "tuning"})
+INFORMATIONAL_CHECKS = frozenset({"cross_rank_stood_down", "p2p_pairing_stood_down", "log_time_stood_down",
+                                  "tuning"})
 """Checks whose message is a finding about the run, not a gap in its results (the run is not
 made partial by them): where a check stood down because the run contradicts its assumption."""
 
@@ -466,15 +468,33 @@ def _order_consensus(t: pd.DataFrame, tol: float, split_gap: float) -> list[Any]
     return out
 
 
-def p2p_contradictions(rows: pd.DataFrame, slack: Mapping[str, float] | None = None) -> tuple[pd.Index, pd.Index]:
+MASS_CONTRADICTION_SHARE = 0.2
+MASS_CONTRADICTION_MIN = 10
+
+
+def contradicts_most(contradicted: int, tested: int) -> bool:
+    """Whether a check would contradict so much of what it tests that its assumption, not the
+    matches, fails there: more than ``MASS_CONTRADICTION_SHARE`` of the tested and at least
+    ``MASS_CONTRADICTION_MIN``. A check that would overrule most of a run's evidence stands down
+    there instead, with a finding (on the real H200 capture the cross-rank check demoted 83 % of
+    correct matches before it learned to; the inconsistencies the checks exist for, a shifted
+    claim or an early Recv, are a few percent of a run at most)."""
+    return contradicted >= MASS_CONTRADICTION_MIN and contradicted > MASS_CONTRADICTION_SHARE * tested
+
+
+def p2p_contradictions(rows: pd.DataFrame, slack: Mapping[str, float] | None = None,
+                       ) -> tuple[pd.Index, pd.Index, list[dict]]:  # fmt: skip
     """Matched Send/Recv calls whose pairing contradicts their kernels (see the module docstring).
 
     ``rows``: every non-duplicate Send/Recv call row of the run with ``comm`` (logical id),
     ``rank`` and ``peer`` (global ranks), ``op``, ``seq`` (log order within the process),
     ``clock_domain``, ``start_sync``/``end_sync`` (null when unmatched or not synchronised).
-    Returns the index of the rows to demote and of the rows the check could test."""
+    Returns the index of the rows to demote, of the rows the check could test, and where it stood
+    down: one record per communicator whose pairs it would mostly contradict (``contradicts_most``;
+    nothing there is demoted): comm, pairs tested, pairs contradicted, their median lead (how long
+    before its Send started the Recv ended, ns) and the rows of the communicator."""
     if rows.empty:
-        return rows.index[:0], rows.index[:0]
+        return rows.index[:0], rows.index[:0], []
     r = rows.sort_values(["comm", "rank", "peer", "seq"], kind="stable")
     send = r[r["op"] == "Send"]
     recv = r[r["op"] == "Recv"]
@@ -487,14 +507,23 @@ def p2p_contradictions(rows: pd.DataFrame, slack: Mapping[str, float] | None = N
                                      right_on=["comm", "peer", "rank", "_k"], suffixes=("_s", "_r"))
     pairs = pairs[(pairs["_n_s"] == pairs["_n_r"]) & pairs["start_sync_s"].notna() & pairs["end_sync_r"].notna()]
     if pairs.empty:
-        return rows.index[:0], rows.index[:0]
+        return rows.index[:0], rows.index[:0], []
     sl = slack or {}
     tol = (CROSS_RANK_SLACK_NS + pairs["clock_domain_s"].map(sl).astype(float).fillna(0.0)
            + pairs["clock_domain_r"].map(sl).astype(float).fillna(0.0))
-    bad = pairs["end_sync_r"].astype("float64") < pairs["start_sync_s"].astype("float64") - tol
+    lead = pairs["start_sync_s"].astype("float64") - pairs["end_sync_r"].astype("float64")
+    bad = lead > tol
+    stood_down = []
+    for comm, grp in pairs.groupby("comm", sort=True):
+        n_bad = int(bad[grp.index].sum())
+        if contradicts_most(n_bad, len(grp)):
+            stood_down.append({"comm": comm, "pairs": len(grp), "contradicted": n_bad,
+                               "median_lead_ns": float(lead[grp.index][bad[grp.index]].median()),
+                               "rows": np.r_[grp["index_s"].to_numpy(), grp["index_r"].to_numpy()]})  # fmt: skip
+            bad[grp.index] = False
     checked = pd.Index(pd.unique(np.r_[pairs["index_s"].to_numpy(), pairs["index_r"].to_numpy()]))
     removed = pd.Index(pd.unique(np.r_[pairs.loc[bad, "index_s"].to_numpy(), pairs.loc[bad, "index_r"].to_numpy()]))
-    return removed, checked
+    return removed, checked, stood_down
 
 
 def cross_rank_summary(checked: pd.DataFrame, removed: Iterable[Any]) -> pd.DataFrame:
