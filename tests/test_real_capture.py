@@ -112,6 +112,11 @@ def test_the_real_capture_as_it_is_matches_every_window_call_to_its_true_kernel(
     record = json.loads((out / "aligned" / "vm" / "nccl_vm_498" / "alignment_quality.json").read_text())
     window = next(c for c in record["checks"] if c["check"] == "capture_window")
     assert window["located_by"] == "profiler_steps" and window["first_step"] == 3
+    ops_table = pd.read_parquet(out / "ops" / "ops.parquet")
+    assert ops_table.loc[ops_table["row_kind"] == "call", "steps_verified"].eq(True).all()
+    # each call's own TUNING line (ranks 0 and 2 print them) constrains its kernel: 207 matches
+    tuning = quality[quality["check"] == "tuning"]
+    assert int(tuning["confirmed"].sum()) == 207 and tuning["message"].isna().all()
     manifest = json.loads((out / "manifest.json").read_text())
     assert "kernel times from 4 PyTorch-profiler trace(s)" in manifest["summary"]["notes"]
 
@@ -232,3 +237,6 @@ def test_declared_steps_located_from_the_logs_structure_count_the_irregular_firs
     got = score(tmp_path / "out")
     assert got["wrong"] == 0 and got["right"] >= 690 and got["outside_capture"] == 1188, got
     assert "iteration numbers are unverified" in err
+    ops = pd.read_parquet(tmp_path / "out" / "ops" / "ops.parquet")
+    calls = ops[ops["row_kind"] == "call"]
+    assert calls["steps_verified"].eq(False).all()  # every call row says so: nothing verifies them

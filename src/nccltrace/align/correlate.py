@@ -93,6 +93,11 @@ ALIGNMENT_SCHEMA = pa.schema(
         _f("method", pa.string(), "", "'alignment', 'opcount' (fixed by opCount arithmetic), 'thesis-nw', "
            "'nvtx' (exact)"),
         _f("duplicate_of", pa.int64(), "", "for duplicate lines: the line they repeat"),
+        _f("steps_verified", pa.bool_(), "", "calls of a partial capture located in the log: true when the evidence "
+           "that located it also fixes which training iterations were captured (log timestamps, the profiler's step "
+           "markers, the trace's kernel sequence placed in the log), false when declared steps were found from the "
+           "log's step structure alone (identical steps: a shift by whole steps cannot be told, the iteration numbers "
+           "are unverified); null for a whole capture or one not located"),
     ]
 )
 
@@ -330,6 +335,7 @@ def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kerne
                        checks=checks, kernel_families=family_note)
     table = _assemble(units.calls, call_kernel, cu, reason, conf, method, ks.kernels, "default", lost=lost,
                       placeholder=ks.placeholder)
+    table["steps_verified"] = _steps_verified(window, table)
     if len(replayed):
         extra = _assemble(units.calls.iloc[0:0], np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, object),
                           np.zeros(0), np.zeros(0, object), replayed.reset_index(drop=True), "default")
@@ -363,6 +369,16 @@ def _with_findings(check: dict, calls: pd.DataFrame, version: tuple[int, int, in
         f"{_process_name(calls)}: what TUNING lines say of a call's kernel does not hold on this run ({what}; "
         f"{build}), so it was not used as evidence (no match depends on it). Verified on NCCL 2.28.9; if this build "
         "prints TUNING lines differently, report it with the log")}]  # fmt: skip
+
+
+def _steps_verified(window: dict, table: pd.DataFrame) -> pd.arrays.BooleanArray:
+    """The ``steps_verified`` column: set on the call rows of a partial capture located in the log."""
+    out = pd.array([pd.NA] * len(table), dtype="boolean")
+    if window.get("located_by") is None or not window.get("outside"):
+        return out
+    verified = window["located_by"] != "declared_steps" or bool(window.get("iterations_verified", True))
+    out[(table["row_kind"] == "call").to_numpy(bool)] = verified
+    return out
 
 
 def _kernel_args_check(units, ks, call_kernel: np.ndarray, cu: np.ndarray) -> dict:
