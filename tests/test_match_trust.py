@@ -359,6 +359,11 @@ def test_every_capture_family_has_no_wrong_match(tmp_path):
             assert row["partial"] and row["problems"] == 2, row
         if fam.name == "full":
             assert not row["partial"] and row["problems"] == 0, row
+        if fam.name.startswith("kernel ends spread by milliseconds"):  # ranks time-sharing a GPU
+            assert "cross_rank_stood_down" in row["stood_down"] and row["cross_rank_demoted"] == 0, row
+            assert not row["partial"], row
+        else:  # nowhere else does a check stand down
+            assert row["stood_down"] == "", row
 
 
 REAL_EXPORTS = Path(__file__).resolve().parents[2] / "shared" / "realdata" / "nsys_sqlite"

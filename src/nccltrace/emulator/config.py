@@ -107,6 +107,10 @@ class Imperfections:
       +-max) and linear drift applied to that node's nsys timeline and log wall clocks.
     * ``arrival_skew_ns_max``: ranks reach a collective up to this much apart; kernels start
       at arrival and end together (within ~1 us).
+    * ``end_spread_ns_max``: each rank's kernel of a collective ends up to this much later than
+      the collective (uniform per rank and instance): ranks time-sharing a GPU, or stragglers,
+      whose kernels overlap but end milliseconds apart (the real H200 capture: 3-4.5 ms of end
+      spread for 4.7 ms between collectives).
     * ``torn_lines``: also write a combined stdout log of all processes (as when ranks share
       stdout) in which this fraction of call lines is torn by another process's line.
     * ``first_iteration_extra_calls``: the first training iteration ends with this many extra
@@ -124,6 +128,7 @@ class Imperfections:
     clock_offset_ns_max: int = 0
     clock_drift_ppm_max: float = 0.0
     arrival_skew_ns_max: int = 0
+    end_spread_ns_max: int = 0
     torn_lines: float = 0.0
     first_iteration_extra_calls: int = 0
 
@@ -653,7 +658,7 @@ class EmulatorConfig:
             raise ConfigError("imperfections.duplicate_log_lines.ranks", f"ranks {bad} are outside 0..{world - 1}")
         if imp.single_rank_comm_ops < -1:
             raise ConfigError("imperfections.single_rank_comm_ops", "use 0 (none), -1 (all) or a positive count")
-        for name in ("clock_offset_ns_max", "arrival_skew_ns_max", "first_iteration_extra_calls"):
+        for name in ("clock_offset_ns_max", "arrival_skew_ns_max", "end_spread_ns_max", "first_iteration_extra_calls"):
             if getattr(imp, name) < 0:
                 raise ConfigError(f"imperfections.{name}", "must be >= 0")
         if imp.clock_drift_ppm_max < 0 or imp.clock_drift_ppm_max > 1000:

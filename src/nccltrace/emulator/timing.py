@@ -18,7 +18,8 @@ Three layers, documented in ``docs/emulator.md``:
    unit (:func:`host_issue`): a plan arrives no earlier than its launch returned.
 3. :class:`RankTimer` - per-rank realisation: the rank reaches each kernel at the stage time plus
    a per-rank arrival offset in ``[0, skew]`` (one member, the straggler, arrives last), all
-   members' kernels end together (plus < 1 us jitter when skew is on), the CPU issues the call
+   members' kernels end together (plus < 1 us jitter when skew is on, plus up to
+   ``end_spread_ns_max`` per rank when set), the CPU issues the call
    ``host_lead_ns`` before the GPU can run it, the launch API runs right after the call and the
    kernel starts at least ``queue_min_ns`` after the launch returned.
 
@@ -522,6 +523,7 @@ class RankTimer:
         self._skew = skel.skew[st].tolist()
         self._init = skel.init[st].tolist()
         self._n = skel.n_units[st]
+        self.end_spread = int(self.cfg.imperfections.end_spread_ns_max)
 
     def _member_offset(self, o: Op, skew: int) -> int:
         if not skew:
@@ -559,6 +561,8 @@ class RankTimer:
                 kstart = ready
             jitter = int(tp.end_jitter_ns * u01(m0.instance, self.rank, 0x1E)) if skew else 0
             kend = end + jitter
+            if self.end_spread:  # this rank's GPU finishes its part late (time-shared, straggling)
+                kend += int(self.end_spread * u01(m0.instance, self.rank, 0xE5D))
             if kstart + tp.min_kernel_ns > kend:
                 kend = kstart + tp.min_kernel_ns
             if n_k == 1:
