@@ -24,3 +24,12 @@ def nsys_reference() -> Path:
     """Real nsys DDL and sample export."""
     assert NSYS_REFERENCE.is_dir(), f"nsys reference files missing at {NSYS_REFERENCE}"
     return NSYS_REFERENCE
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Spread the suite over processes (pytest-xdist, ``--dist loadgroup``) one test file at a
+    time, so a module's fixtures are built once; the system tests (one SLURM cluster, apt) share
+    one process, in order."""
+    for item in items:
+        group = "system" if item.get_closest_marker("system") else item.module.__name__
+        item.add_marker(pytest.mark.xdist_group(group))
