@@ -31,13 +31,15 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .behaviour import most_likely
 from .groups import (
     DECODER_KINDS,
     DEFAULT_ORDER,
@@ -256,6 +258,7 @@ class LayoutInference:
     evidence: dict[str, dict[str, Any]]
     groups: list[dict[str, Any]]
     notes: list[str] = field(default_factory=list)
+    most_likely: dict[str, Any] | None = None  # the best-ranked candidate (:mod:`.behaviour`)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (what ``nccltrace infer-layout`` prints)."""
@@ -268,6 +271,7 @@ class LayoutInference:
             "consistent": self.consistent,
             "ambiguous": self.ambiguous,
             "layout": self.layout,
+            "most_likely": self.most_likely,
             "candidates": self.candidates,
             "evidence": self.evidence,
             "groups": self.groups,
@@ -494,13 +498,16 @@ def _evidence(obs: _Observed, ent: _Entries, sizes: dict[str, int | None], value
 
 
 def infer_layout(world_size: int, groups: Sequence[Sequence[int]], *, descs: Sequence[str | None] | None = None,
-                 orders: Sequence[str] = (DEFAULT_ORDER,)) -> LayoutInference:  # fmt: skip
+                 orders: Sequence[str] = (DEFAULT_ORDER,),
+                 ops: Mapping[tuple[int, ...], Counter] | None = None) -> LayoutInference:  # fmt: skip
     """Infer tp, cp, dp, pp, ep and etp from the member sets of observed communicators.
 
     ``groups`` are global-rank lists (any order, duplicates allowed); ``descs`` optionally gives
     each one's PyTorch/Megatron group description (or None), which pins its kind; ``orders``
-    are the rank orders to try (Megatron's ``order`` argument). Raises ValueError on malformed
-    input (naming the offending group).
+    are the rank orders to try (Megatron's ``order`` argument); ``ops`` (per member set, the
+    collectives its groups ran, e.g. from Flight Recorder entries) ranks the candidates by
+    behaviour for ``most_likely``. Raises ValueError on malformed input (naming the offending
+    group).
     """
     sets = _validate(world_size, groups, descs)
     orders = tuple(dict.fromkeys(orders))
@@ -551,7 +558,8 @@ def infer_layout(world_size: int, groups: Sequence[Sequence[int]], *, descs: Seq
     return LayoutInference(world_size=w, orders=orders, sizes=sizes, values=values, derived=derived,
                            candidates=candidates, consistent=consistent, ambiguous=len(candidates) > 1,
                            layout=candidates[0] if len(candidates) == 1 else None, evidence=evidence,
-                           groups=out_groups, notes=notes)  # fmt: skip
+                           groups=out_groups, notes=notes,
+                           most_likely=most_likely(w, candidates, ops) if consistent else None)  # fmt: skip
 
 
 def _unit_evidence(unit: _Unit, obs_sets: list[tuple[int, ...]], union: np.ndarray) -> dict[str, Any]:

@@ -1,0 +1,135 @@
+"""PyTorch Flight Recorder dumps as input: read safely, found by content, and ``infer-layout``
+on them with and without the groups' names (the four real 16-rank Megatron-Core jobs of
+``shared/realdata/flight_recorder_megatron16``, SOURCES.md section 3)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from nccltrace.cli import main
+from nccltrace.flight_recorder import FlightRecorderError, find_dumps, group_ops, layout_input, load_dump, op_of
+from nccltrace.megatron.behaviour import most_likely
+from nccltrace.megatron.infer import SIZE_NAMES, infer_layout
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "realdata"
+FR = SHARED / "flight_recorder_megatron16"
+CAPTURE_FR = SHARED / "torch_nccl228_h200_tp2pp2" / "flight_recorder"
+# the jobs' own group names (test_infer_layout.py reads them off pg_config)
+TP2 = {"tp": 2, "cp": 1, "dp": 2, "pp": 4, "ep": 4, "etp": 1}
+TP4 = {"tp": 4, "cp": 1, "dp": 2, "pp": 2, "ep": 8, "etp": 1}
+TRUTH = {"gpu_error_1st": TP2, "gpu_error_2nd": TP4, "lock_gil_1st": TP4, "lock_gil_2nd": TP2}
+
+needs_fr = pytest.mark.skipif(not (FR / "gpu_error_1st" / "_dump_0").exists(),
+                              reason="Flight Recorder dumps absent (shared/realdata/SOURCES.md section 3)")
+
+
+def _dump(pg_config: dict, entries: list | None = None) -> dict:
+    return {"version": "2.9", "nccl_version": "2.27.3", "pg_config": pg_config, "entries": entries or []}
+
+
+class _Hostile:
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+def test_a_pickle_referencing_any_python_object_is_refused_by_name_and_never_run(tmp_path):
+    bad = tmp_path / "_dump_0"
+    bad.write_bytes(pickle.dumps(_dump({"0": {"name": "0", "desc": "default_pg", "ranks": "[0]"}}) | {"x": _Hostile()}))
+    with pytest.raises(FlightRecorderError, match=r"refused: it references the Python object (posix|os)\.system"):
+        load_dump(bad)
+
+
+@pytest.mark.parametrize("content, what", [
+    (b"\x80\x04\x95garbage", "damaged pickle"),
+    (pickle.dumps({"entries": []}), "not a Flight Recorder dump"),
+    (pickle.dumps([1, 2, 3]), "not a Flight Recorder dump"),
+    (b"rank 0 iter 1 done\n", "not a pickle"),
+])
+def test_damaged_or_foreign_files_are_named_with_what_is_wrong(tmp_path, content, what):
+    f = tmp_path / "dump"
+    f.write_bytes(content)
+    with pytest.raises(FlightRecorderError, match=what):
+        load_dump(f)
+
+
+def test_dumps_are_found_by_content_whatever_their_names_and_ranked_by_their_groups(tmp_path):
+    """A rank's pg_config holds only the groups it belongs to: their one common member is the
+    rank, whatever the file is called; other files beside them are not dumps."""
+    for rank, name in ((1, "trace_b"), (0, "zzz.pkl")):
+        (tmp_path / name).write_bytes(pickle.dumps(_dump({
+            "0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"},
+            str(rank + 1): {"name": str(rank + 1), "desc": "PIPELINE_MODEL_PARALLEL_GROUP", "ranks": f"[{rank}]"}},
+            [{"process_group": ("0", "default_pg"), "profiling_name": "nccl:all_reduce"}])))
+    (tmp_path / "README.md").write_text("not a dump")
+    dumps = find_dumps(tmp_path)
+    assert [d.rank for d in dumps] == [0, 1] and dumps[0].path.name == "zzz.pkl"
+    assert group_ops(dumps) == {(0, 1): Counter({"all_reduce": 2})}
+    world, groups, descs = layout_input(dumps)
+    assert world == 2 and sorted(map(tuple, groups)) == [(0,), (0, 1), (1,)]
+    assert layout_input(dumps, names=False)[2] is None
+
+
+def test_profiling_names_of_every_spelling_decode_to_their_collective():
+    assert [op_of(n) for n in ("nccl:_all_gather_base", "nccl:_reduce_scatter_base", "nccl:all_to_all",
+                               "nccl:send 0->3", "nccl:recv 3<-0", "nccl:allgather_into_tensor_coalesced",
+                               "nccl:reduce_scatter_tensor_coalesced", "nccl:all_reduce_coalesced")] == [
+        "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "all_gather", "reduce_scatter", "all_reduce"]
+
+
+@needs_fr
+@pytest.mark.parametrize("scenario", sorted(TRUTH))
+def test_infer_layout_on_real_dumps_is_exact_with_names_and_most_likely_right_without(tmp_path, capsys, scenario):
+    """With Megatron's group names every size is exact; without them member sets leave 20-59
+    layouts, none certain wrongly, and the one behaviour ranks first is the job's."""
+    assert main(["infer-layout", str(FR / scenario)]) == 0
+    named = json.loads(capsys.readouterr().out)
+    assert named["sizes"] == TRUTH[scenario]
+    assert main(["infer-layout", str(FR / scenario), "--no-names"]) == 0
+    out = capsys.readouterr()
+    blind = json.loads(out.out)
+    assert all(v is None or v == TRUTH[scenario][k] for k, v in blind["sizes"].items())  # nothing certain is wrong
+    assert len(blind["candidates"]) >= 20
+    assert {k: blind["most_likely"][k] for k in SIZE_NAMES} == TRUTH[scenario]
+    assert "busiest group" in blind["most_likely"]["evidence"][0] and "runner_up" in blind["most_likely"]
+    assert "most likely" in out.err and "names ignored" in out.err
+
+
+@needs_fr
+def test_without_behaviour_the_ranking_rests_on_the_defaults_and_says_it_is_tied():
+    """Member sets of a 16-rank job and no recorded ops: only cp = 1 and etp = 1 rank, so several
+    candidates tie, and the result says so instead of pretending one is more likely."""
+    dumps = find_dumps(FR / "gpu_error_2nd")
+    world, groups, _ = layout_input(dumps, names=False)
+    res = infer_layout(world, groups)
+    ml = most_likely(world, res.candidates, None)
+    assert ml["cp"] == 1 and ml["etp"] == 1 and ml["tied"] >= 1
+    # behaviour separates them
+    assert "tied" not in most_likely(world, res.candidates, group_ops(dumps))
+
+
+@pytest.mark.skipif(not CAPTURE_FR.is_dir(), reason="real capture absent")
+def test_the_real_captures_dumps_name_tp_and_pp_and_keep_pp_and_embedding_apart(tmp_path, capsys):
+    """The 4-rank H200 capture's dumps (any file name): tp = 2 and pp = 2 exact from the names;
+    the pipeline and embedding groups share their members and stay two groups."""
+    d = tmp_path / "dumps"
+    shutil.copytree(CAPTURE_FR, d)
+    for f in d.iterdir():
+        f.rename(d / f"rank-dump-{f.stem[-1]}.bin")
+    assert main(["infer-layout", str(d)]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert {k: res["sizes"][k] for k in ("tp", "cp", "dp", "pp")} == {"tp": 2, "cp": 1, "dp": 1, "pp": 2}
+    descs = [g.get("desc") for g in res["groups"] if g["ranks"] == [0, 2]]
+    assert sorted(descs) == ["EMBEDDING_GROUP", "PIPELINE_MODEL_PARALLEL_GROUP"]
+
+
+def test_a_directory_without_dumps_is_a_clear_error(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("nothing here")
+    assert main(["infer-layout", str(tmp_path)]) == 2
+    assert "no Flight Recorder dump" in capsys.readouterr().err
