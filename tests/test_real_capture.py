@@ -107,6 +107,22 @@ def test_the_real_capture_as_it_is_matches_every_window_call_to_its_true_kernel(
     assert got["other_lines"] == 1188 and got["outside_capture"] == 1188
     comms = pd.read_parquet(out / "communicators" / "communicators.parquet")
     assert len(comms) == 8 and comms["complete"].all()
+    # every communicator named by its PyTorch process group: the kernels' own records name five,
+    # the pipeline groups (batched Send/Recv kernels carry no group) and the world are the only
+    # groups with their members left; pp and embedding share members and stay apart
+    labels = pd.read_parquet(out / "ops" / "parallelism.parquet")
+    by_members = labels.groupby(labels["members"].map(tuple))["pg_desc"].apply(sorted).to_dict()
+    assert by_members == {(0, 1): ["TENSOR_MODEL_PARALLEL_GROUP"], (2, 3): ["TENSOR_MODEL_PARALLEL_GROUP"],
+                          (0, 2): ["EMBEDDING_GROUP", "PIPELINE_MODEL_PARALLEL_GROUP"],
+                          (1, 3): ["EMBEDDING_GROUP", "PIPELINE_MODEL_PARALLEL_GROUP"],
+                          (0, 1, 2, 3): ["MODEL_PARALLEL_GROUP", "default_pg"]}
+    assert sorted(labels["parallelism"]) == ["embd", "embd", "mp", "pp", "pp", "tp", "tp", "world"]
+    assert (labels["label_source"] == "pg-names").all()
+    assert labels["resolution"].value_counts().to_dict() == {"kernel-records": 5, "elimination": 3}
+    # the ops carry the group; the pp calls are Send/Recv, the tp ones the collectives
+    ops_calls = pd.read_parquet(out / "ops" / "ops.parquet").query("row_kind == 'call'")
+    pp_ops = set(ops_calls.loc[ops_calls["pg_desc"] == "PIPELINE_MODEL_PARALLEL_GROUP", "op"])
+    assert pp_ops == {"Send", "Recv"} and ops_calls["pg_name"].notna().all()
     assert sorted(map(tuple, comms["members"])) == sorted(
         [(0, 1, 2, 3), (0, 1), (2, 3), (1, 3), (1, 3), (0, 2), (0, 1, 2, 3), (0, 2)])
     record = json.loads((out / "aligned" / "vm" / "nccl_vm_498" / "alignment_quality.json").read_text())

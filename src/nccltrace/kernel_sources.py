@@ -150,6 +150,11 @@ def _read(part: Path, name: str) -> pd.DataFrame:
     return pq.read_table(part / f"{name}.parquet").to_pandas()
 
 
+def _nulls_as_none(col: pd.Series) -> list:
+    obj = col.astype(object)
+    return obj.where(col.notna(), None).tolist()
+
+
 def merge_sources(parts: Sequence[Path], out: Path, host: str) -> dict[str, Path]:
     """One node's tables from several parsed sources (directories of tables, each with its
     ``session.json``): rows concatenated, every source's stored times moved onto the first
@@ -184,8 +189,9 @@ def merge_sources(parts: Sequence[Path], out: Path, host: str) -> dict[str, Path
                 if delta and c in f:
                     f[c] = f[c].astype("Int64") + delta
             frames.append(f)
-        cols = {c: pd.concat([f[c] if c in f else pd.Series([None] * len(f), dtype=object) for f in frames],
-                             ignore_index=True).tolist() for c, _ in spec}
+        # missing values stay None (a NaN handed on would be written as the string "nan")
+        cols = {c: _nulls_as_none(pd.concat([f[c] if c in f else pd.Series([None] * len(f), dtype=object)
+                                             for f in frames], ignore_index=True)) for c, _ in spec}
         frame = nsys_reader._frame(cols, spec)
         if name == "kernels":
             frame = frame.sort_values(["start", "correlation_id"], kind="stable").reset_index(drop=True)

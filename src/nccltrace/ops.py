@@ -51,8 +51,10 @@ OPS_SCHEMA = pa.schema(
         _f("parallelism", pa.string(), "", "parallelism the communicator serves (tp, pp, dp, dp-cp, ep, cp, "
            "embedding, world, ...; 'unknown' when unresolved)"),
         _f("parallelism_candidates", pa.string(), "", "every group kind with the same member set (comma list)"),
-        _f("label_source", pa.string(), "", "'megatron-groups' (declared sizes), 'heuristic' (thesis 4.2.3 fallback) "
-           "or 'unmatched'"),
+        _f("label_source", pa.string(), "", "'pg-names' (the PyTorch process group's Megatron name), "
+           "'megatron-groups' (declared or name-derived sizes), 'heuristic' (thesis 4.2.3 fallback) or 'unmatched'"),
+        _f("pg_name", pa.string(), "", "PyTorch process group of the call's communicator (parallelism.parquet)"),
+        _f("pg_desc", pa.string(), "", "its description as Megatron set it (TENSOR_MODEL_PARALLEL_GROUP, ...)"),
         _f("instance", pa.string(), "", "cross-rank key of one collective instance: '<logical_id>:<opCount>' where "
            "opCount is informative, else '<logical_id>#<k-th call on the communicator>'; null for P2P, duplicate "
            "lines and single-rank communicators"),
@@ -496,6 +498,7 @@ def stream_run_ops(
         labels = label_communicators(comms, None, members=members, calls=call_kinds)
     if sizes is None:
         labels = _world_is_not_dp(labels, comms)
+    labels = _named(labels, comms, members, records, sessions, settings, call_kinds, notes)
     del call_kinds
     utc = {h: int(json.loads(Path(p).read_text()).get("utc_offset_ns") or 0) for h, p in sessions.items()}
 
@@ -602,6 +605,40 @@ def stream_run_ops(
     partial = bool(problems) or not len(comms)
     return RunOps(ops=None, labels=labels, clock=clock, partial=partial, problems=problems, notes=notes,
                   calls=calls_n, matched=matched_n, unmatched_by_reason=dict(by_reason), quality=quality)  # fmt: skip
+
+
+def _named(labels: pd.DataFrame, comms: pd.DataFrame, members: pd.DataFrame, records: list[Mapping[str, Any]],
+           sessions: Mapping[str, Path | str], settings: Mapping[str, Any] | None, call_kinds: pd.DataFrame,
+           notes: list[str]) -> pd.DataFrame:  # fmt: skip
+    """Labels with the communicators' PyTorch process-group names (:mod:`.process_groups`); when
+    no sizes were declared and the names determine them, the unnamed communicators are labelled
+    from those sizes (the guesses' note is replaced)."""
+    from .megatron.infer import infer_layout
+    from .parallelism import apply_names, declares_sizes, label_communicators
+    from .process_groups import name_communicators, pg_config_of_sessions
+
+    names, said = name_communicators(comms, members, records, pg_config_of_sessions(sessions.values()))
+    notes += said
+    if names.empty:
+        return labels
+    world = int(comms["nranks"].max()) if len(comms) else 0
+    if not declares_sizes(settings) and world > 1:
+        lists = [list(m) for m in comms.set_index("logical_id").loc[names["logical_id"], "members"]]
+        res = infer_layout(world, lists, descs=names["pg_desc"].tolist())
+        if res.layout is not None and res.consistent:
+            sizes = {k: int(res.layout[k]) for k in ("tp", "pp", "cp", "ep", "etp")} | {"world_size": world}
+            labels = label_communicators(comms, sizes, members=members, calls=call_kinds)
+            notes[:] = [n for n in notes if not n.startswith("parallelism labels are guesses")]
+            notes.append("parallel sizes from the PyTorch process groups' names: "
+                         + ", ".join(f"{k}={v}" for k, v in sizes.items()))
+    named = apply_names(labels, names)
+    by_name = int((named["label_source"].astype(str) == "pg-names").sum())
+    if by_name == len(named):  # every label rests on the groups' own names: none is a guess
+        notes[:] = [n for n in notes if not n.startswith("parallelism labels are guesses")]
+    notes.append(f"{len(names)} of {len(comms)} communicators named by their PyTorch process group "
+                 f"({int((names['name_source'] == 'kernel-records').sum())} from the kernels' records, "
+                 f"{int((names['name_source'] == 'elimination').sum())} as the only group with their members left)")
+    return named
 
 
 def _inferred_sizes(comms: pd.DataFrame) -> tuple[dict[str, int] | None, str]:

@@ -102,7 +102,12 @@ LABEL_SCHEMA = pa.schema(
         pa.field("resolution", pa.string(), metadata={
             "doc": "how the label was decided: 'member-set' (unique kind), 'ambiguous' (several candidates), "
                    "'creation-order' / 'split-parent' (eager split evidence), 'pair', 'partial' (some members "
-                   "unknown), 'no-match'; heuristic: 'p2p-only', 'largest', 'other', 'no-calls'"}),
+                   "unknown), 'no-match'; heuristic: 'p2p-only', 'largest', 'other', 'no-calls'; named: "
+                   "'kernel-records' / 'elimination' (nccltrace.process_groups)"}),
+        pa.field("pg_name", pa.string(), metadata={
+            "doc": "PyTorch process group of the communicator (its name in pg_config); null when not known"}),
+        pa.field("pg_desc", pa.string(), metadata={
+            "doc": "the group's description as Megatron set it (TENSOR_MODEL_PARALLEL_GROUP, ...); null when not known"}),
     ]
 )
 
@@ -385,9 +390,39 @@ def _match(comms: pd.DataFrame, lists: dict[int, list[int]], by_lid: dict[int, l
 
 
 def _frame(rows: list[tuple]) -> pd.DataFrame:
+    """The label rows (every column but the process-group names, which :func:`apply_names` sets)."""
+    rows = [(*r, None, None) for r in rows]  # pg_name, pg_desc
     cols = list(zip(*rows)) if rows else [[] for _ in LABEL_SCHEMA]
     arrays = [pa.array(list(c), type=f.type) for c, f in zip(cols, LABEL_SCHEMA)]
     return pa.Table.from_arrays(arrays, schema=LABEL_SCHEMA).to_pandas(types_mapper=pd.ArrowDtype)
+
+
+def apply_names(labels: pd.DataFrame, names: pd.DataFrame) -> pd.DataFrame:
+    """Labels with the process-group names of :func:`nccltrace.process_groups.name_communicators`:
+    a named communicator whose description names a Megatron group kind is labelled that kind
+    (``label_source`` 'pg-names', ``resolution`` how it was named); every named one gets
+    ``pg_name`` and ``pg_desc``."""
+    from .megatron.infer import kind_of_desc
+
+    out = labels.copy()
+    for c in ("pg_name", "pg_desc"):
+        if c not in out:
+            out[c] = pd.Series([None] * len(out), dtype=object)
+    if names.empty:
+        return out
+    pos = pd.Index(out["logical_id"].astype("int64")).get_indexer(names["logical_id"].astype("int64"))
+    for i, (name, desc, src) in zip(pos, names[["pg_name", "pg_desc", "name_source"]].itertuples(index=False)):
+        if i < 0:
+            continue
+        out.at[out.index[i], "pg_name"] = name
+        out.at[out.index[i], "pg_desc"] = desc
+        kind = kind_of_desc(desc) if isinstance(desc, str) else None
+        if kind is not None:
+            out.at[out.index[i], "parallelism"] = kind
+            out.at[out.index[i], "parallelism_candidates"] = kind
+            out.at[out.index[i], "label_source"] = "pg-names"
+            out.at[out.index[i], "resolution"] = src
+    return out
 
 
 def label_ops(ops: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:
@@ -397,15 +432,17 @@ def label_ops(ops: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:
     (the thesis classifies point-to-point operations as PP, op by op)."""
     if "logical_id" not in ops.columns:
         raise ValueError("ops need a 'logical_id' column (see with_logical_ids)")
-    lab = labels[["logical_id", "parallelism", "parallelism_candidates", "label_source"]]
+    labels = labels.assign(**{c: labels[c] if c in labels else None for c in ("pg_name", "pg_desc")})
+    lab = labels[["logical_id", "parallelism", "parallelism_candidates", "label_source", "pg_name", "pg_desc"]]
     lab = lab.astype({"logical_id": "int64", "parallelism": object, "parallelism_candidates": object,
-                      "label_source": object})  # fmt: skip
+                      "label_source": object, "pg_name": object, "pg_desc": object})  # fmt: skip
     lid = ops["logical_id"].astype("Int64").fillna(-1).astype("int64").to_numpy()
     idx = pd.Index(lab["logical_id"].to_numpy())
     pos = idx.get_indexer(lid)
     hit = pos >= 0
     out = ops.copy()
-    for col, default in (("parallelism", "unknown"), ("parallelism_candidates", ""), ("label_source", "unmatched")):
+    for col, default in (("parallelism", "unknown"), ("parallelism_candidates", ""), ("label_source", "unmatched"),
+                         ("pg_name", None), ("pg_desc", None)):  # fmt: skip
         vals = np.full(len(ops), default, dtype=object)
         vals[hit] = lab[col].to_numpy(dtype=object)[pos[hit]]
         out[col] = vals

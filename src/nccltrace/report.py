@@ -414,11 +414,19 @@ def _inferred_vs_declared(run_dir: Path, ops_manifest: Mapping[str, Any] | None)
         src = pq.read_table(labels, columns=["label_source"]).column(0).to_pylist()
         counts = {k: src.count(k) for k in sorted(set(map(str, src)))}
         rows.append(("parallelism labels", ", ".join(f"{k}: {v} communicator(s)" for k, v in counts.items())
-                     + (" (megatron-groups: matched to the groups of the run's sizes; heuristic: guesses)"
-                        if "heuristic" in counts else "")))  # fmt: skip
+                     + (" (pg-names: the PyTorch process group's own name; megatron-groups: matched to the groups "
+                        "of the run's sizes; heuristic: guesses)" if len(counts) > 1 or "heuristic" in counts
+                        else "")))  # fmt: skip
     notes = [str(n) for n in (ops_manifest or {}).get("notes") or []]
-    sizes = [n for n in notes if n.startswith(("parallel sizes inferred", "parallelism labels are guesses"))]
-    rows.append(("parallel sizes", sizes[0] if sizes else "declared (run.yaml or the command line)"))
+    named = [n for n in notes if "named by their PyTorch process group" in n]
+    if named:
+        rows.append(("communicator names", named[0]))
+    sizes = [n for n in notes if n.startswith(("parallel sizes inferred", "parallelism labels are guesses",
+                                               "parallel sizes from the PyTorch"))]
+    if sizes:
+        rows.append(("parallel sizes", sizes[0]))
+    elif not named:
+        rows.append(("parallel sizes", "declared (run.yaml or the command line)"))
     comms = RunLayout(run_dir).communicators
     if comms.is_file():
         kinds = pq.read_table(comms, columns=["kind"]).column(0).to_pylist()

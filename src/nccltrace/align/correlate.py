@@ -332,7 +332,8 @@ def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kerne
                 "matched to a replayed kernel and the graphed collectives have no times or bandwidths in the ops "
                 "table")})  # fmt: skip
         quality.update(mode="default", stream_map={f"0x{k:x}": v for k, v in res.stream_map.items()},
-                       checks=checks, kernel_families=family_note)
+                       checks=checks, kernel_families=family_note,
+                       process_groups=_process_groups(units.calls, call_kernel, ks))
     table = _assemble(units.calls, call_kernel, cu, reason, conf, method, ks.kernels, "default", lost=lost,
                       placeholder=ks.placeholder)
     table["steps_verified"] = _steps_verified(window, table)
@@ -378,6 +379,31 @@ def _steps_verified(window: dict, table: pd.DataFrame) -> pd.arrays.BooleanArray
         return out
     verified = window["located_by"] != "declared_steps" or bool(window.get("iterations_verified", True))
     out[(table["row_kind"] == "call").to_numpy(bool)] = verified
+    return out
+
+
+def _process_groups(calls: pd.DataFrame, call_kernel: np.ndarray, ks) -> list[dict]:
+    """Per communicator of the process: the PyTorch process groups its matched calls' kernels
+    name (a profiler trace records each NCCL kernel's ``pg_name``/``pg_desc``) with how many
+    calls name each; the run joins them into communicator names (:mod:`nccltrace.process_groups`)."""
+    k = ks.kernels
+    if "pg_name" not in k or not len(calls):
+        return []
+    hit = call_kernel >= 0
+    hit[hit] = ~ks.placeholder[call_kernel[hit]]
+    if not hit.any():
+        return []
+    j = call_kernel[hit]
+    t = pd.DataFrame({"comm": calls["comm"].astype("UInt64").to_numpy()[hit],
+                      "pg_name": k["pg_name"].astype(object).to_numpy()[j],
+                      "pg_desc": k["pg_desc"].astype(object).to_numpy()[j] if "pg_desc" in k else None})
+    t = t[t["pg_name"].notna() & t["comm"].notna()]
+    out = []
+    for comm, g in t.groupby("comm", sort=True):
+        counts = g.groupby(["pg_name", "pg_desc"], dropna=False).size()
+        out.append({"comm": f"0x{int(comm):x}", "groups": [
+            {"pg_name": str(n), "pg_desc": None if pd.isna(d) else str(d), "calls": int(c)}
+            for (n, d), c in counts.items()]})  # fmt: skip
     return out
 
 
