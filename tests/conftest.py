@@ -28,9 +28,9 @@ def nsys_reference() -> Path:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Spread the suite over processes (pytest-xdist, ``--dist loadgroup``) one test file at a
-    time, so a module's fixtures are built once; the system tests (one SLURM cluster, apt) share
-    one process, in order, and go first: the longest group started last would run alone at the
-    end while the other processes idle."""
+    time, so a module's fixtures are built once. The system tests (one SLURM cluster, apt) share
+    one process, in order, and go first when run with the rest; the README's test command runs
+    them on their own after the rest (see the README's Tests section)."""
     for item in items:
         group = "system" if item.get_closest_marker("system") else item.module.__name__
         item.add_marker(pytest.mark.xdist_group(group))
