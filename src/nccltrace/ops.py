@@ -721,31 +721,33 @@ def _finding(check: str, message: str) -> dict[str, Any]:
             "message": message}
 
 
+def _logical_ids(recs: list[dict]) -> str:
+    """'<n> communicator(s) (logical id a, b)' of stand-down records."""
+    comms = sorted({int(r["comm"]) for r in recs if pd.notna(r["comm"])})
+    return f"{len(comms)} communicator(s) (logical id {', '.join(map(str, comms))})"
+
+
 def _stand_down_record(proc: str, recs: list[dict]) -> dict[str, Any]:
     """The quality record of a process whose communicators the cross-rank check stood down on."""
-    comms = sorted({int(r["comm"]) for r in recs if pd.notna(r["comm"])})
     spread = float(np.median([r["end_spread_ns"] for r in recs]))
     gap = float(np.median([r["gap_ns"] for r in recs]))
     return _finding("cross_rank_stood_down", (
-        f"{proc}: the cross-rank check's common-end and order tests stood down on {len(comms)} communicator(s) "
-        f"(logical id {', '.join(map(str, comms))}): the kernels of one collective end {spread / 1e6:.2f} ms apart on "
-        f"its ranks (median) for {gap / 1e6:.2f} ms between consecutive collectives, so ending together cannot "
-        "tell a collective from its neighbour there; only the dependency test ran (no match demoted for ending "
-        "apart). Likely causes: ranks time-sharing a GPU, unsynchronised clocks, a capture from several sessions "
-        "or millisecond stragglers"))
+        f"{proc}: the cross-rank check's common-end and order tests stood down on {_logical_ids(recs)}: the kernels "
+        f"of one collective end {spread / 1e6:.2f} ms apart on its ranks (median) for {gap / 1e6:.2f} ms between "
+        "consecutive collectives, so ending together cannot tell a collective from its neighbour there; only the "
+        "dependency test ran (no match demoted for ending apart). Likely causes: ranks time-sharing a GPU, "
+        "unsynchronised clocks, a capture from several sessions or millisecond stragglers"))
 
 
 def _p2p_stand_down_record(proc: str, recs: list[dict]) -> dict[str, Any]:
     """The quality record of a process on communicators where the P2P pairing check stood down."""
-    comms = sorted({int(r["comm"]) for r in recs if pd.notna(r["comm"])})
     bad, pairs = sum(int(r["contradicted"]) for r in recs), sum(int(r["pairs"]) for r in recs)
     lead = float(np.median([r["median_lead_ns"] for r in recs]))
     return _finding("p2p_pairing_stood_down", (
-        f"{proc}: the P2P pairing check stood down on {len(comms)} communicator(s) (logical id "
-        f"{', '.join(map(str, comms))}): {bad} of {pairs} Send/Recv pairs would have a Recv ending before its Send "
-        f"started, by {lead / 1e3:.1f} us (median), more than a few lost records explain, so no match was demoted "
-        "for it. Likely causes: unsynchronised clocks (exports of several sessions or processes, a clock fit "
-        "without shared collectives), ranks time-sharing a GPU"))
+        f"{proc}: the P2P pairing check stood down on {_logical_ids(recs)}: {bad} of {pairs} Send/Recv pairs would "
+        f"have a Recv ending before its Send started, by {lead / 1e3:.1f} us (median), more than a few lost records "
+        "explain, so no match was demoted for it. Likely causes: unsynchronised clocks (exports of several sessions "
+        "or processes, a clock fit without shared collectives), ranks time-sharing a GPU"))
 
 
 def build_run_ops(

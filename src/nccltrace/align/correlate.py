@@ -361,8 +361,8 @@ def _with_findings(check: dict, calls: pd.DataFrame, version: tuple[int, int, in
     if check.get("check") != "tuning":
         return [check]
     f = check["facts"]
-    counts = {"channels = grid": (f["grid_disagree"], f["grid_agree"] + f["grid_disagree"], "grid"),
-              "algorithm = kernel name": (f["algo_disagree"], f["algo_agree"] + f["algo_disagree"], "name")}
+    counts = {"channels = grid": (f["grid_disagree"], f["grid_agree"] + f["grid_disagree"]),
+              "algorithm = kernel name": (f["algo_disagree"], f["algo_agree"] + f["algo_disagree"])}
     what = "; ".join(f"{name}: {counts[name][0]} of {counts[name][1]} certain matches disagree"
                      for name in check["stood_down"])
     build = "NCCL " + ".".join(map(str, version)) if version else "this NCCL build"

@@ -602,6 +602,13 @@ class TuningFacts:
     def used(self) -> bool:
         return self.grid_holds or self.algo_holds
 
+    @property
+    def stood_down(self) -> list[str]:
+        """The facts the run contradicts (not merely too few matches to verify)."""
+        return [name for name, agree, dis in (("channels = grid", self.grid_agree, self.grid_disagree),
+                                              ("algorithm = kernel name", self.algo_agree, self.algo_disagree))
+                if self.contradicted(agree, dis)]  # fmt: skip
+
 
 def unit_tuning(units: LogUnits, facts: TuningFacts | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per unit: the channel count and algorithm code (``ALGORITHM_CODE``) its one call's TUNING
@@ -1242,9 +1249,6 @@ def _tuning_check(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, tuned: Tun
     matched = kernel >= 0
     matched[matched] = ~ks.placeholder[kernel[matched]]
     has = (grid >= 0) | (algo >= 0)
-    stood = [name for name, agree, dis in (("channels = grid", tuned.grid_agree, tuned.grid_disagree),
-                                           ("algorithm = kernel name", tuned.algo_agree, tuned.algo_disagree))
-             if TuningFacts.contradicted(agree, dis)]  # fmt: skip
     raw_grid, raw_algo = unit_tuning(units)
     return {"check": "tuning", "applicable": bool(((raw_grid >= 0) | (raw_algo >= 0)).any()),
             "confirmed": int((matched & has).sum()), "contradicted": 0,
@@ -1252,7 +1256,7 @@ def _tuning_check(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, tuned: Tun
             "facts": {"grid_agree": tuned.grid_agree, "grid_disagree": tuned.grid_disagree,
                       "grid_used": tuned.grid_holds, "algo_agree": tuned.algo_agree,
                       "algo_disagree": tuned.algo_disagree, "algo_used": tuned.algo_holds},
-            "stood_down": stood}  # fmt: skip
+            "stood_down": tuned.stood_down}  # fmt: skip
 
 
 def _check_log_time(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, tw: TimeWindows,
@@ -1261,7 +1265,6 @@ def _check_log_time(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, tw: Time
     window (e.g. one made by opCount arithmetic, which does not look at time) is demoted in
     place (``kernel`` -1, ``contradicted`` names the check). Where the windows fail for most of
     a process, :func:`align_units` has already set time aside."""
-
     matched = (kernel >= 0) & ~units.placeholder
     out = {"check": "log_time", "applicable": bool(tw.active), "confirmed": 0, "contradicted": 0,
            "not_checkable": int(matched.sum()), "detail": tw.describe(units.streams)}
