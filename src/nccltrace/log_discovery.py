@@ -6,7 +6,9 @@ combined stdout/stderr of every rank with the launcher's prefix on each line (``
 ``3: ``; ``torchrun --tee``/``--redirects``: ``[default3]:`` or ``[rank3]:``; Open MPI
 ``--tag-output``: ``[1,3]<stdout>:``), with the application's own output around the NCCL lines.
 A line belongs to the process named by its NCCL prefix ``host:pid:tid [dev] NCCL``, whichever
-file it is in; everything else is application output and is skipped (counted).
+file it is in; everything else is application output and is skipped (counted), except
+Megatron's ``iteration N/ M`` lines, which go to the process whose NCCL lines carry the same
+launcher prefix (evidence of where training iterations lie: :mod:`nccltrace.megatron.training_log`).
 
 :func:`discover_logs` splits every such file by process into one normalised log per process,
 ``nccl_<host>_<pid>.log`` (the layout every stage reads), with a ``sources.json`` beside them that
@@ -22,6 +24,8 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .megatron.training_log import is_iteration_line
 
 __all__ = ["DiscoveredLogs", "LAUNCHER_PREFIX", "NCCL_PREFIX", "discover_logs", "is_canonical_log"]
 
@@ -153,12 +157,26 @@ def discover_logs(roots: Iterable[Path], dest: Path, *, exclude: Iterable[Path] 
     origin: dict[str, list[list]] = {}  # stem -> [file, first line, count] runs
     orphans: dict[str, int] = {}  # file -> NCCL lines without a process prefix
     stems_of: dict[str, set[str]] = {}  # file -> processes whose records it holds
+    def put(stem: str, rec: bytes, p: Path, n: int) -> None:
+        handles[stem].write(rec + b"\n")
+        runs = origin[stem]
+        if runs and runs[-1][0] == str(p) and runs[-1][1] + runs[-1][2] == n:
+            runs[-1][2] += 1
+        else:
+            runs.append([str(p), n, 1])
+
     try:
         for p in split_files:
             skipped = 0
+            # Megatron's iteration lines carry no process prefix: they go to the process whose NCCL
+            # lines carry the same launcher label (one process per label, else they are skipped)
+            label_stem: dict[bytes, str | None] = {}
+            waiting: dict[bytes, list[tuple[int, bytes]]] = {}
             with _open(p) as f:
                 for n, line in enumerate(f, 1):
                     got = False
+                    launcher = LAUNCHER_PREFIX.match(line)
+                    label = launcher.group(0).strip() if launcher else None
                     for host, pid, rec in _records(line):
                         got = True
                         if host is None:
@@ -174,17 +192,29 @@ def discover_logs(roots: Iterable[Path], dest: Path, *, exclude: Iterable[Path] 
                             found.logs[stem] = dest / f"{stem}.log"
                             found.sources[stem] = []
                             origin[stem] = []
-                        handles[stem].write(rec + b"\n")
-                        runs = origin[stem]
-                        if runs and runs[-1][0] == str(p) and runs[-1][1] + runs[-1][2] == n:
-                            runs[-1][2] += 1
-                        else:
-                            runs.append([str(p), n, 1])
+                        if label is not None:
+                            if label not in label_stem:
+                                label_stem[label] = stem
+                                for wn, wrec in waiting.pop(label, []):
+                                    put(stem, wrec, p, wn)
+                            elif label_stem[label] != stem:
+                                label_stem[label] = None  # a label of several processes names none
+                        put(stem, rec, p, n)
                         if str(p) not in found.sources[stem]:
                             found.sources[stem].append(str(p))
                         stems_of.setdefault(str(p), set()).add(stem)
                     if not got:
+                        body = line[launcher.end():].rstrip(b"\r\n") if launcher else b""
+                        if label is not None and is_iteration_line(body):
+                            owner = label_stem.get(label, "")
+                            if owner:
+                                put(owner, body, p, n)
+                                continue
+                            if owner == "":
+                                waiting.setdefault(label, []).append((n, body))
+                                continue
                         skipped += 1
+            skipped += sum(len(w) for w in waiting.values())
             if skipped:
                 found.skipped_lines[str(p)] = skipped
     finally:

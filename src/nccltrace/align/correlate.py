@@ -30,6 +30,7 @@ from .window import (
     locate_by_trace,
     log_unlocated,
     step_lines,
+    steps_before_by_lines,
     steps_before_periodic,
     trace_steps,
     unlocated_message,
@@ -246,6 +247,7 @@ def align_process(
     capture_steps: tuple[int, int] | None = None,
     comms: pd.DataFrame | None = None,
     tuning: pd.DataFrame | None = None,
+    iteration_marks: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Correlate one process's call lines (``calls`` table) with its kernels (nsys ``kernels`` rows of
     the same pid). ``utc_offset_ns`` (the export's session UTC start) enables the time signal
@@ -257,7 +259,9 @@ def align_process(
     link communicators to NCCL's NVTX communicator ids (NCCL >= 2.26.2) where the export has no
     init ranges (a windowed capture). ``tuning``: the log's ``tuning`` table; a call's own TUNING
     line (channels, algorithm) constrains its kernel where the run bears those facts out
-    (:class:`~.default.TuningFacts`). Returns a table with ``ALIGNMENT_SCHEMA``."""
+    (:class:`~.default.TuningFacts`). ``iteration_marks``: Megatron's iteration lines in this
+    log (:func:`~nccltrace.megatron.training_log.iteration_lines`); they number the log's training
+    steps for ``capture_steps``. Returns a table with ``ALIGNMENT_SCHEMA``."""
     if mode not in MODES:
         raise ValueError(f"unknown alignment mode {mode!r}; use one of {', '.join(MODES)}")
     kernels = kernels[is_nccl_kernel(kernels["short_name"].astype(object))]
@@ -265,11 +269,11 @@ def align_process(
         calls = attach_tuning(calls, tuning)
     if mode == "default":
         return _align_default(calls, kernels, utc_offset_ns, params or AlignParams(), launches_without_kernel,
-                              _version_tuple(nccl_version), quality, capture_steps, nvtx, comms)
+                              _version_tuple(nccl_version), quality, capture_steps, nvtx, comms, iteration_marks)
     if mode == "thesis":
         return _align_thesis(calls, kernels)
     return _align_exact(calls, kernels, nvtx, utc_offset_ns, _version_tuple(nccl_version), capture_steps, quality,
-                        comms)
+                        comms, iteration_marks)
 
 
 def _version_tuple(v: str | None) -> tuple[int, int, int] | None:
@@ -282,11 +286,11 @@ def _version_tuple(v: str | None) -> tuple[int, int, int] | None:
 def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kernel=None,
                    version=None, quality: dict | None = None,
                    capture_steps: tuple[int, int] | None = None, nvtx: pd.DataFrame | None = None,
-                   comms: pd.DataFrame | None = None) -> pd.DataFrame:  # fmt: skip
+                   comms: pd.DataFrame | None = None, marks: pd.DataFrame | None = None) -> pd.DataFrame:  # fmt: skip
     graph = graph_replayed(kernels)
     replayed, kernels = kernels[graph], kernels[~graph]
     ks = build_kernel_sequence(kernels, utc_offset_ns=utc_offset_ns, launches_without_kernel=launches_without_kernel)
-    units, window = locate_capture(calls, ks, version, capture_steps, nvtx)
+    units, window = locate_capture(calls, ks, version, capture_steps, nvtx, marks)
     family_note = _borrowed_families(units, ks)
     res = align_units(units, ks, params)
     cu = units.call_unit
@@ -492,12 +496,13 @@ def _borrowed_families(units, ks) -> list[dict]:
 
 
 def locate_capture(calls: pd.DataFrame, ks, version, capture_steps: tuple[int, int] | None,
-                   nvtx: pd.DataFrame | None = None):
+                   nvtx: pd.DataFrame | None = None, marks: pd.DataFrame | None = None):
     """Where the export's capture sits in this process's log, before any alignment: the launch
     units of the lines that can have their kernel in the export and the ``capture_window``
     quality record (with the capture's wall-clock span when log time located it). Lines outside get
     ``outside_capture``; when nothing locates a partial capture (or a partial log), every line
-    gets ``capture_not_located``; a process with nothing in its export, ``not_in_export``."""
+    gets ``capture_not_located``; a process with nothing in its export, ``not_in_export``.
+    ``marks``: Megatron's iteration lines in the log, which number its steps for declared ones."""
     span = capture_span(ks)
     units = build_log_units(calls, nccl_version=version, capture_ns=span)
     has_time = calls["wall_time_ns"].notna().to_numpy(bool) if "wall_time_ns" in calls else np.zeros(len(calls), bool)
@@ -533,7 +538,7 @@ def locate_capture(calls: pd.DataFrame, ks, version, capture_steps: tuple[int, i
         steps = trace_steps(ks.kernels, nvtx, _process_pid(calls))
         partial_capture = window_unlocated(real, ks.m) or log_unlocated(real, ks.m)
         # a trace that covers the whole log needs no locating (its step markers included)
-        found = (locate_by_trace(units, ks, steps, None if steps is not None else capture_steps)
+        found = (locate_by_trace(units, ks, steps, None if steps is not None else capture_steps, marks)
                  if (partial_capture or capture_steps is not None) else None)  # fmt: skip
         if found is not None and found.outside is not None:
             units = build_log_units(units.calls, nccl_version=version, outside=found.outside)
@@ -547,7 +552,7 @@ def locate_capture(calls: pd.DataFrame, ks, version, capture_steps: tuple[int, i
                                                    "unmatched")
             units = _abstain(units, "capture_not_located")
         elif capture_steps is not None:
-            units, window = _locate_steps(units, calls, version, capture_steps, window)
+            units, window = _locate_steps(units, calls, version, capture_steps, window, marks)
             if found is not None and steps is not None:
                 window["message"] = "; ".join(x for x in (window.get("message"), (
                     f"{_process_name(calls)}: the kernel trace's own evidence did not locate its window ("
@@ -715,9 +720,11 @@ def _abstain(units, reason: str):
                    call_unit=np.full(len(units.call_unit), -1, np.int64))
 
 
-def _locate_steps(units, calls, version, steps: tuple[int, int], window: dict):
+def _locate_steps(units, calls, version, steps: tuple[int, int], window: dict, marks: pd.DataFrame | None = None):
     """Keep the lines of the declared steps (0-based, inclusive), found from the log's periodic
-    structure; abstain (reason ``capture_not_located``) when the log has none."""
+    structure and numbered by Megatron's iteration lines where the log has them (``marks``), else
+    by the calls made once per step; abstain (reason ``capture_not_located``) when the log has no
+    step structure."""
     sorted_calls = units.calls
     live = sorted_calls["duplicate_of"].isna().to_numpy() if "duplicate_of" in sorted_calls else np.ones(
         len(sorted_calls), bool)
@@ -725,6 +732,14 @@ def _locate_steps(units, calls, version, steps: tuple[int, int], window: dict):
     lo, hi = steps
     # steps completed before the periodic region: an irregular first iteration still counts
     offset = steps_before_periodic(sorted_calls[live], sl) if sl is not None else 0
+    numbered, disagree, by = f"{offset} irregular first step(s)", None, "step_structure"
+    if sl is not None and marks is not None and len(marks):
+        by_lines, disagree = steps_before_by_lines(sorted_calls.loc[live, "line"].to_numpy(np.int64), sl, marks)
+        if by_lines is not None:
+            numbered = (f"numbered by Megatron's iteration lines in the log ({by_lines} iteration(s) before its "
+                        "periodic part" + ("" if by_lines == offset else
+                                           f"; the calls made once per step alone counted {offset}") + ")")
+            offset, by = by_lines, "megatron_iterations"
     if sl is None or hi >= sl.steps + offset or lo < offset:
         why = ("its calls do not repeat step after step (a damaged log, an irregular schedule or evaluation steps)"
                if sl is None else
@@ -742,11 +757,12 @@ def _locate_steps(units, calls, version, steps: tuple[int, int], window: dict):
     outside = (step < lo) | (step > hi)
     units = build_log_units(sorted_calls, nccl_version=version, outside=outside)
     window.update(located_by="declared_steps", period=sl.period, log_steps=sl.steps + offset, first_step=lo,
-                  iterations_verified=False, message=(
+                  iterations_verified=False, steps_numbered_by=by, message="; ".join(x for x in (
         f"{_process_name(calls)}: the declared capture steps (Megatron iterations {lo + 1}-{hi + 1}) were located from "
-        f"the log's step structure alone ({sl.period} calls per step, {offset} irregular first step(s)): the trace's "
-        "kernel sequence could not be placed in the log to confirm them, so the iteration numbers are unverified. "
-        "Remedy: profiler step markers or log timestamps"))  # fmt: skip
+        f"the log's step structure ({sl.period} calls per step, {numbered}): the trace's kernel sequence could not be "
+        "placed in the log to confirm them, so the iteration numbers are unverified. Remedy: profiler step markers or "
+        "log timestamps", disagree and f"{_process_name(calls)}: {disagree}; the step structure's count was used")
+        if x))  # fmt: skip
     return units, window
 
 
@@ -768,7 +784,8 @@ def _align_thesis(calls, kernels) -> pd.DataFrame:
 
 
 def _align_exact(calls, kernels, nvtx, utc_offset_ns=None, version=None, capture_steps=None,
-                 quality: dict | None = None, comms: pd.DataFrame | None = None) -> pd.DataFrame:  # fmt: skip
+                 quality: dict | None = None, comms: pd.DataFrame | None = None,
+                 marks: pd.DataFrame | None = None) -> pd.DataFrame:  # fmt: skip
     """Exact mode: NVTX payload ranges, on the lines the capture can hold (``locate_capture``:
     a windowed export explains only its window's lines)."""
     from .exact import exact_correlation
@@ -777,7 +794,7 @@ def _align_exact(calls, kernels, nvtx, utc_offset_ns=None, version=None, capture
         raise ValueError("exact mode needs the export's NVTX ranges with NCCL payloads (nvtx table)")
     k = kernels.reset_index(drop=True)
     units, window = locate_capture(calls, build_kernel_sequence(k, utc_offset_ns=utc_offset_ns), version,
-                                   capture_steps, nvtx)  # fmt: skip
+                                   capture_steps, nvtx, marks)  # fmt: skip
     calls = units.calls  # sorted by file, line
     located = _nvtx_window(calls, units.call_reason, nvtx, utc_offset_ns, window)
     window["outside"] = int((located == "outside_capture").sum())
@@ -870,6 +887,7 @@ def align_files(calls_path, kernels_path, session_path, out_path, *, mode: str =
 
     import pyarrow.parquet as pq
 
+    from ..megatron.training_log import read_iteration_lines
     from ..tables import nullable_types, read_table, write_table_atomic
 
     calls = read_table(calls_path)
@@ -900,6 +918,8 @@ def align_files(calls_path, kernels_path, session_path, out_path, *, mode: str =
     comms = read_table(comms_path) if comms_path.exists() else None
     tuning_path = Path(calls_path).parent / "tuning.parquet"
     tuning = read_table(tuning_path) if tuning_path.exists() else None
+    # Megatron's iteration lines, filed by the log reader with the application output
+    marks = read_iteration_lines(Path(calls_path).parent / "unclassified.parquet") if capture_steps else None
     quality: dict = {"host": str(calls["host"].dropna().iloc[0]) if calls["host"].notna().any() else None,
                      "pid": int(pid), "checks": []}
     if not export_available:
@@ -911,7 +931,8 @@ def align_files(calls_path, kernels_path, session_path, out_path, *, mode: str =
     else:
         table = align_process(calls, kernels, mode=mode, utc_offset_ns=utc, nvtx=nvtx,
                               launches_without_kernel=launches, nccl_version=nccl_version, quality=quality,
-                              capture_steps=capture_steps, comms=comms, tuning=tuning)  # fmt: skip
+                              capture_steps=capture_steps, comms=comms, tuning=tuning,
+                              iteration_marks=marks)  # fmt: skip
     if len(foreign):
         table = pd.concat([table, _foreign_rows(foreign, nccl_version)], ignore_index=True)
         quality["checks"].append(_foreign_check(foreign, Path(calls_path).parent.name, pid))

@@ -26,8 +26,8 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["COVERAGE_MIN", "STEP_MARKER_RE", "StepLines", "TraceLocation", "TraceSteps", "locate_by_trace",
-           "log_unlocated", "step_lines", "steps_before_periodic", "trace_steps", "unlocated_message",
-           "window_unlocated"]
+           "log_unlocated", "step_lines", "steps_before_by_lines", "steps_before_periodic", "trace_steps",
+           "unlocated_message", "window_unlocated"]
 
 COVERAGE_MIN = 0.75
 """Below this ratio of export launches (kernels and launch records) to logged launch units, the
@@ -257,8 +257,8 @@ def _fits(fam_mask: np.ndarray, dt_mask: np.ndarray, op: np.ndarray, count: np.n
     return fam_ok & size_ok & group_ok
 
 
-def locate_by_trace(units, ks, steps: TraceSteps | None,
-                    declared: tuple[int, int] | None = None) -> TraceLocation:  # fmt: skip
+def locate_by_trace(units, ks, steps: TraceSteps | None, declared: tuple[int, int] | None = None,
+                    marks: pd.DataFrame | None = None) -> TraceLocation:  # fmt: skip
     """Locate a kernel trace's window in one process's log from the trace's own evidence: the
     sequence of its kernels (family, and the profiler's collective arguments where present)
     must occur in the log's launch units at one offset; where the log repeats it step after
@@ -271,7 +271,10 @@ def locate_by_trace(units, ks, steps: TraceSteps | None,
     kernels made once in every declared step (the first iteration counts even when it differs
     from the rest). It is used only when verified: the sequence fits there and nowhere else.
     Where the captured steps repeat identically, nothing tells the declared iterations from
-    their neighbours, and the window is refused with the reason (``declared_unverified``)."""
+    their neighbours, and the window is refused with the reason (``declared_unverified``).
+    ``marks``: Megatron's iteration lines in this log (:mod:`nccltrace.megatron.training_log`);
+    where they bracket a candidate, their count of completed iterations replaces the count by
+    the calls made once per step."""
     real, op, count, nranks = _unit_calls(units)
     kreal = np.flatnonzero(~ks.placeholder)
     fam, kdt = ks.family[kreal], ks.dtype_class[kreal]
@@ -316,7 +319,7 @@ def locate_by_trace(units, ks, steps: TraceSteps | None,
                 "not count from the log's first iteration"), candidates=len(full), first_step=first)
     elif declared is not None:
         return _check_declared(full, declared, m, fm, dm, op, count, nranks, fam, kdt, in_n, out_n, gsize, kreal,
-                               units, real)
+                               units, real, marks)
     else:
         return TraceLocation(None, None, f"the trace's kernel sequence fits the log at {len(full)} places (its steps "
                                          "repeat) and the trace has no step markers to tell them apart",
@@ -325,7 +328,7 @@ def locate_by_trace(units, ks, steps: TraceSteps | None,
     if declared is not None and steps is None and how == "trace_sequence":
         # one place fits: the declared steps are checked against it (completed steps before it)
         check = _check_declared(full, declared, m, fm, dm, op, count, nranks, fam, kdt, in_n, out_n, gsize, kreal,
-                                units, real)
+                                units, real, marks)
         if check.outside is not None:
             return check
         said = f"{check.message}; the one place where the trace's sequence fits was used"
@@ -345,7 +348,7 @@ def _window(units, real: np.ndarray, offset: int, m: int) -> np.ndarray:
 
 
 def _check_declared(full: list[int], declared: tuple[int, int], m: int, fm, dm, op, count, nranks, fam, kdt, in_n,
-                    out_n, gsize, kreal, units, real) -> TraceLocation:  # fmt: skip
+                    out_n, gsize, kreal, units, real, marks: pd.DataFrame | None = None) -> TraceLocation:  # fmt: skip
     """Declared steps (0-based loop iterations ``declared``) checked against the places ``full``
     where the trace's sequence fits (see :func:`locate_by_trace`)."""
     lo, hi = declared
@@ -357,6 +360,8 @@ def _check_declared(full: list[int], declared: tuple[int, int], m: int, fm, dm, 
     per = m // n_steps
     pseudo = TraceSteps(tuple(range(lo, hi + 1)), np.repeat(np.arange(lo, hi + 1), per))
     est = _steps_before(full, pseudo, fm, dm, op, count, nranks, fam, kdt, in_n, out_n, gsize, np.arange(m))
+    if marks is not None and len(marks):
+        est = _steps_before_by_lines(full, units, real, marks, est)
     at = [o for o, e in zip(full, est, strict=True) if e == lo]
     fits = ", ".join(str(e + 1) if e is not None else "?" for e in est[:8])
     if len(at) == 1 and len(full) == 1:
@@ -373,6 +378,40 @@ def _check_declared(full: list[int], declared: tuple[int, int], m: int, fm, dm, 
         f"{said} contradict the trace: its kernel sequence fits the log only where iterations {fits} start, not "
         f"at iteration {lo + 1}; check the declared steps (Megatron's 1-based iteration numbers)"),
         candidates=len(full))
+
+
+def _steps_before_by_lines(offsets: list[int], units, real: np.ndarray, marks: pd.DataFrame,
+                           est: list[int | None]) -> list[int | None]:  # fmt: skip
+    """``est`` with each candidate's count replaced by Megatron's iteration lines where they tell
+    it: the lines printed before the candidate's first call (one per completed iteration)."""
+    from ..megatron.training_log import completed_before
+
+    units_of_rows, first_row = np.unique(units.call_unit, return_index=True)
+    first = first_row[np.searchsorted(units_of_rows, real[np.asarray(offsets, np.int64)])]
+    done = completed_before(marks, units.calls["line"].to_numpy(np.int64)[first])
+    return [int(d) if d >= 0 else e for d, e in zip(done, est, strict=True)]
+
+
+def steps_before_by_lines(lines: np.ndarray, sl: StepLines, marks: pd.DataFrame) -> tuple[int | None, str | None]:
+    """Training steps completed before the log's periodic region (row ``sl.first`` of ``lines``,
+    the log line of each call row :func:`step_lines` saw), counted by Megatron's iteration lines
+    at every step boundary they bracket: ``(count, None)`` when all boundaries agree, ``(None,
+    why)`` when they contradict the step structure (evaluation or skipped iterations, a restart
+    from a checkpoint), ``(None, None)`` when the lines bracket none."""
+    from ..megatron.training_log import completed_before
+
+    bounds = sl.first + sl.period * np.arange(sl.steps + 1)
+    bounds = bounds[bounds < len(lines)]
+    done = completed_before(marks, np.asarray(lines, np.int64)[bounds])
+    ok = done >= 0
+    if not ok.any():
+        return None, None
+    before = np.unique(done[ok] - np.flatnonzero(ok))
+    if len(before) == 1:
+        return int(before[0]), None
+    return None, (f"Megatron's iteration lines contradict the log's step structure ({sl.period} calls per step): "
+                  f"counted at its step boundaries they put {', '.join(map(str, before[:6]))} iterations before its "
+                  "periodic part (evaluation or skipped iterations, a restart, or lines printed out of order)")
 
 
 def _steps_before(offsets: list[int], steps: TraceSteps, fm, dm, op, count, nranks, fam, kdt, in_n, out_n, gsize,
