@@ -29,7 +29,6 @@ include: "workflow/rules/parse.smk"
 include: "workflow/rules/correlate.smk"
 include: "workflow/rules/metrics.smk"
 include: "workflow/rules/report.smk"
-include: "workflow/rules/code.smk"
 
 
 rule all:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from snakemake_jobs import scheduled_jobs
 
 from nccltrace.campaign import CampaignError, expand_campaign, load_campaign
 from nccltrace.cli import build_parser, main
@@ -120,7 +121,9 @@ def test_snakemake_lint_is_clean_and_dry_run_shows_the_dag(tmp_path):
                           str(REPO / "Snakefile"), "--directory", str(tmp_path), "--configfile", str(EXAMPLE)],
                          cwd=REPO, capture_output=True, text=True)
     assert dry.returncode == 0, dry.stderr
-    assert "acquire" in dry.stdout + dry.stderr
+    # every run's acquisition is scheduled at once (not one run after another's)
+    runs = len(expand_campaign(load_campaign(EXAMPLE)))
+    assert scheduled_jobs(dry.stdout + dry.stderr) == {"acquire": runs, "campaign_report": 1, "all": 1}
 
 
 def test_ci_runs_exactly_the_readme_test_command():
@@ -133,8 +136,8 @@ def test_ci_runs_exactly_the_readme_test_command():
 
 
 def test_emulated_hardware_needs_a_known_node_model():
-    from nccltrace.emulator.config import HARDWARE_PRESETS
     from nccltrace.campaign import EMULATOR_PRESETS
+    from nccltrace.emulator.config import HARDWARE_PRESETS
 
     assert set(EMULATOR_PRESETS) == set(HARDWARE_PRESETS)
     cfg = yaml.safe_load(EXAMPLE.read_text())

@@ -12,7 +12,6 @@ from __future__ import annotations
 import gzip
 import json
 import re
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +19,11 @@ import pandas as pd
 import pytest
 
 from nccltrace.log_discovery import discover_logs
-from nccltrace.megatron.training_log import completed_before, is_iteration_line, iteration_lines
+from nccltrace.megatron.training_log import (
+    completed_before,
+    is_iteration_line,
+    iteration_lines,
+)
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "realdata" / "torch_nccl228_h200_tp2pp2"
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from snakemake_jobs import scheduled_jobs
 
 from nccltrace.run_layout import RunLayout
 from nccltrace.tables import read_table
@@ -45,19 +46,6 @@ def _repo_copy(repo: Path) -> Path:
         else:
             shutil.copy2(src, repo / part)
     return repo
-
-
-def _job_stats(output: str) -> dict[str, int]:
-    """Rule -> job count from Snakemake's 'Job stats' table (the first one printed)."""
-    stats: dict[str, int] = {}
-    block = output.split("Job stats:", 1)
-    for line in block[1].splitlines()[3:] if len(block) == 2 else []:
-        m = re.match(r"^(\w+)\s+(\d+)$", line.strip())
-        if not m:
-            break
-        if m.group(1) != "total":
-            stats[m.group(1)] = int(m.group(2))
-    return stats
 
 
 # one run of 2 nodes x 4 GPUs (TP=4, DP=2): 8 processes, 4 per node
@@ -125,7 +113,7 @@ def test_workflow_emulates_and_parses_every_run_then_has_nothing_to_do(tmp_path)
         assert len(comms) > 0 and comms.complete.all()
         assert (base / "logs" / "acquire.log").exists() and (base / "benchmarks" / "acquire.tsv").exists()
     again = _snakemake(tmp_path, "-n")
-    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+    assert again.returncode == 0 and scheduled_jobs(again.stdout + again.stderr) == {}
     _analyze_gives_the_workflows_tables(tmp_path / "results" / "small" / runs[1], tmp_path / "analyzed")
     # A rank's log goes missing: the run's summary says so and is flagged partial.
     base = tmp_path / "results" / "small" / runs[0]
@@ -144,38 +132,95 @@ def test_workflow_emulates_and_parses_every_run_then_has_nothing_to_do(tmp_path)
     assert manifest["partial"] and manifest["config_hash"] and len(manifest["inputs"]) == 3 * 2 + 2 + 1
 
 
+def _rule_graph(dot: str) -> dict[str, set[str]]:
+    """Rule -> the rules whose jobs read its outputs, from ``snakemake --rulegraph``."""
+    names = dict(re.findall(r'^\s*(\d+)\[label = "(\w+)"', dot, re.MULTILINE))
+    feeds: dict[str, set[str]] = {name: set() for name in names.values()}
+    for a, b in re.findall(r"^\s*(\d+) -> (\d+)", dot, re.MULTILINE):
+        feeds[names[a]].add(names[b])
+    assert feeds, dot[-2000:]
+    return feeds
+
+
+def _downstream(feeds: dict[str, set[str]], rules: set[str]) -> set[str]:
+    seen, todo = set(rules), list(rules)
+    while todo:
+        for nxt in feeds.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
 @pytest.mark.slow
-def test_a_code_change_reruns_its_stage_even_when_snakemake_lost_the_jobs_metadata(tmp_path):
-    """A job killed before Snakemake recorded it leaves outputs without metadata, so a changed
-    params hash cannot trigger a re-run. The stage's code stamp (an input named after the hash
-    of the stage's import closure) does: the new stamp is newer than the old outputs. A module
-    outside the closure re-runs nothing."""
+def test_a_code_change_schedules_exactly_its_stages_and_their_dependents_with_or_without_snakemakes_records(
+        tmp_path):
+    """The example campaign, done. Then, from that state each time, with Snakemake's records of
+    the jobs intact and removed (as a head killed before recording them, or results copied from
+    another machine, leave them): no change and a comment schedule nothing; a change to
+    nccl/versions.py schedules every job of the stages whose import closure holds it and of
+    every rule downstream of them, for every run, and no acquisition; a change to trace.py the
+    same for its stages. Counted from Snakemake's job table; the expected rules come from the
+    stages' import closures and the workflow's own rule graph."""
     import shutil
 
+    from nccltrace.provenance import STAGE_ENTRIES, import_closure
+
     repo = _repo_copy(tmp_path / "repo")
-    one = {**SMALL, "matrix": [{**SMALL["matrix"][0], "parallelism": [{"tp": 2}]}]}
     work = tmp_path / "work"
     work.mkdir()
-    (work / "config.yaml").write_text(yaml.safe_dump(one))
-    run = "tiny_T4_n2_tp2_pp1_ep1_cp1_vpp1_sp0_dp2"
-    target = f"results/small/{run}/communicators/communicators.parquet"
+    shutil.copy2(REPO / "config" / "config.yaml", work / "config.yaml")
 
     def snakemake(*args: str) -> subprocess.CompletedProcess:
         return _snakemake(work, *args, snakefile=repo / "Snakefile")
 
-    first = snakemake(target)
+    first = snakemake()
     assert first.returncode == 0, first.stderr[-4000:]
-    shutil.rmtree(work / ".snakemake" / "metadata")  # as after a SIGKILL
-    # a module outside parse_node's and communicators' closure: nothing to do
-    (repo / "src" / "nccltrace" / "trace.py").write_text((repo / "src" / "nccltrace" / "trace.py").read_text() + "\n#\n")
-    quiet = snakemake("-n", target)
-    assert quiet.returncode == 0 and "Nothing to be done" in quiet.stdout + quiet.stderr, quiet.stdout[-3000:]
-    # nccl/versions.py: imported by the log reader (the hand-kept list of modules missed it)
-    versions = repo / "src" / "nccltrace" / "nccl" / "versions.py"
-    versions.write_text(versions.read_text() + "\n# a change\n")
-    dry = snakemake("-n", target)
-    text = dry.stdout + dry.stderr
-    assert dry.returncode == 0 and "parse_node" in text and "communicators" in text, text[-3000:]
+    graph = snakemake("--rulegraph")
+    assert graph.returncode == 0, graph.stderr[-3000:]
+    feeds = _rule_graph(graph.stdout)
+    pkg = repo / "src" / "nccltrace"
+    modules = {m: (pkg / m).read_text() for m in ("nccl/versions.py", "trace.py")}
+    stamps, records = work / "results" / ".code" / "example", work / ".snakemake" / "metadata"
+    shutil.copytree(stamps, tmp_path / "stamps")  # copy2: the stamps keep their times
+    shutil.copytree(records, tmp_path / "records")
+    # every analysis job of the campaign (the first run's own table is printed before its
+    # checkpoints have said how many nodes each run has): what every stamp out of date schedules
+    # without the records (with them, Snakemake compares a small input's checksum, not its time)
+    for stamp in stamps.glob("*.stamp"):
+        stamp.write_text("0\n")
+    shutil.rmtree(records)
+    everything = snakemake("-n")
+    assert everything.returncode == 0, everything.stderr[-3000:]
+    every = scheduled_jobs(everything.stdout + everything.stderr)
+    runs = len(list((work / "results" / "example").glob("*/raw")))
+    assert "acquire" not in every and every["ops"] == runs and every["parse_node"] >= runs, every
+
+    def dry_run(module: str | None, added: str, with_records: bool) -> dict[str, int]:
+        for m, text in modules.items():
+            (pkg / m).write_text(text)
+        shutil.rmtree(stamps)
+        shutil.copytree(tmp_path / "stamps", stamps)
+        shutil.rmtree(records, ignore_errors=True)
+        if with_records:
+            shutil.copytree(tmp_path / "records", records)
+        if module is not None:
+            (pkg / module).write_text(modules[module] + added)
+        dry = snakemake("-n")
+        assert dry.returncode == 0, dry.stderr[-3000:]
+        return scheduled_jobs(dry.stdout + dry.stderr)
+
+    for with_records in (True, False):
+        assert dry_run(None, "", with_records) == {}, with_records
+        if not with_records:  # with them, the code hash (a rule parameter) would say the same
+            comment = "\n# a comment changes nothing a module does\n"
+            assert dry_run("nccl/versions.py", comment, with_records) == {}
+        for module in modules:
+            stages = {s for s in STAGE_ENTRIES if s in feeds and module in import_closure(STAGE_ENTRIES[s])}
+            assert stages, module
+            expected = {rule: every[rule] for rule in _downstream(feeds, stages)}
+            assert "acquire" not in expected
+            assert dry_run(module, "\n_TOUCHED = 1\n", with_records) == expected, (module, with_records)
 
 
 @pytest.mark.slow
@@ -190,7 +235,7 @@ def test_a_run_is_parsed_and_aligned_in_one_job_per_node_not_per_process(tmp_pat
     assert len(list((raw / "nccl").glob("nccl_*.log"))) == 8 and len(list((raw / "nsys").glob("*.sqlite"))) == 2
     dry = _snakemake(tmp_path, "-n")
     assert dry.returncode == 0, dry.stderr[-4000:]
-    stats = _job_stats(dry.stdout + dry.stderr)
+    stats = scheduled_jobs(dry.stdout + dry.stderr)
     assert stats.get("parse_node") == 2 and stats.get("align_node") == 2, stats
     assert not {"parse_nccl", "parse_nsys", "align"} & set(stats), stats
     per_run = {rule: n for rule, n in stats.items() if rule not in ("parse_node", "align_node", "code_stamp")}

@@ -18,7 +18,6 @@ scenarios in order, because each SLURM round trip costs seconds:
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import signal
 import subprocess
@@ -29,6 +28,7 @@ from pathlib import Path
 import pytest
 import yaml
 from slurm_cluster import local_slurm  # noqa: F401  (session fixture)
+from snakemake_jobs import scheduled_jobs
 
 REPO = Path(__file__).resolve().parents[1]
 DOUBLES = REPO / "tests" / "doubles"
@@ -109,23 +109,6 @@ def _run(wd: Path, *extra: str, timeout: float = 1500) -> subprocess.CompletedPr
     return subprocess.run(_cmd(wd, *extra), check=False, capture_output=True, text=True, timeout=timeout, cwd=wd)
 
 
-def _job_stats(output: str) -> dict[str, int]:
-    """Rule -> job count from Snakemake's 'Job stats' table."""
-    stats: dict[str, int] = {}
-    block = output.split("Job stats:", 1)
-    if len(block) < 2:
-        return stats
-    for line in block[1].splitlines()[3:]:
-        m = re.match(r"^(\w+)\s+(\d+)\s*$", line.strip())
-        if not m:
-            if stats:
-                break
-            continue
-        if m.group(1) != "total":
-            stats[m.group(1)] = int(m.group(2))
-    return stats
-
-
 def _cancel_all(cluster) -> None:
     subprocess.run(["scancel", "--user", "root"], check=False)
     deadline = time.monotonic() + 60
@@ -172,7 +155,7 @@ def test_a_killed_run_resumes_without_redoing_finished_work(first_run, workdir):
     assert first_run["finished_before"], "nothing had finished when the head was killed"
     for path, mtime in {**first_run["finished_before"], **first_run["parsed_before"]}.items():
         assert path.stat().st_mtime_ns == mtime, f"{path} was recomputed after the resume"
-    stats = _job_stats(resumed.stdout + resumed.stderr)
+    stats = scheduled_jobs(resumed.stdout + resumed.stderr)
     assert stats.get("train", 0) <= 1  # at most the crashing run's, never the finished capture again
     assert "parse_node" not in stats, stats  # the good run's one node was parsed before the kill
     assert (workdir / "results" / "slurmtest" / "campaign" / "report.html").is_file()
@@ -228,7 +211,7 @@ def test_training_jobs_went_through_sbatch_with_the_hardware_profile(first_run, 
 def test_a_second_invocation_has_nothing_to_do(first_run, workdir):
     again = _run(workdir, "--dry-run")
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "Nothing to be done" in again.stdout + again.stderr
+    assert scheduled_jobs(again.stdout + again.stderr) == {}
 
 
 def test_an_analysis_code_change_reruns_exactly_the_downstream_stages(first_run, workdir):
@@ -238,7 +221,7 @@ def test_an_analysis_code_change_reruns_exactly_the_downstream_stages(first_run,
                if p.is_file()}
     rerun = _run(workdir)
     assert rerun.returncode == 0, rerun.stdout[-6000:] + rerun.stderr[-6000:]
-    stats = _job_stats(rerun.stdout + rerun.stderr)
+    stats = scheduled_jobs(rerun.stdout + rerun.stderr)
     assert stats.get("metrics") == 1, stats
     assert not {"train", "nsys_export", "acquire", "parse_node", "align_node", "ops"} & set(stats), stats
     assert {"report", "campaign_report"} <= set(stats), stats

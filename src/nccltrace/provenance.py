@@ -92,13 +92,37 @@ STAGE_DATA: dict[str, tuple[str, ...]] = {"emulate": ("nsys/ddl",), "report": ("
 _EXCLUDED = {"provenance.py"}
 
 
+def _imports(path: Path, mtime_ns: int) -> tuple[tuple[int, str | None, tuple[str, ...]], ...]:
+    """Every import statement of a module as (level, module, names): ``import a.b`` is
+    (0, "a.b", ()), ``from ..x import y`` (2, "x", ("y",))."""
+    return _module_facts(path, mtime_ns)[0]
+
+
+@functools.lru_cache(maxsize=1024)
+def _module_facts(path: Path, mtime_ns: int) -> tuple[tuple, bytes]:
+    """A source file's imports (Python) and what it contributes to a stage's code hash (see
+    :func:`stage_code_hash`), from one parse; cached per file version, since the workflow
+    computes every stage's closure and hash each time it is read."""
+    import ast
+
+    data = path.read_bytes()
+    if path.suffix != ".py":
+        return (), hashlib.sha256(data).digest()
+    tree = ast.parse(data, filename=str(path))
+    imports = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            imports.append((node.level, node.module, tuple(a.name for a in node.names)))
+        elif isinstance(node, ast.Import):
+            imports += [(0, a.name, ()) for a in node.names]
+    return tuple(imports), hashlib.sha256(ast.dump(tree).encode()).digest()
+
+
 def import_closure(entries: tuple[str, ...]) -> list[str]:
     """Package modules (paths relative to the package) reachable from ``entries`` through
     ``import`` statements anywhere in a module (function-level imports included: a stage may
     run them), plus the ``__init__.py`` of every package on the way. Static, so the result
     does not depend on what happens to be imported already."""
-    import ast
-
     pkg = Path(__file__).resolve().parent
     name = pkg.name
 
@@ -121,28 +145,28 @@ def import_closure(entries: tuple[str, ...]) -> list[str]:
         here = list(rel[:-1])  # the package a relative import starts from (a package's own for __init__)
         for parent in range(1, len(here) + 1):  # packages on the way
             todo += resolve(here[:parent])
-        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom):
-                if node.level:
-                    up = here[: len(here) - (node.level - 1)] if node.level > 1 else here
-                    mod = up + (node.module.split(".") if node.module else [])
-                elif node.module and node.module.split(".")[0] == name:
-                    mod = node.module.split(".")[1:]
-                else:
-                    continue
-                todo += resolve(mod)
-                for alias in node.names:  # `from . import x` may name a submodule
-                    todo += resolve([*mod, alias.name])
-            elif isinstance(node, ast.Import):
-                for alias in node.names:
-                    if alias.name.split(".")[0] == name:
-                        todo += resolve(alias.name.split(".")[1:])
+        for level, module, names in _imports(f, f.stat().st_mtime_ns):
+            if level:
+                up = here[: len(here) - (level - 1)] if level > 1 else here
+                mod = up + (module.split(".") if module else [])
+            elif module is not None and module.split(".")[0] == name:
+                mod = module.split(".")[1:]
+            else:
+                continue
+            todo += resolve(mod)
+            for alias in names:  # `from . import x` may name a submodule
+                todo += resolve([*mod, alias])
     return sorted(str(p.relative_to(pkg)) for p in seen if p.name not in _EXCLUDED or p.parent != pkg)
 
 
 def stage_code_hash(stage: str) -> str:
     """SHA-256 (16 hex digits) of the package sources a workflow stage can execute (the import
-    closure of its entry points) and the data files it reads."""
+    closure of its entry points) and the data files it reads (templates, DDL).
+
+    Python modules count by what they do: their syntax tree (``ast.dump``), so a comment, blank
+    lines or reformatting leave the hash, and the stage's results, alone; any change to code,
+    a literal or a docstring changes it. Data files count byte for byte (a template's
+    whitespace is its output)."""
     pkg = Path(__file__).resolve().parent
     h = hashlib.sha256()
     files = [pkg / m for m in import_closure(STAGE_ENTRIES[stage])]
@@ -150,8 +174,33 @@ def stage_code_hash(stage: str) -> str:
         files += sorted(q for q in (pkg / entry).rglob("*") if q.is_file() and q.suffix in (".py", ".sql", ".j2"))
     for f in files:
         h.update(str(f.relative_to(pkg)).encode())
-        h.update(f.read_bytes())
+        h.update(_module_facts(f, f.stat().st_mtime_ns)[1])
     return h.hexdigest()[:16]
+
+
+def refresh_code_stamp(directory: Path | str, stage: str) -> Path:
+    """The workflow's code stamp of ``stage`` in ``directory``: a file holding the stage's code
+    hash, rewritten (so newer than every output made before) when the hash it holds differs
+    from the code's now.
+
+    Snakemake re-runs a job whose input is newer than its outputs, also where its own records
+    of the jobs' parameters were lost; but it builds its graph lazily from the outputs asked
+    for, so a stamp that does not exist yet is never made for outputs that do. The stamp is
+    therefore refreshed when the workflow is read, before the graph is built. A code change
+    that is reverted before the stage re-ran still re-runs it once (the stamp records when the
+    code last changed, not which code made each output)."""
+    path = Path(directory) / f"{stage}.stamp"
+    code = stage_code_hash(stage)
+    try:
+        held = path.read_text(encoding="utf-8").strip()
+    except (FileNotFoundError, UnicodeDecodeError):
+        held = None
+    if held != code:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(code + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    return path
 
 
 def tool_versions() -> dict[str, str]:

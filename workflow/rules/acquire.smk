@@ -57,7 +57,6 @@ checkpoint acquire:
     params:
         settings=run_settings,
         backend=lambda wc: RUNS[wc.run].backend,
-        code=acquire_code_hash,
         nsys=config.get("training", {}).get("nsys", "nsys"),
     # The emulator emulates nodes in parallel processes (Snakemake caps this at --cores).
     threads: lambda wc: int(RUNS[wc.run].settings.get("nodes", 1)) if RUNS[wc.run].backend == "emulate" else 1

@@ -1,11 +1,14 @@
 # Shared helpers: campaign expansion (validated above), paths, input functions.
 import json
+import sys
 from pathlib import Path
+
+from snakemake.exceptions import IncompleteCheckpointException
 
 from nccltrace.campaign import expand_campaign, validate_runs
 from nccltrace.job_memory import mem_mb, parquet_rows
 from nccltrace.metrics import part_calls
-from nccltrace.provenance import stage_code_hash
+from nccltrace.provenance import refresh_code_stamp, stage_code_hash
 from nccltrace.run_layout import METRIC_TABLES, RunLayout
 
 RUNS = {run.run_id: run for run in expand_campaign(config)}
@@ -85,8 +88,8 @@ def acquire_inputs(wildcards):
     """Backend slurm: the training capture and one export per nsys report (known once the
     training checkpoint has run). Other backends need nothing upstream."""
     if RUNS[wildcards.run].backend != "slurm":
-        # emulated raw data depends on our code (the emulator); a real capture does not
-        return {"code": code_stamp("emulate")} if RUNS[wildcards.run].backend == "emulate" else {}
+        # raw data, emulated too, is the run's capture: no code change re-makes it (-R acquire does)
+        return {}
     capture = Path(checkpoints.train.get(run=wildcards.run).output.capture)
     hosts = sorted({p.stem for p in (capture / "nsys").iterdir() if p.suffix in REPORT_SUFFIXES})
     return {
@@ -110,16 +113,33 @@ def nsys_report(wildcards):
 
 
 def code_stamp(stage):
-    """An input file named after the stage's code hash (its import closure). A code change
-    names a new file, which the code_stamp job creates at once, newer than every output of
-    the stage; Snakemake then re-runs them by modification time, even where the params
-    metadata was lost (a job killed before Snakemake recorded it)."""
-    return f"{CODE_STAMPS}/{stage}-{stage_code_hash(stage)}.stamp"
+    """The stage's code stamp, an input of each of its jobs: refreshed now, as the workflow is
+    read, when the stage's code hash (its import closure and data files) changed, so that it is
+    newer than every output made before and Snakemake re-runs them by modification time, even
+    where its records of the jobs were lost (nccltrace.provenance.refresh_code_stamp)."""
+    return str(refresh_code_stamp(CODE_STAMPS, stage))
 
 
-def acquire_code_hash(wildcards):
-    """Only emulated raw data depends on our code (the emulator); a real capture does not."""
-    return stage_code_hash("emulate") if RUNS[wildcards.run].backend == "emulate" else "-"
+def _emulated_by_other_code():
+    """Emulated runs whose raw data an emulator other than this checkout's made. Raw data stands
+    for the run's capture and no code change re-makes it; this says which runs differ and how to
+    re-make them, once, when the workflow is read."""
+    emulator = stage_code_hash("emulate")
+    older = []
+    for run_id in RUN_IDS:
+        layout = RunLayout(f"{RESULTS}/{run_id}")
+        manifest = layout.manifest(layout.raw)
+        if RUNS[run_id].backend == "emulate" and manifest.is_file():
+            made_by = json.loads(manifest.read_text()).get("emulator_code")
+            if made_by != emulator:
+                older.append(run_id)
+    if older:
+        print(f"nccltrace: {len(older)} emulated run(s) were made by another emulator version (the emulator changed "
+              f"since; raw data is kept as captured): {', '.join(older[:4])}{' ...' if len(older) > 4 else ''}. "
+              "To emulate them again: snakemake -R acquire", file=sys.stderr)
+
+
+_emulated_by_other_code()
 
 
 def acquired(run):
@@ -129,8 +149,22 @@ def acquired(run):
     return read_status(checkpoints.acquire.get(run=run).output.raw)["status"] == "ok"
 
 
-def acquired_runs():
-    return [run for run in RUN_IDS if acquired(run)]
+def acquisition_state():
+    """(runs whose acquisition succeeded, checkpoint targets of the runs not acquired yet).
+
+    Every pending acquisition is returned at once, so that the workflow schedules them
+    together: a checkpoint's get() raises for the first one missing, and an input function that
+    lets it raise makes Snakemake learn of the runs one at a time (each run's training job would
+    wait for the previous run's). The targets keep Snakemake's checkpoint flag, so the input
+    functions are evaluated again as each acquisition finishes."""
+    done, pending = [], []
+    for run in RUN_IDS:
+        try:
+            if acquired(run):
+                done.append(run)
+        except IncompleteCheckpointException as pending_run:
+            pending.append(pending_run.targetfile)
+    return done, pending
 
 
 def raw_dir(wildcards):
@@ -193,8 +227,8 @@ def node_processes(wildcards):
 def analysis_targets(wildcards):
     """Every per-run output of every run whose acquisition succeeded (rule all). Runs whose
     training failed are listed, with the reason, in the campaign report instead."""
-    out = []
-    for run in acquired_runs():
+    done, out = acquisition_state()
+    for run in done:
         layout = RunLayout(f"{RESULTS}/{run}")
         out += [layout.aligned_node(host) for host in log_hosts(run)]
         out += [layout.parse_summary, layout.communicators, layout.ops, layout.metric("op_metrics"),
@@ -204,8 +238,9 @@ def analysis_targets(wildcards):
 
 def run_report_manifests(wildcards):
     """Reports the campaign report combines: those of the runs that were acquired."""
-    layouts = [RunLayout(f"{RESULTS}/{run}") for run in acquired_runs()]
-    return [layout.manifest(layout.report_dir) for layout in layouts]
+    done, pending = acquisition_state()
+    layouts = [RunLayout(f"{RESULTS}/{run}") for run in done]
+    return pending + [layout.manifest(layout.report_dir) for layout in layouts]
 
 
 def failed_runs(wildcards):

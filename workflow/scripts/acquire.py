@@ -19,7 +19,7 @@ from nccltrace.acquisition.raw import (  # noqa: E402
     record_failed_import,
     write_status,
 )
-from nccltrace.provenance import write_manifest  # noqa: E402
+from nccltrace.provenance import stage_code_hash, write_manifest  # noqa: E402
 
 sm = snakemake  # noqa: F821
 run = sm.wildcards.run
@@ -41,8 +41,10 @@ if backend == "emulate":
     record["emulator_run_id"], record["run_id"] = record.get("run_id"), run
     (tmp / "run.yaml").write_text(yaml.safe_dump(record, sort_keys=False))
     write_status(tmp, "ok")
+    # the emulator's own code hash: raw data is never re-made by a code change, so the workflow
+    # names the runs an older emulator made (common.smk)
     write_manifest(tmp / "manifest.json", stage="acquire:emulate", inputs=[], outputs=[tmp], config=settings,
-                   extra={"run": run})
+                   extra={"run": run, "emulator_code": stage_code_hash("emulate")})
     os.replace(tmp, raw)
     print(f"emulated {run}: {result.n_ranks} ranks, {result.n_ops:,} ops, {result.n_kernels:,} kernels, "
           f"{len(result.nsys_files)} node exports")
