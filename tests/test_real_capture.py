@@ -182,7 +182,10 @@ def test_one_nsys_export_per_process_is_read_in_full(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_logs_alone_go_through_every_stage_that_needs_no_kernel_times(tmp_path, capsys):
+def test_the_logs_alone_go_through_every_stage_that_needs_no_kernel_times(tmp_path, capsys, as_is):
+    """Also: without names or sizes, what each communicator does ranks the 36 layouts that fit
+    its member sets; the most likely (tp 2, pp 2) labels all 8 communicators as their PyTorch
+    groups' own names do (the run as captured), none of them marked certain."""
     run = tmp_path / "logs_only"
     shutil.copytree(CAPTURE / "nccl", run)
     _analyze(run, tmp_path / "out")
@@ -197,6 +200,13 @@ def test_the_logs_alone_go_through_every_stage_that_needs_no_kernel_times(tmp_pa
     html = (tmp_path / "out" / "report" / "report.html").read_text()
     assert "no kernel trace" in html and "torch.profiler" in html
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["partial"]
+    named = pd.read_parquet(as_is[0] / "ops" / "parallelism.parquet").set_index("logical_id")
+    guessed = pd.read_parquet(tmp_path / "out" / "ops" / "parallelism.parquet").set_index("logical_id")
+    assert (named["label_source"] == "pg-names").all() and (guessed["label_source"] == "behaviour").all()
+    assert guessed["parallelism"].to_dict() == named["parallelism"].to_dict()
+    assert (guessed["resolution"] == "most-likely").all()  # other layouts fit: nothing said to be certain
+    assert all(k in str(c).split(",") for k, c in zip(named["parallelism"], guessed["parallelism_candidates"]))
+    assert "ranked by what each communicator does" in err and "tp=2, pp=2" in err
 
 
 @pytest.mark.parametrize("name, utc, clock", [

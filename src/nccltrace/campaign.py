@@ -47,6 +47,16 @@ class RunSpec:
         """Host names the emulator uses for this run (node000, node001, ...)."""
         return [f"node{i:03d}" for i in range(int(self.settings["nodes"]))]
 
+    @property
+    def analysis_settings(self) -> dict[str, Any]:
+        """The settings the analysis reads, with the parallel sizes made explicit where the
+        campaign launches the run (emulated or trained): a size the matrix leaves out is
+        Megatron's default (1), a declaration as good as any, so labels are matched to the
+        run's groups instead of guessed. An imported run declares only what its entry says."""
+        if self.backend == "import":
+            return dict(self.settings)
+        return {**{k: 1 for k in ("tp", "pp", "cp", "ep")}, **self.settings}
+
     def config_hash(self) -> str:
         blob = json.dumps({"settings": self.settings, "hardware": self.hardware, "backend": self.backend},
                           sort_keys=True, default=str)

@@ -488,7 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "campaign with every imperfection on), parallelism labels and communicator "
                                    "fallback, clock sync errors of both methods, exact vs default alignment.")
     s.add_argument("--quick", action="store_true", help="fewer, smaller scenarios (CI)")
-    s.add_argument("--only", metavar="SECTIONS", help="comma list of alignment,capture,communicators,clock,exact "
+    s.add_argument("--only", metavar="SECTIONS", help="comma list of alignment,capture,communicators,labels,clock,exact "
                    "(default: all)")
     s.add_argument("--campaign", help="campaign config for the default-mode runs (default: config/config.yaml of "
                    "the checkout)")

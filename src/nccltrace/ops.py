@@ -50,9 +50,11 @@ OPS_SCHEMA = pa.schema(
         _f("rank_in_comm", pa.int32(), "", "rank of the process in the communicator"),
         _f("parallelism", pa.string(), "", "parallelism the communicator serves (tp, pp, dp, dp-cp, ep, cp, "
            "embedding, world, ...; 'unknown' when unresolved)"),
-        _f("parallelism_candidates", pa.string(), "", "every group kind with the same member set (comma list)"),
+        _f("parallelism_candidates", pa.string(), "", "every group kind with the same member set (comma list; "
+           "'behaviour' labels: under any layout that fits)"),
         _f("label_source", pa.string(), "", "'pg-names' (the PyTorch process group's Megatron name), "
-           "'megatron-groups' (declared or name-derived sizes), 'heuristic' (thesis 4.2.3 fallback) or 'unmatched'"),
+           "'megatron-groups' (declared, inferred or name-derived sizes), 'behaviour' (the layout most likely from "
+           "what each communicator does: not certain), 'heuristic' (thesis 4.2.3 fallback) or 'unmatched'"),
         _f("pg_name", pa.string(), "", "PyTorch process group of the call's communicator (parallelism.parquet)"),
         _f("pg_desc", pa.string(), "", "its description as Megatron set it (TENSOR_MODEL_PARALLEL_GROUP, ...)"),
         _f("instance", pa.string(), "", "cross-rank key of one collective instance: '<logical_id>:<opCount>' where "
@@ -467,8 +469,6 @@ def stream_run_ops(
     import pyarrow.parquet as pq
 
     from .clocksync import add_sync_columns, estimate_clock_model
-    from .parallelism import declares_sizes, label_communicators
-
     alignment_paths = [Path(p) for p in alignment_paths]
     calls_dirs = [Path(d) for d in calls_dirs]
     from .align.quality import read_quality
@@ -484,20 +484,10 @@ def stream_run_ops(
     comms = read_table(communicators_path)
     members = read_table(members_path)
     proc_rank = members.dropna(subset=["global_rank"]).groupby(["host", "pid"])["global_rank"].first()
-    # Labels need only which ops each communicator carries: the distinct (host, pid, comm, op).
-    call_kinds = pd.concat([read_table(d / "calls.parquet", columns=["host", "pid", "op", "comm"])
-                            .drop_duplicates() for d in calls_dirs], ignore_index=True)  # fmt: skip
-    sizes = settings or None
-    if not declares_sizes(settings):
-        sizes, note = _inferred_sizes(comms)
-        notes.append(note)
-    try:
-        labels = label_communicators(comms, sizes, members=members, calls=call_kinds)
-    except ValueError as e:  # declared sizes that cannot describe this run
-        problems.append(f"parallelism sizes: {e}; falling back to the heuristic labels")
-        labels = label_communicators(comms, None, members=members, calls=call_kinds)
-    if sizes is None:
-        labels = _world_is_not_dp(labels, comms)
+    # Labels need which ops each communicator carries and, without sizes, how often (behaviour):
+    # per (host, pid, comm, op) the number of calls and of distinct Send/Recv peers.
+    call_kinds = pd.concat([call_counts(d / "calls.parquet") for d in calls_dirs], ignore_index=True)
+    labels = run_labels(comms, members, call_kinds, settings, notes, problems)
     labels = _named(labels, comms, members, records, sessions, settings, call_kinds, notes)
     del call_kinds
     utc = {h: int(json.loads(Path(p).read_text()).get("utc_offset_ns") or 0) for h, p in sessions.items()}
@@ -641,10 +631,51 @@ def _named(labels: pd.DataFrame, comms: pd.DataFrame, members: pd.DataFrame, rec
     return named
 
 
-def _inferred_sizes(comms: pd.DataFrame) -> tuple[dict[str, int] | None, str]:
+def run_labels(comms: pd.DataFrame, members: pd.DataFrame, call_kinds: pd.DataFrame,
+               settings: Mapping[str, Any] | None, notes: list[str], problems: list[str]) -> pd.DataFrame:
+    """Every communicator's parallelism label (:data:`~nccltrace.parallelism.LABEL_SCHEMA`) from
+    the declared sizes; without them from the sizes the member sets determine, else from the
+    layout what each communicator did makes most likely (marked 'behaviour'), else the
+    heuristic. ``call_kinds``: :func:`call_counts` of every process. What the user should know
+    is appended to ``notes``, declared sizes that cannot describe the run to ``problems``."""
+    from .parallelism import declares_sizes, label_by_behaviour, label_communicators
+
+    sizes = settings or None
+    layouts = None  # without declared sizes: the consistent layouts, when behaviour ranked one first
+    if not declares_sizes(settings):
+        sizes, note, layouts = _inferred_sizes(comms, members, call_kinds)
+        notes.append(note)
+    try:
+        labels = label_communicators(comms, sizes, members=members, calls=call_kinds)
+    except ValueError as e:  # declared sizes that cannot describe this run
+        problems.append(f"parallelism sizes: {e}; falling back to the heuristic labels")
+        labels = label_communicators(comms, None, members=members, calls=call_kinds)
+        sizes = layouts = None
+    if layouts is not None:
+        labels = label_by_behaviour(labels, layouts)
+    if sizes is None:
+        labels = _world_is_not_dp(labels, comms)
+    return labels
+
+
+def call_counts(calls_path: Path) -> pd.DataFrame:
+    """Per call signature (host, pid, comm, op, count, datatype) of one process's calls: ``calls``
+    and ``peers`` (distinct roots: the peer of a Send/Recv)."""
+    calls = read_table(calls_path, columns=["host", "pid", "op", "comm", "count", "datatype", "root"])
+    g = calls.groupby(["host", "pid", "comm", "op", "count", "datatype"], dropna=False, sort=False, observed=True)
+    return pd.concat([g.size().rename("calls"), g["root"].nunique().rename("peers")], axis=1).reset_index()
+
+
+def _inferred_sizes(comms: pd.DataFrame, members: pd.DataFrame | None = None, call_counts: pd.DataFrame | None = None
+                    ) -> tuple[dict[str, int] | None, str, list[dict] | None]:  # fmt: skip
     """Sizes from the member sets of the communicators seen, when they determine them
-    (:func:`nccltrace.megatron.infer.infer_layout`), and what to tell the user."""
+    (:func:`nccltrace.megatron.infer.infer_layout`); else, when what the communicators did ranks
+    one consistent layout first (:func:`nccltrace.megatron.behaviour.most_likely`), that layout's
+    sizes with every consistent layout's groups (the labels are then marked 'behaviour', with
+    the kinds the others allow); and what to tell the user."""
+    from .megatron.behaviour import kinds_by_member_set
     from .megatron.infer import infer_layout
+    from .parallelism import communicator_behaviour
 
     remedy = "declare them (run.yaml, or --tp/--pp/--cp/--ep of nccltrace analyze) for exact labels"
     full = comms[comms["complete"].astype(bool)] if len(comms) else comms
@@ -652,16 +683,29 @@ def _inferred_sizes(comms: pd.DataFrame) -> tuple[dict[str, int] | None, str]:
               if int(n) > 1 and all(int(r) >= 0 for r in m)]  # fmt: skip
     world = int(comms["nranks"].max()) if len(comms) else 0
     if world < 2 or not groups:
-        return None, f"parallelism labels are guesses (no sizes declared, no communicator to infer them from); {remedy}"
-    res = infer_layout(world, groups)
+        return None, (f"parallelism labels are guesses (no sizes declared, no communicator to infer them from); "
+                      f"{remedy}"), None
+    behaviour = (communicator_behaviour(call_counts, members) if call_counts is not None and members is not None
+                 else None)  # fmt: skip
+    res = infer_layout(world, groups, ops=behaviour)
     if res.layout is not None and res.consistent:
         sizes = {k: int(res.layout[k]) for k in ("tp", "pp", "cp", "ep", "etp")}
         txt = ", ".join(f"{k}={v}" for k, v in sizes.items())
         return {**sizes, "world_size": world}, (f"parallel sizes inferred from the communicators' member sets: {txt} "
-                                               f"(world {world}); {remedy} to check them")
+                                               f"(world {world}); {remedy} to check them"), None
     known = ", ".join(f"{k}={v}" for k, v in res.sizes.items() if v is not None) or "none"
+    likely = res.most_likely
+    if likely is not None and likely.get("by_behaviour") and not likely.get("tied"):
+        sizes = {k: int(likely[k]) for k in ("tp", "pp", "cp", "ep", "etp")}
+        runner = likely.get("runner_up")
+        return {**sizes, "world_size": world}, (
+            "parallelism labels are guesses ranked by what each communicator does (label_source 'behaviour'): "
+            f"{len(res.candidates)} layouts fit the member sets (certain: {known}); the most likely is "
+            + ", ".join(f"{k}={v}" for k, v in sizes.items()) + f" ({'; '.join(likely['evidence'])})"
+            + (", the runner-up " + ", ".join(f"{k}={runner[k]}" for k in ("tp", "pp", "cp", "ep", "etp"))
+               if runner else "") + f"; {remedy}"), [kinds_by_member_set(c, world) for c in res.candidates]
     return None, (f"parallelism labels are guesses: the communicators seen do not determine Megatron's sizes "
-                  f"(determined: {known}; {len(res.candidates)} layouts fit); {remedy}")
+                  f"(determined: {known}; {len(res.candidates)} layouts fit); {remedy}"), None
 
 
 def _world_is_not_dp(labels: pd.DataFrame, comms: pd.DataFrame) -> pd.DataFrame:

@@ -44,6 +44,7 @@ with ``label_source = 'unmatched'``.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -61,9 +62,11 @@ __all__ = [
     "P2P_OPS",
     "PAIR_DIMS",
     "ParallelSizes",
+    "communicator_behaviour",
     "declares_sizes",
     "expected_member_sets",
     "kind_description",
+    "label_by_behaviour",
     "label_communicators",
     "label_ops",
     "pair_kinds",
@@ -94,8 +97,10 @@ LABEL_SCHEMA = pa.schema(
         pa.field("parallelism_candidates", pa.string(), metadata={
             "doc": "comma-separated kinds the data cannot exclude (identical member sets), canonical first"}),
         pa.field("label_source", pa.string(), metadata={
-            "doc": "'megatron-groups' (member set matched to the declared sizes), 'heuristic' (thesis 4.2.3 rules, "
-                   "sizes unknown) or 'unmatched' (sizes known, no expected group has this member set)"}),
+            "doc": "'megatron-groups' (member set matched to the declared or inferred sizes), 'pg-names' (the "
+                   "PyTorch process group's own description), 'behaviour' (matched to the layout most likely from "
+                   "what each communicator does: not certain), 'heuristic' (thesis 4.2.3 rules, sizes unknown) or "
+                   "'unmatched' (sizes known, no expected group has this member set)"}),
         pa.field("expected_group_index", pa.int32(), metadata={
             "doc": "index of the matched group among the layout's groups of the canonical kind (pairs: of the group "
                    "both ranks share); null when not matched"}),
@@ -103,7 +108,8 @@ LABEL_SCHEMA = pa.schema(
             "doc": "how the label was decided: 'member-set' (unique kind), 'ambiguous' (several candidates), "
                    "'creation-order' / 'split-parent' (eager split evidence), 'pair', 'partial' (some members "
                    "unknown), 'no-match'; heuristic: 'p2p-only', 'largest', 'other', 'no-calls'; named: "
-                   "'kernel-records' / 'elimination' (nccltrace.process_groups)"}),
+                   "'kernel-records' / 'elimination' (nccltrace.process_groups); behaviour: 'all-layouts' (every "
+                   "consistent layout agrees), 'most-likely'"}),
         pa.field("pg_name", pa.string(), metadata={
             "doc": "PyTorch process group of the communicator (its name in pg_config); null when not known"}),
         pa.field("pg_desc", pa.string(), metadata={
@@ -422,6 +428,75 @@ def apply_names(labels: pd.DataFrame, names: pd.DataFrame) -> pd.DataFrame:
             out.at[out.index[i], "parallelism_candidates"] = kind
             out.at[out.index[i], "label_source"] = "pg-names"
             out.at[out.index[i], "resolution"] = src
+    return out
+
+
+def communicator_behaviour(call_counts: pd.DataFrame, members: pd.DataFrame) -> list:
+    """What each logical communicator did (:class:`nccltrace.megatron.behaviour.GroupDid`), for
+    :func:`~nccltrace.megatron.behaviour.most_likely`: its member set (global ranks;
+    communicators with a member of unknown rank are left out), how many calls of each collective
+    its members logged, and how many times per step a member repeats its most repeated call
+    signature (op, count, datatype). Steps are counted as the most common number of times one
+    signature repeats in the run (the calls made once per step: gradient buckets, loss and
+    logging reductions), the smaller on a tie. ``call_counts``: columns ``host``, ``pid``,
+    ``comm``, ``op``, ``count``, ``datatype``, ``calls`` and ``peers`` (distinct Send/Recv peers of
+    that member for that signature). PyTorch runs ``all_to_all`` as one NCCL group of Send/Recv
+    per peer, so a communicator of 4 or more ranks on which a member exchanges with every other
+    member counts as all-to-all, not as point-to-point (a pipeline stage has two neighbours)."""
+    from .megatron.behaviour import NCCL_OPS, GroupDid
+
+    if call_counts.empty:
+        return []
+    rows = with_logical_ids(call_counts, members)
+    rows = rows[rows["logical_id"].notna()]
+    repeats = rows["calls"].astype("int64")
+    common = repeats[repeats > 1].value_counts()
+    steps = int(min(common.index[common == common.max()])) if len(common) else None
+    ranks: dict[int, list[int]] = {}
+    for lid, gr in zip(members["logical_id"], members["global_rank"]):
+        if int(lid) >= 0:
+            ranks.setdefault(int(lid), []).append(-1 if pd.isna(gr) else int(gr))
+    out = []
+    for lid, part in rows.groupby("logical_id", sort=True):
+        s = tuple(sorted(ranks.get(int(lid), [])))
+        if not s or s[0] < 0:
+            continue
+        p2p = part["op"].isin(sorted(P2P_OPS))
+        peers = part.loc[p2p].groupby(["host", "pid"])["peers"].sum() if p2p.any() else pd.Series([], dtype="int64")
+        fan_out = len(s) >= 4 and len(peers) > 0 and int(peers.max()) >= len(s) - 1
+        counts: Counter = Counter()
+        for op, n in zip(part["op"].astype(str), part["calls"].astype("int64")):
+            counts["all_to_all" if fan_out and op in P2P_OPS else NCCL_OPS.get(op, op.lower())] += int(n)
+        per_step = float(part["calls"].max()) / steps if steps else None
+        out.append(GroupDid(s, counts, per_step))
+    return out
+
+
+def label_by_behaviour(labels: pd.DataFrame, kinds_per_layout: list[dict[tuple[int, ...], set[str]]]
+                       ) -> pd.DataFrame:  # fmt: skip
+    """Labels made from the most likely layout (:func:`nccltrace.megatron.behaviour.most_likely`)
+    marked as such: ``label_source`` 'behaviour'; ``parallelism_candidates`` every kind any
+    consistent layout gives the member set (the most likely one's first); ``resolution``
+    'all-layouts' where every consistent layout gives the set the same kinds (as certain as a
+    member-set match), else 'most-likely'."""
+    out = labels.copy()
+    src, res, cands = [], [], []
+    for members, cand, source, how in zip(out["members"], out["parallelism_candidates"], out["label_source"],
+                                          out["resolution"]):  # fmt: skip
+        key = tuple(sorted(int(r) for r in members))
+        per = [k.get(key, set()) for k in kinds_per_layout]
+        seen = [str(c) for c in str(cand).split(",") if c] if isinstance(cand, str) else []
+        union = sorted(set().union(*per) - set(seen), key=lambda k: _RANK.get(k, len(_RANK)))
+        if source != "megatron-groups":  # unmatched, or a pair label: as they were
+            src.append(source)
+            res.append(how)
+            cands.append(cand)
+            continue
+        src.append("behaviour")
+        agree = per and per[0] and all(k == per[0] for k in per)  # a pair is no layout group: most likely
+        res.append("all-layouts" if agree else "most-likely")
+        cands.append(",".join(seen + union))
+    out["label_source"], out["resolution"], out["parallelism_candidates"] = src, res, cands
     return out
 
 

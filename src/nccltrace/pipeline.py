@@ -443,7 +443,7 @@ def _require_payloads(layout: Any, hosts: list[str]) -> None:
 
 # --------------------------------------------------------------------------- accuracy figures
 
-VALIDATION_SECTIONS = ("alignment", "capture", "communicators", "clock", "exact")
+VALIDATION_SECTIONS = ("alignment", "capture", "communicators", "labels", "clock", "exact")
 
 # --quick: CI-sized scenarios. One campaign run per model, one iteration each.
 _QUICK_CAMPAIGN_RUNS = ("dense_A100_tp1_pp1_ep1_cp1_vpp1_sp0_dp4", "dense_reduced_A100_tp4_pp1_ep1_cp1_vpp1_sp1_dp1",
@@ -461,6 +461,40 @@ _EXACT_SCENARIOS = {
     "pp4": {"nodes": 1, "gpus_per_node": 4, "pp": 4},
     "dp4": {"nodes": 1, "gpus_per_node": 4},
 }
+
+
+def _label_tables(work: Path, quick: bool, campaign: Path | None, progress: bool) -> dict[str, pd.DataFrame]:
+    """Each campaign run emulated as configured, analysed with its sizes declared, and labelled
+    again as if nothing had been declared (:func:`nccltrace.validation.labels.behaviour_vs_declared`)."""
+    from .campaign import expand_campaign, load_campaign
+    from .emulator.run import emulate_run
+    from .validation.labels import behaviour_vs_declared
+
+    if campaign is None:
+        _log(progress, "no campaign config: skipping the label runs (pass --campaign)")
+        return {}
+    runs = expand_campaign(load_campaign(campaign))
+    if quick:
+        runs = [r for r in runs if r.run_id in _QUICK_CAMPAIGN_RUNS] or runs[:1]
+    rows = []
+    for run in runs:
+        s = {k: v for k, v in run.settings.items() if k != "backend"}
+        if quick:
+            s["iterations"] = 2
+        raw, out = work / "labels" / run.run_id / "raw", work / "labels" / run.run_id / "out"
+        emulate_run(s, raw)
+        analyze_run(raw, out, until="ops", progress=False)
+        got = behaviour_vs_declared(out)
+        rows.append({"run": run.run_id, "communicators": got["communicators"], "same label": got["same"],
+                     "true kind among candidates": got["true_among_candidates"],
+                     "certain but wrong": got["certain_wrong"],
+                     "label sources": ", ".join(f"{k} {v}" for k, v in sorted(got["sources"].items()))})
+        _log(progress, f"{run.run_id}: {got['same']}/{got['communicators']} labels as declared")
+    table = pd.DataFrame(rows)
+    table.attrs["note"] = ("every run analysed with its sizes declared (run.yaml), then labelled as if none were: "
+                           "sizes the member sets determine (megatron-groups), else the layout what each communicator "
+                           "does makes most likely (behaviour, never said to be certain), else the heuristic")
+    return {"Parallelism labels without declared sizes, against the declared ones": table}
 
 
 def default_campaign_path() -> Path | None:
@@ -653,6 +687,8 @@ def validation_tables(only: tuple[str, ...] = VALIDATION_SECTIONS, *, quick: boo
                 out.update(_capture_tables(work, real_exports, progress))
             elif section == "communicators":
                 out.update(_communicator_tables(work, quick, progress))
+            elif section == "labels":
+                out.update(_label_tables(work, quick, camp, progress))
             elif section == "clock":
                 out.update(_clock_tables(work, quick, progress))
             else:

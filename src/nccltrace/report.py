@@ -415,8 +415,9 @@ def _inferred_vs_declared(run_dir: Path, ops_manifest: Mapping[str, Any] | None)
         counts = {k: src.count(k) for k in sorted(set(map(str, src)))}
         rows.append(("parallelism labels", ", ".join(f"{k}: {v} communicator(s)" for k, v in counts.items())
                      + (" (pg-names: the PyTorch process group's own name; megatron-groups: matched to the groups "
-                        "of the run's sizes; heuristic: guesses)" if len(counts) > 1 or "heuristic" in counts
-                        else "")))  # fmt: skip
+                        "of the run's sizes; behaviour: the layout most likely from what each communicator does, "
+                        "not certain; heuristic: guesses)"
+                        if len(counts) > 1 or counts.keys() & {"heuristic", "behaviour"} else "")))  # fmt: skip
     notes = [str(n) for n in (ops_manifest or {}).get("notes") or []]
     named = [n for n in notes if "named by their PyTorch process group" in n]
     if named:

@@ -36,6 +36,12 @@ def run_settings(wildcards):
     return RUNS[wildcards.run].settings
 
 
+def analysis_settings(wildcards):
+    """A run's settings with the parallel sizes the campaign launches it with made explicit (for
+    the stages that label communicators by them)."""
+    return RUNS[wildcards.run].analysis_settings
+
+
 def hardware_of(wildcards):
     return RUNS[wildcards.run].hardware
 

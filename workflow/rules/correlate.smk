@@ -55,7 +55,7 @@ rule ops:
         code=stage_code_hash("ops"),
         processes=nccl_processes,
         hosts=nsys_hosts,
-        settings=run_settings,
+        settings=analysis_settings,
     # one process at a time, then the run-level checks one part of whole communicators at a time
     resources:
         mem_mb=job_mem("ops", alignment_rows),

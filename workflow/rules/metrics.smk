@@ -38,7 +38,7 @@ rule volume:
         manifest=RUN.manifest(RUN.volume_dir),
     params:
         code=stage_code_hash("volume"),
-        settings=run_settings,
+        settings=analysis_settings,
     resources:
         mem_mb=job_mem("volume", ops_rows),
     log:

@@ -66,7 +66,7 @@ rule communicators:
     params:
         code=stage_code_hash("communicators"),
         processes=nccl_processes,
-        settings=run_settings,
+        settings=analysis_settings,
     log:
         RUN.log("communicators"),
     conda:

@@ -3,12 +3,16 @@
 Member sets alone often leave several layouts (cp and dp swap, the split of etp·ep); the groups'
 behaviour tells them apart as a Megatron engineer would:
 
-* the busiest group (most recorded collectives per member, all-to-all aside) carries the
-  per-layer all-gather/reduce-scatter (or all-reduce) of activations: tensor parallelism;
+* the busiest group (most recorded collectives per member, all-to-all and Send/Recv not
+  counted) carries the per-layer all-gather/reduce-scatter (or all-reduce) of activations:
+  tensor parallelism; where the logs tell how often a group repeats one call a step and the
+  busiest repeats none 3 times (gradient buckets, not layers), tp = 1;
 * a group running all-to-all dispatches tokens to experts: expert parallelism;
 * a group running only Send/Recv passes activations between pipeline stages (or, under context
   parallelism, KV blocks around a ring);
-* context parallelism and expert tensor parallelism are opt-in (cp = 1, etp = 1 by default).
+* context parallelism and expert tensor parallelism are opt-in (cp = 1, etp = 1 by default);
+  so is expert parallelism, a weaker prior where no group runs all-to-all (ep = 1; an all-gather
+  token dispatcher runs experts without one).
 
 Each rule scores the candidates that satisfy it (points below); the best score is the most
 likely layout, reported with every rule that ranked it and with the runner-up. This ranks;
@@ -19,26 +23,29 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from .groups import megatron_groups
 from .sizes import ParallelSizes
 
-__all__ = ["POINTS", "most_likely"]
+__all__ = ["MIN_TP_REPEATS", "NCCL_OPS", "SPANNING_TP_REPEATS", "POINTS", "Behaviour", "GroupDid", "kinds_by_member_set", "most_likely"]
 
-POINTS = {"busiest_is_tp": 3, "all_to_all_is_ep": 2, "p2p_is_pp": 1, "cp_default": 1, "etp_default": 1}
+POINTS = {"busiest_is_tp": 3, "all_to_all_is_ep": 2, "p2p_is_pp": 1, "cp_default": 1, "etp_default": 1,
+          "ep_default": 0.5}
 _P2P = frozenset({"send", "recv", "coalesced"})
 MAX_RANKED = 512
 _SIZES = ("tp", "cp", "dp", "pp", "ep", "etp")
 
 
-def _kinds_by_set(cand: Mapping[str, Any], world: int) -> dict[tuple[int, ...], set[str]]:
+def kinds_by_member_set(cand: Mapping[str, Any], world: int) -> dict[tuple[int, ...], set[str]]:
+    """Per member set (sorted global ranks): the Megatron group kinds it is in the candidate
+    layout (the six sizes and ``orders``, as :func:`~.infer.infer_layout` lists them)."""
     sizes = ParallelSizes(tp=cand["tp"], pp=cand["pp"], cp=cand["cp"], ep=cand["ep"], etp=cand["etp"],
                           world_size=world)  # fmt: skip
     out: dict[tuple[int, ...], set[str]] = {}
     for kind, groups in megatron_groups(sizes, cand["orders"][0]).items():
         for g in groups:
-            out.setdefault(tuple(g), set()).add(kind)
+            out.setdefault(tuple(sorted(g)), set()).add(kind)
     return out
 
 
@@ -46,49 +53,110 @@ def _share(sets: list[tuple[int, ...]], kinds: dict[tuple[int, ...], set[str]], 
     return sum(bool(kinds.get(s, set()) & wanted) for s in sets) / len(sets) if sets else 0.0
 
 
-def most_likely(world: int, candidates: Sequence[Mapping[str, Any]],
-                ops: Mapping[tuple[int, ...], Counter] | None) -> dict[str, Any] | None:  # fmt: skip
+class GroupDid(NamedTuple):
+    """What one group (communicator) did: its member set, how many calls of each collective its
+    members made (Flight Recorder's profiling names: ``all_gather``, ``send``, ...), and, where
+    known, how many times per training step a member repeats its most repeated call (same op
+    and size): per-layer activations repeat many times a step, gradient buckets once or twice."""
+
+    members: tuple[int, ...]
+    ops: Counter
+    repeats_per_step: float | None = None
+
+
+Behaviour = Mapping[tuple[int, ...], Counter] | Sequence[GroupDid]
+"""What groups did: per member set (Flight Recorder entries, merged per set) or per group
+(:class:`GroupDid`, so that two groups of one member set, e.g. pp and embd, keep their own)."""
+
+MIN_TP_REPEATS = 3
+"""A tp group repeats its per-layer calls at least this often per step (two directions of at least
+one layer and micro-batch, and more); below it the busiest group is taken for data parallelism's
+gradient buckets, not tensor parallelism."""
+
+SPANNING_TP_REPEATS = 8
+"""A group of every rank is taken for tensor parallelism (tp = world size) only when its calls
+repeat at least this often per step: the world's own logging reductions (learning rate, loss,
+grad norm, timers) repeat a few times a step, per-layer activations (4 per layer and
+micro-batch without sequence parallelism) far more."""
+
+NCCL_OPS = {"AllGather": "all_gather", "ReduceScatter": "reduce_scatter", "AllReduce": "all_reduce",
+            "Broadcast": "broadcast", "Reduce": "reduce", "Send": "send", "Recv": "recv", "AlltoAll": "all_to_all"}
+"""NCCL's call names (the log's) in the behaviour's names (Flight Recorder's profiling names)."""
+
+
+def most_likely(world: int, candidates: Sequence[Mapping[str, Any]], ops: Behaviour | None) -> dict[str, Any] | None:
     """The most likely of the consistent ``candidates`` (each with the six sizes and
-    ``orders``) given ``ops`` (per member set, how many entries of each collective its groups
-    ran; None: no behaviour known, the defaults alone rank): its sizes, ``score``, the
-    ``evidence`` that ranked it, and ``runner_up`` (sizes and score) or ``tied`` (how many
-    others score the same: the evidence does not separate them)."""
+    ``orders``) given ``ops`` (:data:`Behaviour`; None: no behaviour known, the defaults alone
+    rank): its sizes, ``score``, the ``evidence`` that ranked it, ``by_behaviour`` (whether
+    what the groups did ranked it, not the defaults alone), and ``runner_up`` (sizes and score)
+    or ``tied`` (how many others score the same: the evidence does not separate them)."""
     if not candidates:
         return None
     # behaviour needs each candidate's groups; beyond a few hundred candidates (a sparse view of a
     # large job) generating them costs more than the ranking is worth: the defaults rank alone
     use_ops = ops if len(candidates) <= MAX_RANKED else None
-    live = {s: c for s, c in (use_ops or {}).items() if len(s) > 1 and len(s) < world and sum(c.values())}
-    coll = {s: c for s, c in live.items() if not set(c) & ({"all_to_all"} | _P2P)}
-    busiest = max(coll, key=lambda s: (sum(coll[s].values()) / len(s), s)) if coll else None
-    a2a = sorted(s for s, c in live.items() if c.get("all_to_all"))
-    p2p = sorted(s for s, c in live.items() if set(c) <= _P2P)
+    groups = ([GroupDid(s, c) for s, c in use_ops.items()] if isinstance(use_ops, Mapping)
+              else [GroupDid(*g) for g in use_ops or ()])  # fmt: skip
+    live = [g for g in groups if 1 < len(g.members) < world and sum(g.ops.values())]
+    # a group's collectives other than all-to-all and Send/Recv (a tp group can run the MoE
+    # all-to-all too where ep groups have the same members, etp = 1). A group of every rank is
+    # a candidate too where its calls are known to repeat like per-layer ones (tp = world size);
+    # otherwise the world's barriers and logging reductions say nothing
+    spanning = [g for g in groups if len(g.members) == world > 1 and g.repeats_per_step is not None
+                and g.repeats_per_step >= SPANNING_TP_REPEATS]
+    coll = [g._replace(ops=Counter({k: n for k, n in g.ops.items() if k != "all_to_all" and k not in _P2P}))
+            for g in live + spanning]  # fmt: skip
+    coll = [g for g in coll if sum(g.ops.values())]
+    busiest_of = max(coll, key=lambda g: (sum(g.ops.values()) / len(g.members), g.members)) if coll else None
+    no_tp = None  # the busiest group's calls repeat too rarely a step for per-layer activations
+    if busiest_of is not None and busiest_of.repeats_per_step is not None \
+            and busiest_of.repeats_per_step < MIN_TP_REPEATS:
+        busiest_of, no_tp = None, busiest_of
+    busiest = busiest_of.members if busiest_of else None
+    live = [(g.members, g.ops) for g in live]
+    a2a = sorted(s for s, c in live if c.get("all_to_all"))
+    p2p = sorted(s for s, c in live if set(c) <= _P2P)
     scored = []
     for cand in candidates:
-        kinds = _kinds_by_set(cand, world) if live else {}
+        kinds = kinds_by_member_set(cand, world) if live or coll else {}
         why: list[str] = []
         score = 0.0
+        behaved = False  # ranked by what the groups did, not the defaults alone
         if busiest is not None and "tp" in kinds.get(busiest, set()):
             score += POINTS["busiest_is_tp"]
-            n = sum(coll[busiest].values()) / len(busiest)
+            n = sum(busiest_of.ops.values()) / len(busiest)
             why.append(f"the busiest group {list(busiest)} ({n:.0f} collectives per member) is a tp group")
+            behaved = True
+        if no_tp is not None and cand["tp"] == 1:
+            score += POINTS["busiest_is_tp"]
+            why.append(f"tp = 1: the busiest group {list(no_tp.members)} repeats its calls "
+                       f"{no_tp.repeats_per_step:.1f} times a step (per-layer activations repeat at least "
+                       f"{MIN_TP_REPEATS})")
+            behaved = True
         if a2a and (share := _share(a2a, kinds, {"ep"})):
             score += POINTS["all_to_all_is_ep"] * share
             why.append(f"{share:.0%} of the {len(a2a)} groups running all-to-all are ep groups")
+            behaved = True
         if p2p and (share := _share(p2p, kinds, {"pp", "cp"})):
             score += POINTS["p2p_is_pp"] * share
             why.append(f"{share:.0%} of the {len(p2p)} groups running only Send/Recv are pp (or cp) groups")
+            behaved = True
         if cand["cp"] == 1:
             score += POINTS["cp_default"]
             why.append("cp = 1 (context parallelism is opt-in)")
         if cand["etp"] == 1:
             score += POINTS["etp_default"]
             why.append("etp = 1 (expert tensor parallelism is opt-in)")
-        scored.append((score, cand, why))
+        if (live or coll) and not a2a and cand["ep"] == 1:
+            # weaker: an all-gather token dispatcher runs experts without any all-to-all
+            score += POINTS["ep_default"]
+            why.append("ep = 1 (no group runs all-to-all)")
+        scored.append((score, cand, why, behaved))
     scored.sort(key=lambda x: -x[0])  # stable: candidates keep their order among equal scores
-    best, cand, why = scored[0]
-    out: dict[str, Any] = {k: int(cand[k]) for k in _SIZES} | {"score": round(best, 3), "evidence": why}
-    tied = sum(1 for s, _, _ in scored[1:] if s == best)
+    best, cand, why, behaved = scored[0]
+    out: dict[str, Any] = {k: int(cand[k]) for k in _SIZES} | {"score": round(best, 3), "evidence": why,
+                                                               "by_behaviour": behaved}
+    tied = sum(1 for x in scored[1:] if x[0] == best)
     if tied:
         out["tied"] = tied
     if ops and use_ops is None:
