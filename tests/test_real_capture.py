@@ -266,3 +266,65 @@ def test_declared_steps_located_from_the_logs_structure_count_the_irregular_firs
     ops = pd.read_parquet(tmp_path / "out" / "ops" / "ops.parquet")
     calls = ops[ops["row_kind"] == "call"]
     assert calls["steps_verified"].eq(False).all()  # every call row says so: nothing verifies them
+
+
+def _without_the_default_group(dest: Path) -> None:
+    """The capture's logs as a job whose default process group never ran an NCCL collective
+    leaves them: no line of the communicator every other one was split from (its init lines, its
+    broadcast and final barrier). No communicator then spans every rank as the world: the
+    4-rank model-parallel group is a split, which the world never is."""
+    import re
+
+    (dest / "nccl").mkdir(parents=True)
+    for log in sorted((CAPTURE / "nccl").glob("*.log")):
+        text = log.read_text().splitlines()
+        world = next(re.search(r"comm (0x[0-9a-f]+) rank \d+ nranks 4 .* commId", x).group(1) for x in text
+                     if "ncclCommInitRankConfig" in x and "nranks 4" in x)
+        (dest / "nccl" / log.name).write_text("\n".join(x for x in text if f"comm {world} " not in x) + "\n")
+
+
+@pytest.mark.slow
+def test_without_a_world_communicator_the_profiler_traces_name_every_global_rank(tmp_path, capsys):
+    run = tmp_path / "run"
+    _without_the_default_group(run)
+    shutil.copytree(CAPTURE / "kineto", run / "kineto")
+    _analyze(run, tmp_path / "out", "--until", "ops")
+    err = capsys.readouterr().err
+    members = pd.read_parquet(tmp_path / "out" / "communicators" / "communicator_members.parquet")
+    assert dict(zip(members["pid"], members["global_rank"])) == {498: 0, 499: 1, 500: 2, 501: 3}
+    assert "global ranks unknown" not in err
+    manifest = json.loads((tmp_path / "out" / "communicators" / "manifest.json").read_text())
+    assert not manifest["partial"]
+    got = score_without_world(tmp_path / "out")
+    assert got["wrong"] == 0 and got["right"] >= 0.99 * got["window_calls"], got
+
+
+def score_without_world(out: Path) -> dict[str, int]:
+    """:func:`score` for logs without the default group's lines: the call lines are the workload's
+    calls less its broadcast (iteration 0) and the final barrier."""
+    tot = {"window_calls": 0, "right": 0, "wrong": 0}
+    for pid, t in _truth().items():
+        a = pd.read_parquet(out / "aligned" / "vm" / f"nccl_vm_{pid}" / "alignment.parquet")
+        calls = a[a["row_kind"] == "call"].sort_values("line").reset_index(drop=True)
+        assert len(calls) == t["calls"] - 1  # the broadcast and the barrier gone
+        for i, row in calls.iterrows():
+            k = t["kernel"].get(i + 1)  # the workload's call i + 1 (call 0, the broadcast, is gone)
+            tot["window_calls"] += k is not None
+            if row["status"] == "matched":
+                tot["right" if k is not None and int(row["kernel_correlation_id"]) == k else "wrong"] += 1
+    return tot
+
+
+@pytest.mark.slow
+def test_without_a_world_communicator_or_another_record_the_ranks_are_unknown_and_said_so(tmp_path, capsys):
+    run = tmp_path / "run"
+    _without_the_default_group(run)
+    _analyze(run, tmp_path / "out", "--until", "ops")
+    err = capsys.readouterr().err
+    assert "global ranks unknown for 4 of 4 processes" in err and "the world size is unknown" in err
+    assert "world size 2" not in err
+    members = pd.read_parquet(tmp_path / "out" / "communicators" / "communicator_members.parquet")
+    assert members["global_rank"].isna().all()
+    assert json.loads((tmp_path / "out" / "communicators" / "manifest.json").read_text())["partial"]
+    ops = pd.read_parquet(tmp_path / "out" / "ops" / "ops.parquet")
+    assert ops["global_rank"].isna().all()  # no per-rank attribution on a guess

@@ -21,7 +21,7 @@ reason (e.g. a missing rank log), never silently completed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -41,7 +41,8 @@ COMMUNICATOR_SCHEMA = pa.schema(
         pa.field("color", pa.int64(), metadata={"doc": "split color"}),
         pa.field("split_count", pa.int32(), metadata={"doc": "splitCount/childCount printed (>= 2.24)"}),
         pa.field("members", pa.list_(pa.int32()), metadata={"doc": "global rank of each member, by rank in comm "
-                                                                     "(-1 where the member's log is missing)"}),
+                                                                     "(-1 where the member's log is missing or its "
+                                                                     "global rank is unknown)"}),
         pa.field("complete", pa.bool_(), metadata={"doc": "every rank 0..nranks-1 present exactly once"}),
         pa.field("problem", pa.string(), metadata={"doc": "why the communicator is incomplete (null if complete)"}),
     ]
@@ -53,7 +54,9 @@ MEMBER_SCHEMA = pa.schema(
         pa.field("pid", pa.int64(), metadata={"doc": "process id"}),
         pa.field("comm", pa.uint64(), metadata={"doc": "process-local communicator pointer (join key for calls)"}),
         pa.field("rank_in_comm", pa.int32(), metadata={"doc": "rank of this process in the communicator"}),
-        pa.field("global_rank", pa.int32(), metadata={"doc": "rank of this process in the world communicator"}),
+        pa.field("global_rank", pa.int32(), metadata={
+            "doc": "global rank of this process: its rank in a communicator of every rank, else from the run's "
+                   "other records (the profiler trace's distributedInfo.rank); null when nothing tells it"}),
         pa.field("file", pa.string(), metadata={"doc": "log file of the init line"}),
         pa.field("line", pa.int64(), metadata={"doc": "line of the init line"}),
     ]
@@ -62,11 +65,17 @@ MEMBER_SCHEMA = pa.schema(
 
 @dataclass
 class CommunicatorTables:
-    """Result of :func:`infer_communicators`."""
+    """Result of :func:`infer_communicators`. ``world_size`` is None when nothing tells it (no
+    communicator spans every rank and no other record names the ranks); ``rank_sources``: how
+    many processes got their global rank from each source; ``unranked``: the processes
+    (``host:pid``) whose global rank is unknown; ``rank_conflicts``: sources that disagree."""
 
     communicators: pd.DataFrame
     members: pd.DataFrame
     world_size: int | None
+    rank_sources: dict[str, int] = field(default_factory=dict)
+    unranked: list[str] = field(default_factory=list)
+    rank_conflicts: list[str] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -82,8 +91,43 @@ def _init_lines(comms: pd.DataFrame) -> pd.DataFrame:
     return df.sort_values(["host", "pid", "line"]).reset_index(drop=True)
 
 
-def infer_communicators(comms: pd.DataFrame) -> CommunicatorTables:
-    """Group the init/split lines of all processes of a run into logical communicators."""
+RANK_SOURCE_WORLD = "world communicator"
+RANK_SOURCE_PROFILER = "profiler trace"
+
+
+def profiler_ranks(session_paths: Iterable[Path | str]) -> dict[tuple[str, int], tuple[int, int | None]]:
+    """(host, pid) -> (global rank, world size) from the parsed exports' ``session.json``: a
+    PyTorch-profiler trace records its process's rank and the world size (``distributedInfo``);
+    a session merged from several traces lists each under ``sources``."""
+    import json
+
+    out: dict[tuple[str, int], tuple[int, int | None]] = {}
+    for path in session_paths:
+        path = Path(path)
+        if not path.is_file():
+            continue
+        doc = json.loads(path.read_text())
+        host = doc.get("hostname")
+        for src in doc.get("sources") if isinstance(doc.get("sources"), list) else [doc]:
+            rank, pids = src.get("rank"), src.get("pids") or []
+            if not isinstance(rank, int) or rank < 0 or len(pids) != 1:
+                continue  # a trace of several processes does not say which one has the rank
+            world = src.get("world_size")
+            out[(str(src.get("hostname") or host), int(pids[0]))] = (rank, int(world) if isinstance(world, int)
+                                                                      else None)
+    return out
+
+
+def infer_communicators(comms: pd.DataFrame,
+                        known_ranks: Mapping[tuple[str, int], tuple[int, int | None]] | None = None
+                        ) -> CommunicatorTables:  # fmt: skip
+    """Group the init/split lines of all processes of a run into logical communicators.
+
+    A process's global rank is its rank in the world communicator (the parent of splits, or a
+    plain init spanning every process). Jobs whose process groups are created lazily may never
+    initialise one; ``known_ranks`` ((host, pid) -> (rank, world size), e.g.
+    :func:`profiler_ranks`) then names the ranks. Where neither does, the rank stays unknown
+    (null), and so does the world size: the largest communicator is not the world."""
     lines = _init_lines(comms)
     if lines.empty:
         return CommunicatorTables(
@@ -151,7 +195,29 @@ def infer_communicators(comms: pd.DataFrame) -> CommunicatorTables:
             world = plain[plain["nranks"] >= max(n_proc, int(g["nranks"].max()))]
         if not world.empty:
             world_rank[(host, pid)] = int(world.iloc[0]["rank"])
-    world_size = int(lines["nranks"].max())
+    sources = {RANK_SOURCE_WORLD: len(world_rank)} if world_rank else {}
+    conflicts: list[str] = []
+    # the world communicator is the largest; without one, the largest is not the world
+    world_size = int(lines["nranks"].max()) if world_rank else None
+    if known_ranks:
+        known_world = {w for _, w in known_ranks.values() if w}
+        used = 0
+        for key in sorted(set(proc)):
+            got = known_ranks.get((str(key[0]), int(key[1])))
+            if got is None:
+                continue
+            if key in world_rank:
+                if world_rank[key] != got[0]:
+                    conflicts.append(f"{key[0]}:{key[1]}: rank {world_rank[key]} in the world communicator, "
+                                     f"{got[0]} in its profiler trace")
+                continue
+            world_rank[key] = got[0]
+            used += 1
+        if used:
+            sources[RANK_SOURCE_PROFILER] = used
+        if world_size is None and known_world:
+            world_size = max(known_world)
+    unranked = sorted(f"{h}:{p}" for h, p in set(proc) if (h, p) not in world_rank)
 
     comm_rows, member_rows = [], []
     for lid, g in lines[lines["logical_id"] >= 0].groupby("logical_id", sort=True):
@@ -160,14 +226,14 @@ def infer_communicators(comms: pd.DataFrame) -> CommunicatorTables:
         present = [False] * nranks
         problems = []
         for row in g.itertuples(index=False):
-            gr = world_rank.get((row.host, row.pid), -1)
+            gr = world_rank.get((row.host, row.pid))
             r = int(row.rank)
             if not 0 <= r < nranks:
                 problems.append(f"rank {r} outside 0..{nranks - 1} ({row.file}:{row.line})")
             elif present[r]:
                 problems.append(f"rank {r} claimed twice ({row.file}:{row.line})")
             else:
-                members[r] = gr
+                members[r] = -1 if gr is None else gr
                 present[r] = True
             member_rows.append((lid, row.host, row.pid, row.comm, r, gr, row.file, row.line))
         missing = [r for r, p in enumerate(present) if not p]
@@ -185,7 +251,7 @@ def infer_communicators(comms: pd.DataFrame) -> CommunicatorTables:
             members, not problems, "; ".join(problems) or None,
         ))
     for row in orphans.itertuples(index=False):
-        member_rows.append((-1, row.host, row.pid, row.comm, int(row.rank), world_rank.get((row.host, row.pid), -1),
+        member_rows.append((-1, row.host, row.pid, row.comm, int(row.rank), world_rank.get((row.host, row.pid)),
                             row.file, row.line))
 
     def frame(rows, schema):
@@ -193,16 +259,19 @@ def infer_communicators(comms: pd.DataFrame) -> CommunicatorTables:
         return pa.Table.from_arrays([pa.array(list(c), type=f.type) for c, f in zip(cols, schema)],
                                     schema=schema).to_pandas(types_mapper=pd.ArrowDtype)
 
-    return CommunicatorTables(frame(comm_rows, COMMUNICATOR_SCHEMA), frame(member_rows, MEMBER_SCHEMA), world_size)
+    return CommunicatorTables(frame(comm_rows, COMMUNICATOR_SCHEMA), frame(member_rows, MEMBER_SCHEMA), world_size,
+                              sources, unranked, conflicts)
 
 
-def infer_run_communicators(parsed_dirs: Iterable[Path], out_dir: Path,
-                            settings: Mapping[str, Any] | None = None) -> CommunicatorTables:  # fmt: skip
+def infer_run_communicators(parsed_dirs: Iterable[Path], out_dir: Path, settings: Mapping[str, Any] | None = None,
+                            sessions: Iterable[Path | str] = ()) -> CommunicatorTables:  # fmt: skip
     """Read the ``comms.parquet`` of each parsed process and write ``communicators.parquet`` and
     ``communicator_members.parquet`` to ``out_dir``. Logs without any init line (written with
     ``NCCL_DEBUG_SUBSYS=COLL``) get communicators inferred from their call sequences
     (:mod:`nccltrace.communicators_fallback`, ``kind = 'sequence'``; ``settings``' declared sizes
-    choose among partitions the calls cannot tell apart); :func:`communicator_problems` says so."""
+    choose among partitions the calls cannot tell apart); :func:`communicator_problems` says so.
+    ``sessions``: the parsed exports' ``session.json``, whose profiler records name global ranks
+    where no communicator spans every rank (:func:`profiler_ranks`)."""
     from .tables import read_table
 
     parsed_dirs = [Path(d) for d in parsed_dirs]
@@ -210,7 +279,7 @@ def infer_run_communicators(parsed_dirs: Iterable[Path], out_dir: Path,
     comms = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(len(f) for f in frames) else None
     if comms is not None:
         _refuse_mixed_jobs(comms)
-        result = infer_communicators(comms)
+        result = infer_communicators(comms, profiler_ranks(sessions))
     else:
         result = _from_call_sequences(parsed_dirs, settings)
     out_dir = Path(out_dir)
@@ -287,6 +356,18 @@ def communicator_problems(result: CommunicatorTables) -> list[str]:
         return ["no communicator init or call lines in the NCCL logs (NCCL_DEBUG=INFO with NCCL_DEBUG_SUBSYS "
                 "including INIT and COLL is needed); nothing can be attributed to communicators"]
     out: list[str] = []
+    if result.unranked:
+        n = len(result.unranked)
+        out.append(f"global ranks unknown for {n} of {len(set(zip(result.members['host'], result.members['pid'])))} "
+                   f"processes ({', '.join(result.unranked[:4])}{' ...' if n > 4 else ''}): no communicator spans "
+                   "every rank (a job whose process groups are created lazily initialises only the communicators that "
+                   f"run collectives){' and no other record names them' if not result.rank_sources else ''}, so the "
+                   f"world size is {'unknown' if result.world_size is None else result.world_size}; nothing that needs "
+                   "a global rank (per-rank figures, parallelism labels by member set, bandwidth limits) is computed "
+                   "for them. Remedies: keep the PyTorch-profiler traces (their distributedInfo names each rank) "
+                   "beside the logs, or run one collective on the default process group (e.g. a barrier) after "
+                   "init_process_group so that NCCL logs a communicator of every rank")
+    out += [f"global rank sources disagree: {c}" for c in result.rank_conflicts]
     inferred = bool((comms["kind"].astype(str) == "sequence").any())
     incomplete = comms[~comms["complete"].astype(bool)]
     if inferred:

@@ -795,7 +795,8 @@ class _RunContext:
         for r in ranks:
             if r < 0 or r not in self.proc.index:
                 missing.append(f"rank {r} has no process in the logs" if r >= 0
-                               else "a member left no NCCL log (its global rank is unknown)")
+                               else "a member's global rank is unknown (its log is missing, or no record of the run "
+                                    "names the ranks)")
                 continue
             h, p = str(self.proc.at[r, "host"]), int(self.proc.at[r, "pid"])
             located.append((h, self.bus_of.get((h, p))))

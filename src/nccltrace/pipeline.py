@@ -332,7 +332,7 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
             _say(res, problems, notes)
 
     # 3. Communicators (exact, from init/split lines); their world size completes the settings.
-    comm = run_communicators(layout, procs, run_settings)
+    comm = run_communicators(layout, procs, run_settings, nodes)
     tables = comm.details["tables"]
     if len(tables.communicators) == 0:
         raise ValueError(f"no communicator init or call lines in the NCCL logs of {inputs.raw_dir}: the analysis "

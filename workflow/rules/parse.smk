@@ -59,6 +59,8 @@ rule communicators:
         code=code_stamp("communicators"),
         # each process's init lines (comms.parquet)
         parsed=per_log_node(lambda layout, host: layout.parsed_nccl_node(host)),
+        # each export's session (a profiler trace names its process's global rank)
+        exports=per_export_node(lambda layout, host: layout.parsed_nsys(host)),
     output:
         communicators=RUN.communicators,
         members=RUN.members,
@@ -66,6 +68,7 @@ rule communicators:
     params:
         code=stage_code_hash("communicators"),
         processes=nccl_processes,
+        hosts=nsys_hosts,
         settings=analysis_settings,
     log:
         RUN.log("communicators"),

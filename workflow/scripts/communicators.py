@@ -13,4 +13,4 @@ from nccltrace.stages.communicators import run_communicators  # noqa: E402
 
 sm = snakemake  # noqa: F821
 run_communicators(RunLayout(Path(sm.output.communicators).parents[1]), sm.params.processes,
-                  dict(sm.params.settings)).echo()
+                  dict(sm.params.settings), sm.params.hosts).echo()

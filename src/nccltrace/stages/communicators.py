@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..communicators import communicator_problems, infer_run_communicators
+from ..communicators import RANK_SOURCE_WORLD, communicator_problems, infer_run_communicators
 from ..provenance import write_manifest
 from ..run_layout import RunLayout
 from . import StageResult
@@ -17,20 +17,25 @@ from . import StageResult
 __all__ = ["run_communicators"]
 
 
-def run_communicators(layout: RunLayout, procs: Iterable[str], settings: Mapping[str, Any] | None = None
-                      ) -> StageResult:  # fmt: skip
+def run_communicators(layout: RunLayout, procs: Iterable[str], settings: Mapping[str, Any] | None = None,
+                      hosts: Iterable[str] = ()) -> StageResult:  # fmt: skip
     """Build ``communicators.parquet`` and ``communicator_members.parquet`` from the parsed logs
-    of ``procs``. ``details['tables']`` is the :class:`~nccltrace.communicators.CommunicatorTables`."""
+    of ``procs`` (and the parsed exports of ``hosts``, whose profiler records can name global
+    ranks). ``details['tables']`` is the :class:`~nccltrace.communicators.CommunicatorTables`."""
     dirs = [layout.parsed_nccl(p) for p in procs]
-    result = infer_run_communicators(dirs, layout.communicators_dir, settings)
+    sessions = [layout.session(h) for h in hosts if layout.session(h).is_file()]
+    result = infer_run_communicators(dirs, layout.communicators_dir, settings, sessions)
     reasons = communicator_problems(result)
     comms = result.communicators
     incomplete = comms[~comms["complete"].astype(bool)] if len(comms) else comms
     outputs = [layout.communicators, layout.members]
     write_manifest(layout.manifest(layout.communicators_dir), stage="communicators",
-                   inputs=[d / "comms.parquet" for d in dirs], outputs=outputs, partial=bool(reasons),
+                   inputs=[d / "comms.parquet" for d in dirs] + sessions, outputs=outputs, partial=bool(reasons),
                    reasons=reasons, config=dict(settings or {}))  # fmt: skip
     notes = [f"communicator {row.logical_id}: {row.problem}" for row in incomplete.itertuples()]
     return StageResult("communicators", outputs, bool(reasons), reasons,
-                       f"{len(comms)} communicators, world size {result.world_size}, {len(incomplete)} incomplete",
+                       f"{len(comms)} communicators, world size "
+                       f"{'unknown' if result.world_size is None else result.world_size}, {len(incomplete)} incomplete"
+                       + "".join(f", global ranks from the {k} for {v} process(es)" for k, v in result.rank_sources.items()
+                                 if k != RANK_SOURCE_WORLD),
                        notes, {"tables": result})
