@@ -328,3 +328,50 @@ def test_without_a_world_communicator_or_another_record_the_ranks_are_unknown_an
     assert json.loads((tmp_path / "out" / "communicators" / "manifest.json").read_text())["partial"]
     ops = pd.read_parquet(tmp_path / "out" / "ops" / "ops.parquet")
     assert ops["global_rank"].isna().all()  # no per-rank attribution on a guess
+
+
+def _as_one_stdout(logs: Path, dest: Path, label: str) -> None:
+    """The per-process logs as one combined stdout, rank r's lines prefixed ``label.format(r)``
+    (srun --label: ``'{}: '``; torchrun: ``'[rank{}]:'`` or, a local rank, ``'[default{}]:'``)."""
+    texts = []
+    for r in range(4):
+        pid = json.loads((CAPTURE / "truth" / f"truth_rank{r}.json").read_text())["pid"]
+        texts.append((logs / f"nccl_vm_{pid}.log").read_text().splitlines())
+    out = [label.format(r) + t[i] for i in range(max(map(len, texts))) for r, t in enumerate(texts) if i < len(t)]
+    dest.mkdir(parents=True)
+    (dest / "stdout.txt").write_text("\n".join(out) + "\n")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("label", "named"), [("{}: ", True), ("[rank{}]:", True), ("[default{}]:", False)])
+def test_without_a_world_communicator_the_launchers_prefixes_name_the_global_ranks(tmp_path, capsys, label, named):
+    """srun --label's task number and torchrun's [rankN] are global ranks (one process each);
+    torchrun's [defaultN] is a local rank, which names none."""
+    _without_the_default_group(tmp_path / "split")
+    _as_one_stdout(tmp_path / "split" / "nccl", tmp_path / "run", label)
+    _analyze(tmp_path / "run", tmp_path / "out", "--until", "ops")
+    err = capsys.readouterr().err
+    members = pd.read_parquet(tmp_path / "out" / "communicators" / "communicator_members.parquet")
+    ranks = dict(zip(members["pid"], members["global_rank"]))
+    if named:
+        assert ranks == {498: 0, 499: 1, 500: 2, 501: 3} and "global ranks unknown" not in err
+    else:
+        assert members["global_rank"].isna().all() and "global ranks unknown for 4 of 4" in err
+
+
+@pytest.mark.slow
+def test_a_launcher_prefix_that_contradicts_the_world_communicator_is_reported_not_used(tmp_path, capsys):
+    """The logs as they are (the default group names every rank) in one stdout whose srun labels
+    run backwards: the world communicator's ranks stand, and the disagreement is named."""
+    texts = {}
+    for r in range(4):
+        pid = json.loads((CAPTURE / "truth" / f"truth_rank{r}.json").read_text())["pid"]
+        texts[r] = (CAPTURE / "nccl" / f"nccl_vm_{pid}.log").read_text().splitlines()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "stdout.txt").write_text("\n".join(
+        f"{3 - r}: {t[i]}" for i in range(max(map(len, texts.values()))) for r, t in texts.items() if i < len(t)))
+    _analyze(tmp_path / "run", tmp_path / "out", "--until", "ops")
+    err = capsys.readouterr().err
+    members = pd.read_parquet(tmp_path / "out" / "communicators" / "communicator_members.parquet")
+    assert dict(zip(members["pid"], members["global_rank"])) == {498: 0, 499: 1, 500: 2, 501: 3}
+    assert "global rank sources disagree: vm:498: rank 0 from the world communicator, 3 from the launcher prefix" in err

@@ -118,16 +118,37 @@ def profiler_ranks(session_paths: Iterable[Path | str]) -> dict[tuple[str, int],
     return out
 
 
+RANK_SOURCE_LAUNCHER = "launcher prefix"
+
+
+def launcher_ranks(parsed_dirs: Iterable[Path | str]) -> dict[tuple[str, int], tuple[int, int | None]]:
+    """(host, pid) -> (global rank, None) from the parse stage's ``launcher_rank.json`` (the rank
+    a launcher's line prefix named in a combined stdout: torchrun ``[rankN]:``, or ``srun --label``
+    / Open MPI task ranks where every task is one process)."""
+    import json
+
+    from .run_layout import process_key
+    from .stages.parse_nccl import LAUNCHER_RANK_FILE
+
+    out: dict[tuple[str, int], tuple[int, int | None]] = {}
+    for d in parsed_dirs:
+        f = Path(d) / LAUNCHER_RANK_FILE
+        if f.is_file():  # parsed/nccl/<host>/nccl_<host>_<pid>/
+            out[process_key(Path(d).name)] = (int(json.loads(f.read_text())["rank"]), None)
+    return out
+
+
 def infer_communicators(comms: pd.DataFrame,
-                        known_ranks: Mapping[tuple[str, int], tuple[int, int | None]] | None = None
+                        known_ranks: Mapping[str, Mapping[tuple[str, int], tuple[int, int | None]]] | None = None
                         ) -> CommunicatorTables:  # fmt: skip
     """Group the init/split lines of all processes of a run into logical communicators.
 
     A process's global rank is its rank in the world communicator (the parent of splits, or a
     plain init spanning every process). Jobs whose process groups are created lazily may never
-    initialise one; ``known_ranks`` ((host, pid) -> (rank, world size), e.g.
-    :func:`profiler_ranks`) then names the ranks. Where neither does, the rank stays unknown
-    (null), and so does the world size: the largest communicator is not the world."""
+    initialise one; ``known_ranks`` (per source, in order of preference: (host, pid) -> (rank,
+    world size or None), e.g. :func:`profiler_ranks`, :func:`launcher_ranks`) then names the
+    ranks; sources that disagree are reported. Where none does, the rank stays unknown (null),
+    and so does the world size: the largest communicator is not the world."""
     lines = _init_lines(comms)
     if lines.empty:
         return CommunicatorTables(
@@ -199,24 +220,36 @@ def infer_communicators(comms: pd.DataFrame,
     conflicts: list[str] = []
     # the world communicator is the largest; without one, the largest is not the world
     world_size = int(lines["nranks"].max()) if world_rank else None
-    if known_ranks:
-        known_world = {w for _, w in known_ranks.values() if w}
+    claimed: dict[tuple, tuple[int, str]] = {k: (r, RANK_SOURCE_WORLD) for k, r in world_rank.items()}
+    for source, ranks in (known_ranks or {}).items():
         used = 0
         for key in sorted(set(proc)):
-            got = known_ranks.get((str(key[0]), int(key[1])))
+            got = ranks.get((str(key[0]), int(key[1])))
             if got is None:
                 continue
-            if key in world_rank:
-                if world_rank[key] != got[0]:
-                    conflicts.append(f"{key[0]}:{key[1]}: rank {world_rank[key]} in the world communicator, "
-                                     f"{got[0]} in its profiler trace")
+            if key in claimed:
+                if claimed[key][0] != got[0]:
+                    conflicts.append(f"{key[0]}:{key[1]}: rank {claimed[key][0]} from the {claimed[key][1]}, "
+                                     f"{got[0]} from the {source}")
                 continue
+            claimed[key] = (got[0], source)
             world_rank[key] = got[0]
             used += 1
         if used:
-            sources[RANK_SOURCE_PROFILER] = used
-        if world_size is None and known_world:
-            world_size = max(known_world)
+            sources[source] = used
+        stated = {w for _, w in ranks.values() if w}
+        if world_size is None and stated:
+            world_size = max(stated)
+    by_rank: dict[int, list[tuple]] = {}
+    for key, r in world_rank.items():
+        by_rank.setdefault(r, []).append(key)
+    for r, holders in sorted(by_rank.items()):
+        if len(holders) > 1 and any(claimed[k][1] != RANK_SOURCE_WORLD for k in holders):
+            conflicts.append(f"global rank {r} named for {len(holders)} processes ("
+                             + ", ".join(f"{k[0]}:{k[1]} by the {claimed[k][1]}" for k in sorted(holders)) + ")")
+            for k in holders:
+                if claimed[k][1] != RANK_SOURCE_WORLD:
+                    world_rank.pop(k)
     unranked = sorted(f"{h}:{p}" for h, p in set(proc) if (h, p) not in world_rank)
 
     comm_rows, member_rows = [], []
@@ -279,7 +312,8 @@ def infer_run_communicators(parsed_dirs: Iterable[Path], out_dir: Path, settings
     comms = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(len(f) for f in frames) else None
     if comms is not None:
         _refuse_mixed_jobs(comms)
-        result = infer_communicators(comms, profiler_ranks(sessions))
+        result = infer_communicators(comms, {RANK_SOURCE_PROFILER: profiler_ranks(sessions),
+                                             RANK_SOURCE_LAUNCHER: launcher_ranks(parsed_dirs)})
     else:
         result = _from_call_sequences(parsed_dirs, settings)
     out_dir = Path(out_dir)

@@ -59,6 +59,7 @@ class DiscoveredLogs:
     sources: dict[str, list[str]] = field(default_factory=dict)  # stem -> the files its lines came from
     skipped_lines: dict[str, int] = field(default_factory=dict)  # file -> non-NCCL lines skipped
     unattributed: dict[str, int] = field(default_factory=dict)  # file -> NCCL lines no process prefix names
+    launcher_ranks: dict[str, dict[str, object]] = field(default_factory=dict)  # stem -> rank a prefix names
     ignored: list[Path] = field(default_factory=list)  # files without NCCL lines
 
     def notes(self) -> list[str]:
@@ -157,6 +158,8 @@ def discover_logs(roots: Iterable[Path], dest: Path, *, exclude: Iterable[Path] 
     origin: dict[str, list[list]] = {}  # stem -> [file, first line, count] runs
     orphans: dict[str, int] = {}  # file -> NCCL lines without a process prefix
     stems_of: dict[str, set[str]] = {}  # file -> processes whose records it holds
+    labels_of: dict[str, dict[bytes, set[str]]] = {}  # file -> launcher label -> processes
+
     def put(stem: str, rec: bytes, p: Path, n: int) -> None:
         handles[stem].write(rec + b"\n")
         runs = origin[stem]
@@ -193,6 +196,7 @@ def discover_logs(roots: Iterable[Path], dest: Path, *, exclude: Iterable[Path] 
                             found.sources[stem] = []
                             origin[stem] = []
                         if label is not None:
+                            labels_of.setdefault(str(p), {}).setdefault(label, set()).add(stem)
                             if label not in label_stem:
                                 label_stem[label] = stem
                                 for wn, wrec in waiting.pop(label, []):
@@ -232,7 +236,38 @@ def discover_logs(roots: Iterable[Path], dest: Path, *, exclude: Iterable[Path] 
             origin[stem] = [[path, 1, n]]
             orphans.pop(path, None)
     found.unattributed = orphans
+    found.launcher_ranks = launcher_ranks(labels_of)
     (dest / "sources.json").write_text(json.dumps(
-        {"doc": "per normalised log: runs of [source file, first source line, number of lines], in order",
-         "logs": origin}, indent=1))  # fmt: skip
+        {"doc": "per normalised log: runs of [source file, first source line, number of lines], in order; "
+                "launcher_ranks: the global rank a launcher prefix names (see log_discovery.launcher_ranks)",
+         "logs": origin, "launcher_ranks": found.launcher_ranks}, indent=1))  # fmt: skip
     return found
+
+
+_RANK_LABEL = re.compile(rb"^\[rank(\d+)\]:?$")  # torchrun: the global rank
+_TASK_LABEL = re.compile(rb"^(\d+):$|^\[\d+,(\d+)\]<std(?:out|err)>:?$")  # srun --label task; Open MPI rank
+
+
+def launcher_ranks(labels_of: dict[str, dict[bytes, set[str]]]) -> dict[str, dict[str, object]]:
+    """Per process (normalised log stem): the global rank its launcher prefix names, where it
+    names one. torchrun's ``[rankN]:`` is the global rank. ``srun --label``'s ``N:`` and Open
+    MPI's ``[J,N]<stdout>:`` are the task's rank, the global rank only when every task is one
+    process: taken only where, in its file, every such label belongs to one process and no process
+    has two. torchrun's ``[defaultN]:`` is a local rank (every node has one): never taken."""
+    out: dict[str, dict[str, object]] = {}
+    for path, labels in labels_of.items():
+        per_stem: dict[str, list[bytes]] = {}
+        for label, stems in labels.items():
+            for stem in stems:
+                per_stem.setdefault(stem, []).append(label)
+        one_to_one = all(len(stems) == 1 for stems in labels.values()) and all(
+            len(ls) == 1 for ls in per_stem.values())
+        for stem, ls in per_stem.items():
+            if len(ls) != 1 or stem in out:
+                continue
+            m = _RANK_LABEL.match(ls[0])
+            t = _TASK_LABEL.match(ls[0]) if m is None and one_to_one else None
+            rank = int(m.group(1)) if m else int(t.group(1) or t.group(2)) if t else None
+            if rank is not None:
+                out[stem] = {"rank": rank, "prefix": ls[0].decode("utf-8", "replace"), "file": path}
+    return out

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..nccl.log_reader import TABLE_NAMES, ParseReport, parse_logs
 from ..provenance import write_manifest
+from ..tables import write_json_atomic
 from . import StageResult
 
 __all__ = ["log_problems", "run_parse_nccl"]
@@ -42,6 +43,21 @@ def log_problems(report: ParseReport | Mapping[str, Any]) -> list[str]:
     return out
 
 
+LAUNCHER_RANK_FILE = "launcher_rank.json"
+"""Beside a process's parsed tables: the global rank its launcher prefix named (when log
+discovery split a combined stdout; see :func:`nccltrace.log_discovery.launcher_ranks`)."""
+
+
+def _launcher_rank(log_file: Path) -> dict[str, Any] | None:
+    import json
+
+    sources = log_file.parent / "sources.json"
+    if not sources.is_file():
+        return None
+    got = (json.loads(sources.read_text()).get("launcher_ranks") or {}).get(log_file.stem)
+    return dict(got) if isinstance(got, dict) and isinstance(got.get("rank"), int) else None
+
+
 def run_parse_nccl(log_file: Path | str, out_dir: Path | str, settings: Mapping[str, Any] | None = None
                    ) -> StageResult:  # fmt: skip
     """Parse ``log_file`` (one process's NCCL log) into ``out_dir``: the tables of
@@ -61,6 +77,12 @@ def run_parse_nccl(log_file: Path | str, out_dir: Path | str, settings: Mapping[
         notes.append(f"{log_file.name} has no NCCL call or init lines (NCCL_DEBUG=INFO not set, or a rank that never "
                      "reached NCCL?)")
     outputs = [out / f"{name}.parquet" for name in TABLE_NAMES] + [out / "parse_report.json"]
+    launcher = _launcher_rank(log_file)
+    if launcher is not None:  # the global rank the log's launcher prefix names (log discovery)
+        write_json_atomic(out / LAUNCHER_RANK_FILE, launcher)
+        outputs.append(out / LAUNCHER_RANK_FILE)
+    else:
+        (out / LAUNCHER_RANK_FILE).unlink(missing_ok=True)
     partial = report.partial or cut
     write_manifest(out / "manifest.json", stage="parse_nccl", inputs=[log_file], outputs=outputs, partial=partial,
                    reasons=problems, config=dict(settings or {}))
