@@ -359,6 +359,8 @@ def test_every_capture_family_has_no_wrong_match(tmp_path):
             assert row["partial"] and row["problems"] == 2, row
         if fam.name == "full":
             assert not row["partial"] and row["problems"] == 0, row
+        if fam.name.startswith("lazy process groups"):  # global ranks unknown: said, and partial
+            assert row["partial"] and row["problems"] > 0, row
         if fam.name.startswith("kernel ends spread by milliseconds"):  # ranks time-sharing a GPU
             assert "cross_rank_stood_down" in row["stood_down"] and row["cross_rank_demoted"] == 0, row
             assert not row["partial"], row

@@ -328,6 +328,10 @@ class EmulatorConfig:
     cuda_version: str = "12.4"
     nsys_version: str = "2024.6"
     init_style: str = "plain"  # plain (lazy ncclCommInitRankConfig) | split (eager ncclCommSplit)
+    # False: the default (world) process group runs no NCCL collective (its barriers and logging
+    # reductions go over gloo), so with init_style 'plain' no communicator spans every rank: what a
+    # Megatron-Core job whose groups are created lazily leaves in its logs
+    default_group_nccl: bool = True
     nccl_timestamps: bool = False
     nvtx_payloads: str = "none"  # none | blob | dynamic | json
     nsys_per_process: bool = False  # one export per process (nsys/<host>/trace_<rank>.sqlite), not per node

@@ -220,6 +220,7 @@ class RankProgram:
         self.first_stage = self.stage == 0
         self.last_stage = self.stage == cfg.pp - 1
         self.g = {k: layout.group_of(k, rank) for k in layout.by_kind}
+        self._world = self.g["world"]
         self.act_dt = {"fp16": DT["float16"], "bf16": DT["bfloat16"], "fp32": DT["float32"]}[cfg.precision]
         self.grad_dt = DT["float16"] if cfg.precision == "fp16" else DT["float32"]
         self.flops = layer_flops(cfg)
@@ -306,6 +307,8 @@ class RankProgram:
     def _c(self, comm, op: str, count: int, dtype: int, redop: int = 0, root: int = 0) -> tuple[Unit, ...]:
         """A lone collective call (:meth:`_unit_of` of one ungrouped collective, written out)."""
         size = comm.size
+        if comm is self._world and not self.cfg.default_group_nccl:
+            return ()  # the default group's collective runs over gloo: nothing reaches NCCL
         if size == 1:
             if self._single_budget == 0:
                 return ()

@@ -1,0 +1,80 @@
+"""Global ranks of an emulated Megatron job whose process groups are created lazily and whose
+default group runs no NCCL collective (emulator: init_style 'plain', default_group_nccl false):
+no communicator spans every rank. Without another record the ranks are unknown and said so;
+with the launcher's prefixes on a combined stdout they are known, and the labels, instances and
+metrics follow as on an eager run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from nccltrace.cli import main
+from nccltrace.emulator.run import emulate_run
+from nccltrace.tables import read_table
+
+LAZY = {
+    "model": "tiny", "num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 64,
+    "vocab_size": 512, "micro_batch_size": 1, "global_batch_size": 8, "iterations": 2, "nodes": 2,
+    "gpus_per_node": 4, "tp": 2, "pp": 2, "precision": "bf16", "seed": 3, "init_style": "plain",
+    "default_group_nccl": False, "imperfections": {"fuse_grouped_p2p": True, "single_rank_comm_ops": -1},
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def lazy_raw(tmp_path_factory) -> Path:
+    raw = tmp_path_factory.mktemp("lazy") / "raw"
+    emulate_run(LAZY, raw)
+    return raw
+
+
+def _true_ranks(raw: Path) -> dict[int, int]:
+    truth = read_table(raw / "ground_truth" / "ops.parquet")
+    return dict(zip(truth["pid"].astype("int64"), truth["rank"].astype("int64")))
+
+
+def test_the_emulated_lazy_job_initialises_no_communicator_of_every_rank(lazy_raw):
+    sizes = set()
+    for log in (lazy_raw / "nccl").glob("nccl_*.log"):
+        sizes |= {int(x.split(" nranks ")[1].split()[0]) for x in log.read_text().splitlines()
+                  if "ncclCommInitRank" in x and "Init COMPLETE" in x}
+    assert sizes and max(sizes) < 8 and not any("ncclCommSplit" in log.read_text()
+                                                 for log in (lazy_raw / "nccl").glob("nccl_*.log"))
+
+
+@pytest.mark.slow
+def test_without_a_record_of_the_ranks_they_are_unknown_said_once_and_the_run_partial(lazy_raw, tmp_path, capsys):
+    assert main(["analyze", str(lazy_raw), "-o", str(tmp_path / "out"), "-q", "--until", "ops"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("global ranks unknown for 8 of 8 processes") == 1 and "world size 2" not in err
+    assert read_table(tmp_path / "out" / "communicators" / "communicator_members.parquet")["global_rank"].isna().all()
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["partial"]
+
+
+@pytest.mark.slow
+def test_with_the_launchers_prefixes_the_lazy_job_is_analysed_as_an_eager_one(lazy_raw, tmp_path):
+    """One `srun --label` stdout of the eight logs: every rank right, the labels those of the
+    declared sizes matched by member set, every collective's instances complete."""
+    run = tmp_path / "run"
+    (run / "nsys").mkdir(parents=True)
+    for export in (lazy_raw / "nsys").glob("*.sqlite"):
+        (run / "nsys" / export.name).symlink_to(export)
+    (run / "run.yaml").symlink_to(lazy_raw / "run.yaml")
+    ranks = _true_ranks(lazy_raw)
+    texts = {ranks[int(p.stem.rsplit("_", 1)[1])]: p.read_text().splitlines()
+             for p in (lazy_raw / "nccl").glob("nccl_*.log")}
+    lines = [f"{r}: {t[i]}" for i in range(max(map(len, texts.values()))) for r, t in sorted(texts.items())
+             if i < len(t)]
+    (run / "stdout.txt").write_text("\n".join(lines) + "\n")
+    assert main(["analyze", str(run), "-o", str(tmp_path / "out"), "-q", "--until", "ops"]) == 0
+    members = read_table(tmp_path / "out" / "communicators" / "communicator_members.parquet")
+    assert dict(zip(members["pid"].astype("int64"), members["global_rank"].astype("int64"))) == ranks
+    labels = read_table(tmp_path / "out" / "ops" / "parallelism.parquet")
+    assert (labels["label_source"].astype(str) == "megatron-groups").all()
+    ops = pd.read_parquet(tmp_path / "out" / "ops" / "ops.parquet")
+    calls = ops[(ops["row_kind"] == "call") & (ops["nranks"] > 1)]
+    collectives = calls[~calls["op"].isin(["Send", "Recv"])]  # point-to-point calls pair, not instance
+    assert len(collectives) and collectives["instance"].notna().all() and calls["global_rank"].notna().all()
