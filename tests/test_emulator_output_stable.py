@@ -59,7 +59,7 @@ EXPECTED: dict[str, dict[str, str]] = {
         'nccl/nccl_node000_85193.log': 'da901b2030f98554acde01a73eaa45ac05471af48a6774a5a5ee282dad82bcd4',
         'nccl/nccl_node000_85206.log': '522704ba11a9e9f3d1f7483a5a22e546aae42d8e805c2b69f80f84b2d0972992',
         'nsys/node000.sqlite': '94a97a616506ea1ed4c4b3f2a57740769ad06af7d29805a13cdbb85a666b4951',
-        'run.yaml': '6a52aa75e472f5008938c6ddd582b59f628a636559e693b55fa088c5f479dac6',
+        'run.yaml': '5b7290ccd6bc3106094e9642bf1336a7f62353447c96ed803e3cf6a8d9fd3d45',
     },
     'knobs': {
         'ground_truth/clock.parquet': 'a66cd439fa4539db4c1bc527fb29772a1ddaa405bb7bdb20ae987ac16c16e0f0',
@@ -73,7 +73,7 @@ EXPECTED: dict[str, dict[str, str]] = {
         'nccl/nccl_node001_85698.log': '7fee70d6790f0dbfb99cb4b9913e245f97a266c290d08f43cfe8163bed91e076',
         'nsys/node000.sqlite': 'a23b52e0676ff0e77aad8fb2be57627578119119f0ff702d34964482ca17a35c',
         'nsys/node001.sqlite': 'ea562d0ae65b782b7986fe0b247000c0226821dc2a1aae052ba5c842458b67ee',
-        'run.yaml': '5d8bba2291d5a123a232f7379d8dea122b95402741ce04ee07a9ba5338a6e160',
+        'run.yaml': '5a8c1eafd89638323fa3c692ab4bc32c56f2d915104b1cb7d9cb6db9b1008e79',
         'stdout.log': 'a6368d020ccba3c7484f62f5e42550cde8c6b28b8824152561d57514426fb104',
     },
     'moe': {
@@ -91,7 +91,7 @@ EXPECTED: dict[str, dict[str, str]] = {
         'nccl/nccl_node001_85724.log': '95e4ab2bae3c6d7553928f18fbd5b5de1f0cf6ab59a36c562b8e91b786693f98',
         'nsys/node000.sqlite': '83f69dd0c98871f8225b4ac1eb007881b45a0224186629f3711b70a7aeabc2fe',
         'nsys/node001.sqlite': '61bf1d7e15aab46832f93759417f1a024dc4a4cd4e7bb3a9583b6f93150aeb33',
-        'run.yaml': 'a404fa00bb0864f8a5b6034a8aaa26d38dd5c7fa5e991fceb7a2ea347ed519c4',
+        'run.yaml': 'a020cff8473d32669c402c1297878d75ea5f5c466133b54368f9745534b0fc7f',
     },
     'plain': {
         'ground_truth/clock.parquet': '119ee97c988abd7a564c619c4717e521f3a761cc7ff412e73df31b80f22b2ead',
@@ -104,7 +104,7 @@ EXPECTED: dict[str, dict[str, str]] = {
         'nccl/nccl_node001_85698.log': '5fe9fd4814600d40e4d3583450b749b7b81f6a8b93799e19161c32358a8d5830',
         'nsys/node000.sqlite': '124f111740bbd4261e732fa1117f712a5e4a521733d678e7a33732e554293b81',
         'nsys/node001.sqlite': '10a134f6c0b495a9e6c9e98c8fb17e491cd8055f47cc1b37e037d004c2a61c6d',
-        'run.yaml': '9e9ee6fa2c6724aa9f0c1bca67b48ea625ac7cda07df73606ca0adb4278896e0',
+        'run.yaml': 'e3d83cee284ee97f04c726e97abbbd534849486c0cc244ad71976dd33e028e67',
     },
 }  # fmt: skip
 
