@@ -133,3 +133,28 @@ def test_a_directory_without_dumps_is_a_clear_error(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("nothing here")
     assert main(["infer-layout", str(tmp_path)]) == 2
     assert "no Flight Recorder dump" in capsys.readouterr().err
+
+
+def test_a_dump_names_the_one_communicator_whose_calls_end_as_its_entries_and_nothing_it_cannot_place(tmp_path):
+    """Rank 0's dump: group "1" (members 0, 1) recorded three all-gathers of 8 elements. Of the
+    process's two communicators with those members only one logged them last; a dump of rank 5,
+    which no process has, names nothing and says so."""
+    import pandas as pd
+
+    from nccltrace.flight_recorder import FlightRecorderDump
+    from nccltrace.process_groups import name_by_flight_recorder
+
+    comms = pd.DataFrame({"logical_id": [0, 1], "members": [[0, 1], [0, 1]]})
+    members = pd.DataFrame({"logical_id": [0, 1, 0, 1], "host": "h", "pid": [10, 10, 11, 11],
+                            "comm": [0xA, 0xB, 0xC, 0xD], "global_rank": [0, 0, 1, 1]})
+    entries = [{"record_id": i, "process_group": ("1", "TENSOR_MODEL_PARALLEL_GROUP"),
+                "profiling_name": "nccl:_all_gather_base", "input_sizes": [[2, 4]], "output_sizes": [[4, 4]]}
+               for i in range(3)]
+    dump = FlightRecorderDump(tmp_path / "d0", 0, "2.10", None, {"1": ((0, 1), "TENSOR_MODEL_PARALLEL_GROUP")},
+                              entries)
+    stray = FlightRecorderDump(tmp_path / "d5", 5, "2.10", None, {}, [])
+    calls = pd.DataFrame({"comm": [0xB, 0xA, 0xA, 0xA, 0xB], "op": ["AllReduce"] + ["AllGather"] * 3 + ["AllReduce"],
+                          "count": [8, 8, 8, 8, 8]})
+    names, notes = name_by_flight_recorder(comms, members, [dump, stray], lambda h, p: calls)
+    assert names[["logical_id", "pg_desc"]].values.tolist() == [[0, "TENSOR_MODEL_PARALLEL_GROUP"]]
+    assert any("rank 5" in n and "not used" in n for n in notes)

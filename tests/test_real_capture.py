@@ -375,3 +375,23 @@ def test_a_launcher_prefix_that_contradicts_the_world_communicator_is_reported_n
     members = pd.read_parquet(tmp_path / "out" / "communicators" / "communicator_members.parquet")
     assert dict(zip(members["pid"], members["global_rank"])) == {498: 0, 499: 1, 500: 2, 501: 3}
     assert "global rank sources disagree: vm:498: rank 0 from the world communicator, 3 from the launcher prefix" in err
+
+
+@pytest.mark.slow
+def test_flight_recorder_dumps_beside_the_logs_name_every_communicator_without_a_profiler_trace(
+        tmp_path, capsys, as_is):
+    """The logs and the ranks' Flight Recorder dumps, no profiler trace: each dump's groups are
+    joined to its rank's communicators by the calls both saw (the dump's last entries against the
+    tail of each communicator's calls); the groups it cannot place (the pipeline's batched
+    Send/Recv, the default group's broadcast) are the only ones left with their members. Every
+    communicator gets the name the kernels' own records give it."""
+    run = tmp_path / "run"
+    shutil.copytree(CAPTURE / "nccl", run / "nccl")
+    shutil.copytree(CAPTURE / "flight_recorder", run / "dumps")
+    _analyze(run, tmp_path / "out", "--until", "ops")
+    capsys.readouterr()
+    named = pd.read_parquet(as_is[0] / "ops" / "parallelism.parquet").set_index("logical_id")
+    got = pd.read_parquet(tmp_path / "out" / "ops" / "parallelism.parquet").set_index("logical_id")
+    assert got["pg_desc"].to_dict() == named["pg_desc"].to_dict()
+    assert got["parallelism"].to_dict() == named["parallelism"].to_dict()
+    assert got["resolution"].value_counts().to_dict() == {"flight-recorder": 5, "elimination": 3}

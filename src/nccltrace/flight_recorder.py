@@ -119,19 +119,25 @@ def _str(x: Any) -> str | None:
     return None if x is None else str(x)
 
 
+def pickle_files(root: Path | str) -> list[Path]:
+    """The files under ``root`` (a file or a directory, searched recursively) that are pickles,
+    the form Flight Recorder dumps take: logs, traces and READMEs are not read further."""
+    root = Path(root)
+    files = [root] if root.is_file() else sorted(f for f in root.rglob("*") if f.is_file())
+    out = []
+    for f in files:
+        with open(f, "rb") as fh:
+            head = fh.read(2)
+        if len(head) == 2 and head[0] == 0x80:  # pickle protocol 2+
+            out.append(f)
+    return out
+
+
 def find_dumps(root: Path | str) -> list[FlightRecorderDump]:
     """Every Flight Recorder dump under ``root`` (a file or a directory, searched recursively),
     recognised by content, in rank order. FlightRecorderError when none is there, or when a
     pickle there is refused (the message names it)."""
-    root = Path(root)
-    files = [root] if root.is_file() else sorted(f for f in root.rglob("*") if f.is_file())
-    dumps = []
-    for f in files:
-        with open(f, "rb") as fh:
-            head = fh.read(2)
-        if len(head) < 2 or head[0] != 0x80:  # not a pickle: not a dump (logs, traces, README)
-            continue
-        dumps.append(read_dump(f))
+    dumps = [read_dump(f) for f in pickle_files(root)]
     if not dumps:
         raise FlightRecorderError(f"{root}: no Flight Recorder dump (a pickled dict with 'pg_config' and 'entries')")
     return sorted(dumps, key=lambda d: (d.rank is None, d.rank if d.rank is not None else 0, str(d.path)))

@@ -456,6 +456,7 @@ def stream_run_ops(
     check_part_rows: int = CHECK_PART_ROWS,
     progress: Any = None,
     quality_paths: Iterable[Path | str] | None = None,
+    flight_recorder: Path | str | None = None,
 ) -> RunOps:
     """Build the enriched ops of one run and write them to ``ops_path`` (atomically), one
     process at a time: memory holds one process's rows plus the clock-sync rows (at most
@@ -465,7 +466,8 @@ def stream_run_ops(
     (``alignment_quality.json``, same order), merged with the cross-rank check into
     ``RunOps.quality``; a process whose matches a check contradicted makes the run partial.
     The run-level checks hold one part of about ``check_part_rows`` alignment rows (whole
-    logical communicators) at a time."""
+    logical communicators) at a time. ``flight_recorder``: a directory of the run's Flight
+    Recorder dumps, which name process groups (:func:`.process_groups.name_by_flight_recorder`)."""
     import pyarrow.parquet as pq
 
     from .clocksync import add_sync_columns, estimate_clock_model
@@ -488,7 +490,8 @@ def stream_run_ops(
     # per (host, pid, comm, op) the number of calls and of distinct Send/Recv peers.
     call_kinds = pd.concat([call_counts(d / "calls.parquet") for d in calls_dirs], ignore_index=True)
     labels = run_labels(comms, members, call_kinds, settings, notes, problems)
-    labels = _named(labels, comms, members, records, sessions, settings, call_kinds, notes)
+    labels = _named(labels, comms, members, records, sessions, settings, call_kinds, notes, flight_recorder,
+                    calls_dirs)
     del call_kinds
     utc = {h: int(json.loads(Path(p).read_text()).get("utc_offset_ns") or 0) for h, p in sessions.items()}
 
@@ -597,17 +600,49 @@ def stream_run_ops(
                   calls=calls_n, matched=matched_n, unmatched_by_reason=dict(by_reason), quality=quality)  # fmt: skip
 
 
+def _flight_recorder_names(comms: pd.DataFrame, members: pd.DataFrame, dumps_dir: Path | None,
+                           calls_dirs: list[Path], notes: list[str]) -> tuple[pd.DataFrame | None, dict]:  # fmt: skip
+    """Names from the Flight Recorder dumps in ``dumps_dir`` (:func:`.process_groups.name_by_flight_recorder`)
+    and their groups (name -> (ranks, desc)); (None, {}) without dumps."""
+    from .flight_recorder import FlightRecorderError, find_dumps
+    from .process_groups import name_by_flight_recorder
+    from .run_layout import process_key
+
+    if dumps_dir is None or not Path(dumps_dir).is_dir() or not any(Path(dumps_dir).iterdir()):
+        return None, {}
+    try:
+        dumps = find_dumps(dumps_dir)
+    except FlightRecorderError as e:
+        notes.append(f"Flight Recorder dumps not used: {e}")
+        return None, {}
+    dirs = {process_key(d.name): d for d in calls_dirs}
+
+    def calls_of(host: str, pid: int) -> pd.DataFrame:
+        d = dirs.get((host, pid))
+        if d is None:
+            return pd.DataFrame({"comm": [], "op": [], "count": []})
+        return read_table(d / "calls.parquet", columns=["comm", "op", "count", "line"]).sort_values("line")
+
+    names, said = name_by_flight_recorder(comms, members, dumps, calls_of)
+    notes += said
+    groups = {n: g for d in dumps for n, g in d.groups.items()}
+    return names, groups
+
+
 def _named(labels: pd.DataFrame, comms: pd.DataFrame, members: pd.DataFrame, records: list[Mapping[str, Any]],
            sessions: Mapping[str, Path | str], settings: Mapping[str, Any] | None, call_kinds: pd.DataFrame,
-           notes: list[str]) -> pd.DataFrame:  # fmt: skip
-    """Labels with the communicators' PyTorch process-group names (:mod:`.process_groups`); when
-    no sizes were declared and the names determine them, the unnamed communicators are labelled
-    from those sizes (the guesses' note is replaced)."""
+           notes: list[str], dumps_dir: Path | None = None, calls_dirs: list[Path] = ()) -> pd.DataFrame:  # fmt: skip
+    """Labels with the communicators' PyTorch process-group names (:mod:`.process_groups`: from
+    the kernels' records, and from Flight Recorder dumps in ``dumps_dir`` joined by the calls
+    both saw); when no sizes were declared and the names determine them, the unnamed
+    communicators are labelled from those sizes (the guesses' note is replaced)."""
     from .megatron.infer import infer_layout
     from .parallelism import apply_names, declares_sizes, label_communicators
     from .process_groups import name_communicators, pg_config_of_sessions
 
-    names, said = name_communicators(comms, members, records, pg_config_of_sessions(sessions.values()))
+    fr_names, fr_groups = _flight_recorder_names(comms, members, dumps_dir, list(calls_dirs), notes)
+    pg_config = {**fr_groups, **pg_config_of_sessions(sessions.values())}
+    names, said = name_communicators(comms, members, records, pg_config, fr_names)
     notes += said
     if names.empty:
         return labels
@@ -627,6 +662,7 @@ def _named(labels: pd.DataFrame, comms: pd.DataFrame, members: pd.DataFrame, rec
         notes[:] = [n for n in notes if not n.startswith("parallelism labels are guesses")]
     notes.append(f"{len(names)} of {len(comms)} communicators named by their PyTorch process group "
                  f"({int((names['name_source'] == 'kernel-records').sum())} from the kernels' records, "
+                 f"{int((names['name_source'] == 'flight-recorder').sum())} from Flight Recorder dumps, "
                  f"{int((names['name_source'] == 'elimination').sum())} as the only group with their members left)")
     return named
 

@@ -80,6 +80,7 @@ class RawInputs:
     notes: list[str] = field(default_factory=list)  # what finding the logs by content did
     problems: list[str] = field(default_factory=list)  # NCCL lines finding them could not attribute
     traces: list[Path] = field(default_factory=list)  # PyTorch-profiler Chrome traces (found by content)
+    dumps: list[Path] = field(default_factory=list)  # Flight Recorder dumps (found by content)
 
     def host_of(self, proc: str) -> str:
         from .run_layout import RunLayout
@@ -143,9 +144,21 @@ def find_raw_inputs(raw_dir: Path | str, staging: Path | str | None = None) -> R
         found = f" (found {names}, not exported yet: {_EXPORT_HINT})" if reports else ""
         notes.append(f"no kernel trace in {raw}{found}: the NCCL logs alone are analysed (calls, communicators, "
                      "labels, volumes; no kernel times or bandwidths)")
+    dumps: list[Path] = []
+    if staging is not None:
+        from .flight_recorder import FlightRecorderError, pickle_files, read_dump
+
+        for f in pickle_files(raw):
+            if f.resolve().is_relative_to(Path(staging).resolve()):
+                continue
+            try:
+                read_dump(f)
+                dumps.append(f)
+            except FlightRecorderError as e:
+                notes.append(f"not used as a Flight Recorder dump: {e}")
     run_yaml = raw / "run.yaml"
     return RawInputs(raw, logs, exports, run_yaml if run_yaml.is_file() else None, ignored, notes, problems,
-                     traces)
+                     traces, dumps)
 
 
 def _export_reports(nsys_dir: Path, exports: Mapping[str, Path], dest: Path, notes: list[str]) -> dict[str, Path]:
@@ -331,6 +344,12 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
                                  done=lambda _: bar.update(1))  # fmt: skip
             _say(res, problems, notes)
 
+    # Flight Recorder dumps found beside the logs: the ops stage names process groups from them
+    shutil.rmtree(layout.flight_recorder, ignore_errors=True)
+    if inputs.dumps:
+        layout.flight_recorder.mkdir(parents=True)
+        for i, dump in enumerate(inputs.dumps):
+            shutil.copyfile(dump, layout.flight_recorder / f"{i:05d}_{dump.name}")
     # 3. Communicators (exact, from init/split lines); their world size completes the settings.
     comm = run_communicators(layout, procs, run_settings, nodes)
     tables = comm.details["tables"]

@@ -29,7 +29,8 @@ from typing import Any
 
 import pandas as pd
 
-__all__ = ["NAME_COLUMNS", "name_communicators", "pg_config_of_sessions"]
+__all__ = ["FR_MIN_AGREEMENT", "NAME_COLUMNS", "name_by_flight_recorder", "name_communicators",
+           "pg_config_of_sessions"]
 
 NAME_COLUMNS = ("pg_name", "pg_desc", "name_source")
 
@@ -67,11 +68,13 @@ def pg_config_of_sessions(session_paths: Iterable[Path | str]) -> dict[str, tupl
 
 def name_communicators(comms: pd.DataFrame, members: pd.DataFrame, records: Iterable[Mapping[str, Any]],
                        pg_config: Mapping[str, tuple[tuple[int, ...], str | None]],
-                       ) -> tuple[pd.DataFrame, list[str]]:  # fmt: skip
+                       named_before: pd.DataFrame | None = None) -> tuple[pd.DataFrame, list[str]]:  # fmt: skip
     """Per logical communicator (``logical_id``): ``pg_name``, ``pg_desc`` and ``name_source``
-    ('kernel-records' or 'elimination'), for those that could be named; and the notes (what
-    was refused, and why). ``records``: the processes' alignment-quality records (their
-    ``host``, ``pid`` and ``process_groups``)."""
+    ('kernel-records', one of ``named_before``'s sources, or 'elimination'), for those that
+    could be named; and the notes (what was refused, and why). ``records``: the processes'
+    alignment-quality records (their ``host``, ``pid`` and ``process_groups``);
+    ``named_before``: names from other evidence (:func:`name_by_flight_recorder`), used where
+    the kernels name nothing and refused where they name another group."""
     cols = ["logical_id", *NAME_COLUMNS]
     notes: list[str] = []
     lid_of = {(str(h), int(p), int(c)): int(lid) for h, p, c, lid in
@@ -103,6 +106,17 @@ def name_communicators(comms: pd.DataFrame, members: pd.DataFrame, records: Iter
             refused.add(lid)
             continue
         named[lid] = (name, desc, "kernel-records")
+    for lid, name, desc, src in (named_before.itertuples(index=False) if named_before is not None else ()):
+        lid = int(lid)
+        if lid in refused:
+            continue
+        if lid in named and named[lid][0] != name:
+            notes.append(f"communicator {lid}: its kernels name process group {named[lid][0]}, the {src} evidence "
+                         f"{name}; left unnamed")
+            refused.add(lid)
+            del named[lid]
+        elif lid not in named:
+            named[lid] = (name, desc, src)
     taken = {n for n, _, _ in named.values()}
     by_set: dict[tuple[int, ...], list[str]] = {}
     for name, (ranks, _) in pg_config.items():
@@ -119,4 +133,98 @@ def name_communicators(comms: pd.DataFrame, members: pd.DataFrame, records: Iter
             notes.append(f"communicator {lid} (members {list(ranks)}): {len(left)} process groups with these members "
                          f"({', '.join(left)}) for {len(unnamed_same)} unnamed communicator(s); left unnamed")
     rows = [(lid, n, d, src) for lid, (n, d, src) in sorted(named.items())]
+    return pd.DataFrame(rows, columns=cols), notes
+
+
+FR_MIN_AGREEMENT = 0.95
+"""Share of a group's recorded entries (the dump's tail) that must equal, position by position, the
+tail of one communicator's logged calls for the group to name it."""
+_SAME_COUNT = {"all_gather": "input", "reduce_scatter": "output", "all_reduce": "input", "broadcast": "input",
+               "reduce": "input", "send": "input", "recv": "output"}  # FR tensor whose numel NCCL logs as count
+
+
+def _numel(sizes: Any) -> int | None:
+    if not isinstance(sizes, list) or not sizes or not all(isinstance(s, list) for s in sizes):
+        return None
+    total = 0
+    for shape in sizes:
+        n = 1
+        for d in shape:
+            n *= int(d)
+        total += n
+    return total
+
+
+def _entry_key(entry: Mapping[str, Any]) -> tuple[str, int | None]:
+    from .flight_recorder import op_of
+
+    op = op_of(str(entry.get("profiling_name", "")))
+    side = _SAME_COUNT.get(op)
+    count = _numel(entry.get(f"{side}_sizes")) if side else None
+    return op, count
+
+
+def name_by_flight_recorder(comms: pd.DataFrame, members: pd.DataFrame, dumps: Iterable[Any],
+                            calls_of: Any) -> tuple[pd.DataFrame, list[str]]:  # fmt: skip
+    """Per logical communicator: the process group a Flight Recorder dump names for it, joined by
+    the calls both saw. A dump is a rank's (its ``rank``); the process with that global rank
+    (``members``) logged its calls (``calls_of(host, pid)``: columns ``comm``, ``op``, ``count``,
+    in line order). Each group of the dump with recorded entries is compared with every
+    communicator of that process with the group's members: the dump's entries (op, and the
+    element count where NCCL logs the same one) against the tail of the communicator's calls,
+    position by position from the end (the dump keeps the last entries). A group names the one
+    communicator that agrees on at least :data:`FR_MIN_AGREEMENT` of them; none or several, and
+    ranks whose dumps name one communicator differently, name nothing (the notes say why).
+    ``name_source`` is 'flight-recorder'."""
+    from .megatron.behaviour import NCCL_OPS
+
+    cols = ["logical_id", *NAME_COLUMNS]
+    notes: list[str] = []
+    rank_proc = {int(r): (str(h), int(p)) for h, p, r in zip(members["host"], members["pid"], members["global_rank"])
+                 if not pd.isna(r)}  # fmt: skip
+    lid_of = {(str(h), int(p), int(c)): int(lid) for h, p, c, lid in
+              zip(members["host"], members["pid"], members["comm"], members["logical_id"]) if int(lid) >= 0}  # fmt: skip
+    member_set = {int(lid): tuple(sorted(int(r) for r in m)) for lid, m in zip(comms["logical_id"], comms["members"])}
+    claims: dict[int, set[tuple[str, str | None]]] = {}
+    for dump in dumps:
+        proc = rank_proc.get(dump.rank) if dump.rank is not None else None
+        if proc is None:
+            notes.append(f"{dump.path.name}: Flight Recorder dump of rank {dump.rank}, which no process with a log has "
+                         "(or whose global rank is unknown); not used")
+            continue
+        calls = calls_of(*proc)
+        seqs: dict[int, list[tuple[str, int | None]]] = {}
+        for comm, part in calls.groupby("comm", sort=False):
+            seqs[int(comm)] = [(NCCL_OPS.get(str(o), str(o).lower()), int(c)) for o, c in zip(part["op"], part["count"])]
+        by_group: dict[str, list[tuple[str, int | None]]] = {}
+        for e in sorted(dump.entries, key=lambda e: e.get("record_id", 0)):
+            pg = e.get("process_group")
+            name = str(pg[0]) if isinstance(pg, (list, tuple)) and pg else None
+            if name in dump.groups:
+                by_group.setdefault(name, []).append(_entry_key(e))
+        for name, entries in sorted(by_group.items()):
+            ranks, desc = dump.groups[name]
+            fits = []
+            for comm, seq in seqs.items():
+                lid = lid_of.get((proc[0], proc[1], comm))
+                if lid is None or member_set.get(lid) != ranks:
+                    continue
+                n = min(len(entries), len(seq))
+                same = sum(a[0] == b[0] and (a[1] is None or a[1] == b[1])
+                           for a, b in zip(entries[-n:], seq[-n:])) if n else 0
+                if n and same >= FR_MIN_AGREEMENT * len(entries):
+                    fits.append(lid)
+            if len(fits) == 1:
+                claims.setdefault(fits[0], set()).add((name, desc))
+            elif len(fits) > 1:
+                notes.append(f"rank {dump.rank}: process group {name} ({desc}) fits {len(fits)} communicators "
+                             f"({', '.join(map(str, fits))}) by its recorded calls; left unnamed")
+    rows = []
+    for lid, named in sorted(claims.items()):
+        if len(named) > 1:
+            notes.append(f"communicator {lid}: the ranks' Flight Recorder dumps name {len(named)} process groups "
+                         f"({', '.join(f'{n} ({d})' for n, d in sorted(named, key=str))}); left unnamed")
+            continue
+        (name, desc), = named
+        rows.append((lid, name, desc, "flight-recorder"))
     return pd.DataFrame(rows, columns=cols), notes

@@ -180,6 +180,12 @@ class RunLayout:
         base = self._p("parsed", "nsys")
         return sorted(d.name for d in base.iterdir() if d.is_dir()) if base.is_dir() else []
 
+    @property
+    def flight_recorder(self) -> Path:
+        """The run's Flight Recorder dumps, as ``nccltrace analyze`` found them (by content) in its
+        input directory; the ops stage names process groups from them."""
+        return self._p("inputs", "flight_recorder")
+
     # run-level stages
     @property
     def ops_dir(self) -> Path:

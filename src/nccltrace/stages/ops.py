@@ -24,12 +24,15 @@ def run_ops(layout: RunLayout, procs: Iterable[str], hosts: Iterable[str],
     qualities = [layout.aligned(p) / QUALITY_FILE for p in procs]
     sessions = {h: layout.parsed_nsys(h) / "session.json" for h in hosts}
     layout.ops_dir.mkdir(parents=True, exist_ok=True)
+    dumps = layout.flight_recorder if layout.flight_recorder.is_dir() else None
     result = stream_run_ops(alignments, [layout.parsed_nccl(p) for p in procs], layout.communicators, layout.members,
-                            sessions, settings, layout.ops, quality_paths=qualities)  # fmt: skip
+                            sessions, settings, layout.ops, quality_paths=qualities,
+                            flight_recorder=dumps)  # fmt: skip
     write_run_ops(result, None, layout.labels, layout.clock, layout.quality)
     outputs = [layout.ops, layout.labels, layout.clock, layout.quality]
     write_manifest(layout.manifest(layout.ops_dir), stage="ops",
-                   inputs=[*alignments, *qualities, layout.communicators, layout.members, *sessions.values()],
+                   inputs=[*alignments, *qualities, layout.communicators, layout.members, *sessions.values(),
+                           *(sorted(p for p in dumps.iterdir() if p.is_file()) if dumps else [])],
                    outputs=outputs, config=dict(settings or {}), partial=result.partial, reasons=result.problems,
                    extra={"problems": result.problems, "notes": result.notes, "calls": result.calls,
                           "matched": result.matched})  # fmt: skip
