@@ -155,6 +155,10 @@ def test_a_dump_names_the_one_communicator_whose_calls_end_as_its_entries_and_no
     stray = FlightRecorderDump(tmp_path / "d5", 5, "2.10", None, {}, [])
     calls = pd.DataFrame({"comm": [0xB, 0xA, 0xA, 0xA, 0xB], "op": ["AllReduce"] + ["AllGather"] * 3 + ["AllReduce"],
                           "count": [8, 8, 8, 8, 8]})
-    names, notes = name_by_flight_recorder(comms, members, [dump, stray], lambda h, p: calls)
+    for i, e in enumerate(entries):
+        e["collective_seq_id"] = 40 + i
+    names, notes, seqs = name_by_flight_recorder(comms, members, [dump, stray], lambda h, p: calls)
     assert names[["logical_id", "pg_desc"]].values.tolist() == [[0, "TENSOR_MODEL_PARALLEL_GROUP"]]
+    # the communicator's last three calls carry the group's sequence numbers 42, 41, 40 from the end
+    assert seqs[["comm", "from_end", "pg_seq"]].values.tolist() == [[0xA, 1, 42], [0xA, 2, 41], [0xA, 3, 40]]
     assert any("rank 5" in n and "not used" in n for n in notes)

@@ -395,3 +395,10 @@ def test_flight_recorder_dumps_beside_the_logs_name_every_communicator_without_a
     assert got["pg_desc"].to_dict() == named["pg_desc"].to_dict()
     assert got["parallelism"].to_dict() == named["parallelism"].to_dict()
     assert got["resolution"].value_counts().to_dict() == {"flight-recorder": 5, "elimination": 3}
+    # the calls the dumps placed carry their group's sequence number: 1, 2, ... in log order
+    # (tp: 392 calls per rank, embedding 8, model-parallel 8; the pipeline's and the default
+    # group's calls were not placed)
+    ops = pd.read_parquet(tmp_path / "out" / "ops" / "ops.parquet").query("row_kind == 'call'")
+    for (pid, desc), part in ops[ops["pg_seq"].notna()].sort_values("line").groupby(["pid", "pg_desc"]):
+        assert part["pg_seq"].tolist() == list(range(1, len(part) + 1)), (pid, desc)
+    assert ops.groupby("pid")["pg_seq"].count().tolist() == [392 + 8 + 8] * 4

@@ -57,6 +57,8 @@ OPS_SCHEMA = pa.schema(
            "what each communicator does: not certain), 'heuristic' (thesis 4.2.3 fallback) or 'unmatched'"),
         _f("pg_name", pa.string(), "", "PyTorch process group of the call's communicator (parallelism.parquet)"),
         _f("pg_desc", pa.string(), "", "its description as Megatron set it (TENSOR_MODEL_PARALLEL_GROUP, ...)"),
+        _f("pg_seq", pa.int64(), "", "the call's sequence number in its PyTorch process group (Flight Recorder's "
+           "collective_seq_id; p2p_seq_id for Send/Recv), where the rank's dump recorded the call; null otherwise"),
         _f("instance", pa.string(), "", "cross-rank key of one collective instance: '<logical_id>:<opCount>' where "
            "opCount is informative, else '<logical_id>#<k-th call on the communicator>'; null for P2P, duplicate "
            "lines and single-rank communicators"),
@@ -145,10 +147,11 @@ _CALL_COLS = ["file", "line", "count", "datatype_name", "nranks", "root", "bytes
 
 
 def _process_ops(aligned_path: Path | str, calls_dir: Path | str, members: pd.DataFrame, proc_rank: pd.Series,
-                 labels: pd.DataFrame, utc: Mapping[str, int]) -> pd.DataFrame:  # fmt: skip
+                 labels: pd.DataFrame, utc: Mapping[str, int], pg_seqs: pd.DataFrame | None = None) -> pd.DataFrame:  # fmt: skip
     """One process's enriched rows, everything but the clock-synchronised times. Every column
     derived here depends only on this process's rows and run-wide tables, which is what lets
-    the run's ops be built one process at a time."""
+    the run's ops be built one process at a time. ``pg_seqs``: the PyTorch sequence numbers
+    Flight Recorder dumps give calls (:func:`.process_groups.name_by_flight_recorder`)."""
     from .parallelism import label_ops
 
     aligned = read_table(aligned_path)
@@ -162,11 +165,31 @@ def _process_ops(aligned_path: Path | str, calls_dir: Path | str, members: pd.Da
         ops.loc[miss, "global_rank"] = [proc_rank.get((h, p), pd.NA) for h, p in zip(ops.loc[miss, "host"],
                                                                                        ops.loc[miss, "pid"])]  # fmt: skip
     ops = label_ops(ops, labels)
+    ops["pg_seq"] = _pg_seq(ops, pg_seqs)
     ops["instance"] = _instances(ops)
     off = ops["host"].map(utc).astype("Int64")
     ops["kernel_start_utc"] = ops["kernel_start"].astype("Int64") + off
     ops["kernel_end_utc"] = ops["kernel_end"].astype("Int64") + off
     return ops
+
+
+def _pg_seq(ops: pd.DataFrame, pg_seqs: pd.DataFrame | None) -> pd.arrays.IntegerArray:
+    """Per row: the call's PyTorch sequence number from ``pg_seqs`` (keyed by the call's position
+    from the end of its communicator's calls, duplicate lines not counted), else null."""
+    out = pd.array([pd.NA] * len(ops), dtype="Int64")
+    if pg_seqs is None or not len(pg_seqs) or not len(ops):
+        return out
+    calls = (ops["row_kind"] == "call") & ops["duplicate_of"].isna() & ops["comm"].notna()
+    rows = ops[calls].sort_values("line", kind="stable")
+    from_end = rows.groupby("comm", sort=False).cumcount(ascending=False) + 1
+    key = pd.DataFrame({"host": rows["host"].astype(str), "pid": rows["pid"].astype("int64"),
+                        "comm": rows["comm"].astype("int64"), "from_end": from_end.astype("int64"),
+                        "at": rows.index})  # fmt: skip
+    got = key.merge(pg_seqs.astype({"host": str, "pid": "int64", "comm": "int64", "from_end": "int64"}),
+                    on=["host", "pid", "comm", "from_end"], how="inner")
+    pos = ops.index.get_indexer(got["at"])
+    out[pos] = got["pg_seq"].astype("int64").to_numpy()
+    return out
 
 
 _SYNC_FIT_COLUMNS = ["clock_domain", "global_rank", "instance", "start_ns", "end_ns", "nranks"]
@@ -490,8 +513,10 @@ def stream_run_ops(
     # per (host, pid, comm, op) the number of calls and of distinct Send/Recv peers.
     call_kinds = pd.concat([call_counts(d / "calls.parquet") for d in calls_dirs], ignore_index=True)
     labels = run_labels(comms, members, call_kinds, settings, notes, problems)
+    seq_parts: list[pd.DataFrame] = []
     labels = _named(labels, comms, members, records, sessions, settings, call_kinds, notes, flight_recorder,
-                    calls_dirs)
+                    calls_dirs, seq_parts)
+    pg_seqs = seq_parts[0] if seq_parts else None
     del call_kinds
     utc = {h: int(json.loads(Path(p).read_text()).get("utc_offset_ns") or 0) for h, p in sessions.items()}
 
@@ -508,7 +533,7 @@ def stream_run_ops(
         unresolved = calls_n = matched_n = 0
         by_reason: collections.Counter = collections.Counter()
         for i, (a, d) in enumerate(zip(alignment_paths, calls_dirs)):
-            ops = _process_ops(a, d, members, proc_rank, labels, utc)
+            ops = _process_ops(a, d, members, proc_rank, labels, utc, pg_seqs)
             is_call = ops["row_kind"] == "call"
             unresolved += int((is_call & ops["logical_id"].isna()).sum())
             calls_n += int(is_call.sum())
@@ -601,46 +626,53 @@ def stream_run_ops(
 
 
 def _flight_recorder_names(comms: pd.DataFrame, members: pd.DataFrame, dumps_dir: Path | None,
-                           calls_dirs: list[Path], notes: list[str]) -> tuple[pd.DataFrame | None, dict]:  # fmt: skip
-    """Names from the Flight Recorder dumps in ``dumps_dir`` (:func:`.process_groups.name_by_flight_recorder`)
-    and their groups (name -> (ranks, desc)); (None, {}) without dumps."""
+                           calls_dirs: list[Path], notes: list[str]
+                           ) -> tuple[pd.DataFrame | None, dict, pd.DataFrame | None]:  # fmt: skip
+    """Names from the Flight Recorder dumps in ``dumps_dir`` (:func:`.process_groups.name_by_flight_recorder`),
+    their groups (name -> (ranks, desc)) and the calls' sequence numbers; (None, {}, None)
+    without dumps."""
     from .flight_recorder import FlightRecorderError, find_dumps
     from .process_groups import name_by_flight_recorder
     from .run_layout import process_key
 
     if dumps_dir is None or not Path(dumps_dir).is_dir() or not any(Path(dumps_dir).iterdir()):
-        return None, {}
+        return None, {}, None
     try:
         dumps = find_dumps(dumps_dir)
     except FlightRecorderError as e:
         notes.append(f"Flight Recorder dumps not used: {e}")
-        return None, {}
+        return None, {}, None
     dirs = {process_key(d.name): d for d in calls_dirs}
 
     def calls_of(host: str, pid: int) -> pd.DataFrame:
         d = dirs.get((host, pid))
         if d is None:
             return pd.DataFrame({"comm": [], "op": [], "count": []})
-        return read_table(d / "calls.parquet", columns=["comm", "op", "count", "line"]).sort_values("line")
+        calls = read_table(d / "calls.parquet", columns=["comm", "op", "count", "line", "duplicate_of"])
+        return calls[calls["duplicate_of"].isna()].sort_values("line")
 
-    names, said = name_by_flight_recorder(comms, members, dumps, calls_of)
+    names, said, seqs = name_by_flight_recorder(comms, members, dumps, calls_of)
     notes += said
     groups = {n: g for d in dumps for n, g in d.groups.items()}
-    return names, groups
+    return names, groups, seqs
 
 
 def _named(labels: pd.DataFrame, comms: pd.DataFrame, members: pd.DataFrame, records: list[Mapping[str, Any]],
            sessions: Mapping[str, Path | str], settings: Mapping[str, Any] | None, call_kinds: pd.DataFrame,
-           notes: list[str], dumps_dir: Path | None = None, calls_dirs: list[Path] = ()) -> pd.DataFrame:  # fmt: skip
+           notes: list[str], dumps_dir: Path | None = None, calls_dirs: list[Path] = (),
+           pg_seqs: list | None = None) -> pd.DataFrame:  # fmt: skip
     """Labels with the communicators' PyTorch process-group names (:mod:`.process_groups`: from
     the kernels' records, and from Flight Recorder dumps in ``dumps_dir`` joined by the calls
     both saw); when no sizes were declared and the names determine them, the unnamed
-    communicators are labelled from those sizes (the guesses' note is replaced)."""
+    communicators are labelled from those sizes (the guesses' note is replaced). The calls'
+    sequence numbers the dumps give are appended to ``pg_seqs``."""
     from .megatron.infer import infer_layout
     from .parallelism import apply_names, declares_sizes, label_communicators
     from .process_groups import name_communicators, pg_config_of_sessions
 
-    fr_names, fr_groups = _flight_recorder_names(comms, members, dumps_dir, list(calls_dirs), notes)
+    fr_names, fr_groups, seqs = _flight_recorder_names(comms, members, dumps_dir, list(calls_dirs), notes)
+    if seqs is not None and pg_seqs is not None:
+        pg_seqs.append(seqs)
     pg_config = {**fr_groups, **pg_config_of_sessions(sessions.values())}
     names, said = name_communicators(comms, members, records, pg_config, fr_names)
     notes += said

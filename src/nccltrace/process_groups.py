@@ -155,6 +155,12 @@ def _numel(sizes: Any) -> int | None:
     return total
 
 
+def _entry_seq(entry: Mapping[str, Any]) -> int | None:
+    """The entry's sequence number in its process group (``p2p_seq_id`` for point-to-point)."""
+    seq = entry.get("p2p_seq_id" if entry.get("is_p2p") else "collective_seq_id")
+    return int(seq) if isinstance(seq, int) and not isinstance(seq, bool) else None
+
+
 def _entry_key(entry: Mapping[str, Any]) -> tuple[str, int | None]:
     from .flight_recorder import op_of
 
@@ -165,7 +171,7 @@ def _entry_key(entry: Mapping[str, Any]) -> tuple[str, int | None]:
 
 
 def name_by_flight_recorder(comms: pd.DataFrame, members: pd.DataFrame, dumps: Iterable[Any],
-                            calls_of: Any) -> tuple[pd.DataFrame, list[str]]:  # fmt: skip
+                            calls_of: Any) -> tuple[pd.DataFrame, list[str], pd.DataFrame]:  # fmt: skip
     """Per logical communicator: the process group a Flight Recorder dump names for it, joined by
     the calls both saw. A dump is a rank's (its ``rank``); the process with that global rank
     (``members``) logged its calls (``calls_of(host, pid)``: columns ``comm``, ``op``, ``count``,
@@ -175,7 +181,10 @@ def name_by_flight_recorder(comms: pd.DataFrame, members: pd.DataFrame, dumps: I
     position by position from the end (the dump keeps the last entries). A group names the one
     communicator that agrees on at least :data:`FR_MIN_AGREEMENT` of them; none or several, and
     ranks whose dumps name one communicator differently, name nothing (the notes say why).
-    ``name_source`` is 'flight-recorder'."""
+    ``name_source`` is 'flight-recorder'. The third result gives, for the calls a dump's entries
+    were placed on, the PyTorch sequence number of each (``host``, ``pid``, ``comm``,
+    ``from_end``: 1 for the communicator's last call, ``pg_seq``); ``calls_of`` must leave out
+    duplicate lines, as the ops stage counts positions without them."""
     from .megatron.behaviour import NCCL_OPS
 
     cols = ["logical_id", *NAME_COLUMNS]
@@ -186,6 +195,7 @@ def name_by_flight_recorder(comms: pd.DataFrame, members: pd.DataFrame, dumps: I
               zip(members["host"], members["pid"], members["comm"], members["logical_id"]) if int(lid) >= 0}  # fmt: skip
     member_set = {int(lid): tuple(sorted(int(r) for r in m)) for lid, m in zip(comms["logical_id"], comms["members"])}
     claims: dict[int, set[tuple[str, str | None]]] = {}
+    seq_rows: list[tuple[str, int, int, int, int]] = []
     for dump in dumps:
         proc = rank_proc.get(dump.rank) if dump.rank is not None else None
         if proc is None:
@@ -197,11 +207,13 @@ def name_by_flight_recorder(comms: pd.DataFrame, members: pd.DataFrame, dumps: I
         for comm, part in calls.groupby("comm", sort=False):
             seqs[int(comm)] = [(NCCL_OPS.get(str(o), str(o).lower()), int(c)) for o, c in zip(part["op"], part["count"])]
         by_group: dict[str, list[tuple[str, int | None]]] = {}
+        seq_of: dict[str, list[int | None]] = {}
         for e in sorted(dump.entries, key=lambda e: e.get("record_id", 0)):
             pg = e.get("process_group")
             name = str(pg[0]) if isinstance(pg, (list, tuple)) and pg else None
             if name in dump.groups:
                 by_group.setdefault(name, []).append(_entry_key(e))
+                seq_of.setdefault(name, []).append(_entry_seq(e))
         for name, entries in sorted(by_group.items()):
             ranks, desc = dump.groups[name]
             fits = []
@@ -213,9 +225,12 @@ def name_by_flight_recorder(comms: pd.DataFrame, members: pd.DataFrame, dumps: I
                 same = sum(a[0] == b[0] and (a[1] is None or a[1] == b[1])
                            for a, b in zip(entries[-n:], seq[-n:])) if n else 0
                 if n and same >= FR_MIN_AGREEMENT * len(entries):
-                    fits.append(lid)
+                    fits.append((lid, comm, n))
             if len(fits) == 1:
-                claims.setdefault(fits[0], set()).add((name, desc))
+                lid, comm, n = fits[0]
+                claims.setdefault(lid, set()).add((name, desc))
+                seq_rows += [(proc[0], proc[1], comm, k, s) for k, s in enumerate(reversed(seq_of[name][-n:]), 1)
+                             if s is not None]
             elif len(fits) > 1:
                 notes.append(f"rank {dump.rank}: process group {name} ({desc}) fits {len(fits)} communicators "
                              f"({', '.join(map(str, fits))}) by its recorded calls; left unnamed")
@@ -227,4 +242,5 @@ def name_by_flight_recorder(comms: pd.DataFrame, members: pd.DataFrame, dumps: I
             continue
         (name, desc), = named
         rows.append((lid, name, desc, "flight-recorder"))
-    return pd.DataFrame(rows, columns=cols), notes
+    seq_table = pd.DataFrame(seq_rows, columns=["host", "pid", "comm", "from_end", "pg_seq"])
+    return pd.DataFrame(rows, columns=cols), notes, seq_table
