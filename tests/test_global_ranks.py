@@ -7,6 +7,7 @@ metrics follow as on an eager run."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -78,3 +79,17 @@ def test_with_the_launchers_prefixes_the_lazy_job_is_analysed_as_an_eager_one(la
     calls = ops[(ops["row_kind"] == "call") & (ops["nranks"] > 1)]
     collectives = calls[~calls["op"].isin(["Send", "Recv"])]  # point-to-point calls pair, not instance
     assert len(collectives) and collectives["instance"].notna().all() and calls["global_rank"].notna().all()
+
+
+def test_the_communicators_command_says_the_world_size_and_ranks_are_unknown(lazy_raw, tmp_path, capsys):
+    """`nccltrace communicators` on the lazy job's parsed logs: not the size of its largest
+    communicator (4: the model-parallel group) as the world size, but unknown, with the reason."""
+    dirs = []
+    for log in sorted((lazy_raw / "nccl").glob("nccl_*.log")):
+        assert main(["parse-nccl", str(log), "-o", str(tmp_path / log.stem)]) == 0
+        dirs.append(str(tmp_path / log.stem))
+    capsys.readouterr()
+    assert main(["communicators", *dirs, "-o", str(tmp_path / "comms")]) == 0
+    out = capsys.readouterr()
+    assert "world size unknown" in out.out and "global ranks unknown for 8 of 8 processes" in out.err
+    assert not re.search(r"world size \d", out.out + out.err)

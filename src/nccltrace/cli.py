@@ -112,7 +112,7 @@ def cmd_emulate(args: argparse.Namespace) -> int:
 
 
 def cmd_communicators(args: argparse.Namespace) -> int:
-    from .communicators import infer_run_communicators
+    from .communicators import communicator_problems, infer_run_communicators
 
     dirs = [Path(p) for p in args.parsed]
     for d in dirs:
@@ -120,10 +120,12 @@ def cmd_communicators(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"{d}: no comms.parquet (pass directories written by `nccltrace parse-nccl`)")
     result = infer_run_communicators(dirs, Path(args.out))
     bad = result.communicators[~result.communicators["complete"].astype(bool)]
-    print(f"{len(result.communicators)} communicators, world size {result.world_size}, {len(bad)} incomplete "
-          f"-> {args.out}")
+    world = "unknown" if result.world_size is None else result.world_size
+    print(f"{len(result.communicators)} communicators, world size {world}, {len(bad)} incomplete -> {args.out}")
     for row in bad.itertuples():
         print(f"incomplete communicator {row.logical_id}: {row.problem}", file=sys.stderr)
+    for problem in communicator_problems(result):
+        print(f"warning: {problem}", file=sys.stderr)
     return 0
 
 
