@@ -63,3 +63,16 @@ def test_pg_config_is_read_from_every_source_of_a_nodes_session(tmp_path):
     (tmp_path / "session.json").write_text(json.dumps(session))
     assert pg_config_of_sessions([tmp_path / "session.json", tmp_path / "missing.json"]) == {
         "0": ((0, 1), "default_pg"), "1": ((0, 1), "TENSOR_MODEL_PARALLEL_GROUP")}
+
+
+def test_pytorchs_process_group_line_is_read_in_its_old_and_new_spellings():
+    from nccltrace.pytorch_log import PG_COMM_LINE, is_pg_comm_line
+
+    old = ("I0527 15:16:57.738664 58629 ProcessGroupNCCL.cpp:2183] [PG 0 (default_pg) Rank 5] ProcessGroupNCCL "
+           "created ncclComm_ 0x555b8d27b370 on CUDA device: ")
+    new = ("I1128 06:14:45.000000 498 ProcessGroupNCCL.cpp:2183] [PG ID 1 PG GUID 1(TENSOR_MODEL_PARALLEL_GROUP) "
+           "Rank 0] ProcessGroupNCCL created ncclComm_ 0x3ce2aa60 on CUDA device: 0")
+    a, b = PG_COMM_LINE.search(old), PG_COMM_LINE.search(new)
+    assert (a["id"], a["guid"], a["desc"], a["comm"]) == ("0", None, "default_pg", "0x555b8d27b370")
+    assert (b["id"], b["guid"], b["desc"], b["comm"]) == ("1", "1", "TENSOR_MODEL_PARALLEL_GROUP", "0x3ce2aa60")
+    assert is_pg_comm_line(new.encode()) and not is_pg_comm_line(b"ProcessGroupNCCL broadcast unique ID took 4 ms")

@@ -402,3 +402,43 @@ def test_flight_recorder_dumps_beside_the_logs_name_every_communicator_without_a
     for (pid, desc), part in ops[ops["pg_seq"].notna()].sort_values("line").groupby(["pid", "pg_desc"]):
         assert part["pg_seq"].tolist() == list(range(1, len(part) + 1)), (pid, desc)
     assert ops.groupby("pid")["pg_seq"].count().tolist() == [392 + 8 + 8] * 4
+
+
+@pytest.mark.slow
+def test_pytorchs_process_group_lines_in_one_stdout_name_every_communicator(tmp_path, capsys, as_is):
+    """The four logs as one torchrun stdout (``[rankN]:`` prefixes) with the line PyTorch writes
+    (TORCH_CPP_LOG_LEVEL=INFO) after each communicator's init: ``[PG ID n PG GUID n(DESC) Rank r]
+    ProcessGroupNCCL created ncclComm_ <pointer> ...``, the pointer NCCL prints in the init line.
+    Which group each pointer belongs to is taken from the capture as analysed with its profiler
+    traces (every name from the kernels' records or elimination, checked above). The lines alone,
+    no trace, no dump, name all 8 communicators the same way, each by its pointer."""
+    import re
+
+    named = pd.read_parquet(as_is[0] / "ops" / "parallelism.parquet").set_index("logical_id")
+    members = pd.read_parquet(as_is[0] / "communicators" / "communicator_members.parquet")
+    group_of = {(int(p), int(c)): named.loc[int(lid)] for p, c, lid in
+                zip(members["pid"], members["comm"], members["logical_id"])}  # fmt: skip
+    out = []
+    texts = {}
+    for r in range(4):
+        pid = json.loads((CAPTURE / "truth" / f"truth_rank{r}.json").read_text())["pid"]
+        lines = []
+        for x in (CAPTURE / "nccl" / f"nccl_vm_{pid}.log").read_text().splitlines():
+            lines.append(x)
+            m = re.search(r"comm (0x[0-9a-f]+) rank (\d+) .*Init COMPLETE", x)
+            if m:
+                g = group_of[(pid, int(m.group(1), 16))]
+                lines.append(f"I1128 06:14:45.000000 {pid} ProcessGroupNCCL.cpp:2183] [PG ID {g['pg_name']} PG GUID "
+                             f"{g['pg_name']}({g['pg_desc']}) Rank {m.group(2)}] ProcessGroupNCCL created ncclComm_ "
+                             f"{m.group(1)} on CUDA device: 0")
+        texts[r] = lines
+    for i in range(max(map(len, texts.values()))):
+        out += [f"[rank{r}]:{t[i]}" for r, t in texts.items() if i < len(t)]
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "stdout.txt").write_text("\n".join(out) + "\n")
+    _analyze(tmp_path / "run", tmp_path / "out", "--until", "ops")
+    capsys.readouterr()
+    got = pd.read_parquet(tmp_path / "out" / "ops" / "parallelism.parquet").set_index("logical_id")
+    assert got["pg_desc"].to_dict() == named["pg_desc"].to_dict()
+    assert got["parallelism"].to_dict() == named["parallelism"].to_dict()
+    assert (got["resolution"] == "pytorch-log").all()

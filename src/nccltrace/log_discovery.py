@@ -7,8 +7,10 @@ combined stdout/stderr of every rank with the launcher's prefix on each line (``
 ``--tag-output``: ``[1,3]<stdout>:``), with the application's own output around the NCCL lines.
 A line belongs to the process named by its NCCL prefix ``host:pid:tid [dev] NCCL``, whichever
 file it is in; everything else is application output and is skipped (counted), except
-Megatron's ``iteration N/ M`` lines, which go to the process whose NCCL lines carry the same
-launcher prefix (evidence of where training iterations lie: :mod:`nccltrace.megatron.training_log`).
+the application lines that are evidence, which go to the process whose NCCL lines carry the same
+launcher prefix: Megatron's ``iteration N/ M`` lines (where training iterations lie:
+:mod:`nccltrace.megatron.training_log`) and PyTorch's process-group lines (which communicator
+each group created: :mod:`nccltrace.pytorch_log`).
 
 :func:`discover_logs` splits every such file by process into one normalised log per process,
 ``nccl_<host>_<pid>.log`` (the layout every stage reads), with a ``sources.json`` beside them that
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .megatron.training_log import is_iteration_line
+from .pytorch_log import is_pg_comm_line
 
 __all__ = ["DiscoveredLogs", "LAUNCHER_PREFIX", "NCCL_PREFIX", "discover_logs", "is_canonical_log"]
 
@@ -171,8 +174,9 @@ def discover_logs(roots: Iterable[Path], dest: Path, *, exclude: Iterable[Path] 
     try:
         for p in split_files:
             skipped = 0
-            # Megatron's iteration lines carry no process prefix: they go to the process whose NCCL
-            # lines carry the same launcher label (one process per label, else they are skipped)
+            # Megatron's iteration lines and PyTorch's process-group lines carry no NCCL prefix: they
+            # go to the process whose NCCL lines carry the same launcher label (one process per
+            # label, else they are skipped)
             label_stem: dict[bytes, str | None] = {}
             waiting: dict[bytes, list[tuple[int, bytes]]] = {}
             with _open(p) as f:
@@ -209,7 +213,7 @@ def discover_logs(roots: Iterable[Path], dest: Path, *, exclude: Iterable[Path] 
                         stems_of.setdefault(str(p), set()).add(stem)
                     if not got:
                         body = line[launcher.end():].rstrip(b"\r\n") if launcher else b""
-                        if label is not None and is_iteration_line(body):
+                        if label is not None and (is_iteration_line(body) or is_pg_comm_line(body)):
                             owner = label_stem.get(label, "")
                             if owner:
                                 put(owner, body, p, n)

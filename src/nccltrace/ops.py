@@ -657,6 +657,29 @@ def _flight_recorder_names(comms: pd.DataFrame, members: pd.DataFrame, dumps_dir
     return names, groups, seqs
 
 
+def _pytorch_log_names(members: pd.DataFrame, calls_dirs: list[Path], notes: list[str]) -> pd.DataFrame:
+    """Names from PyTorch's own process-group lines among each process's application lines (its
+    ``unclassified`` table; :func:`.process_groups.name_by_pytorch_lines`)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from .process_groups import name_by_pytorch_lines
+    from .run_layout import process_key
+
+    dirs = {process_key(d.name): d for d in calls_dirs}
+
+    def lines_of(host: str, pid: int) -> list[str]:
+        path = dirs[(host, pid)] / "unclassified.parquet" if (host, pid) in dirs else None
+        if path is None or not path.exists():
+            return []
+        table = pq.read_table(path, columns=["text"])
+        return table.filter(pc.match_substring(table["text"], "ProcessGroupNCCL created ncclComm_"))["text"].to_pylist()
+
+    names, said = name_by_pytorch_lines(members, lines_of)
+    notes += said
+    return names
+
+
 def _named(labels: pd.DataFrame, comms: pd.DataFrame, members: pd.DataFrame, records: list[Mapping[str, Any]],
            sessions: Mapping[str, Path | str], settings: Mapping[str, Any] | None, call_kinds: pd.DataFrame,
            notes: list[str], dumps_dir: Path | None = None, calls_dirs: list[Path] = (),
@@ -674,7 +697,10 @@ def _named(labels: pd.DataFrame, comms: pd.DataFrame, members: pd.DataFrame, rec
     if seqs is not None and pg_seqs is not None:
         pg_seqs.append(seqs)
     pg_config = {**fr_groups, **pg_config_of_sessions(sessions.values())}
-    names, said = name_communicators(comms, members, records, pg_config, fr_names)
+    # PyTorch's own lines first (an exact join by pointer), then the dumps' (by the calls both saw)
+    parts = [x for x in (_pytorch_log_names(members, list(calls_dirs), notes), fr_names) if x is not None and len(x)]
+    before = pd.concat(parts, ignore_index=True) if parts else None
+    names, said = name_communicators(comms, members, records, pg_config, before)
     notes += said
     if names.empty:
         return labels
@@ -695,6 +721,7 @@ def _named(labels: pd.DataFrame, comms: pd.DataFrame, members: pd.DataFrame, rec
     notes.append(f"{len(names)} of {len(comms)} communicators named by their PyTorch process group "
                  f"({int((names['name_source'] == 'kernel-records').sum())} from the kernels' records, "
                  f"{int((names['name_source'] == 'flight-recorder').sum())} from Flight Recorder dumps, "
+                 f"{int((names['name_source'] == 'pytorch-log').sum())} from PyTorch's log lines, "
                  f"{int((names['name_source'] == 'elimination').sum())} as the only group with their members left)")
     return named
 

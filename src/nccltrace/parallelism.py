@@ -108,7 +108,8 @@ LABEL_SCHEMA = pa.schema(
             "doc": "how the label was decided: 'member-set' (unique kind), 'ambiguous' (several candidates), "
                    "'creation-order' / 'split-parent' (eager split evidence), 'pair', 'partial' (some members "
                    "unknown), 'no-match'; heuristic: 'p2p-only', 'largest', 'other', 'no-calls'; named: "
-                   "'kernel-records' / 'elimination' (nccltrace.process_groups); behaviour: 'all-layouts' (every "
+                   "'kernel-records' / 'pytorch-log' / 'flight-recorder' / 'elimination' (nccltrace.process_groups); "
+                   "behaviour: 'all-layouts' (every "
                    "consistent layout agrees), 'most-likely'"}),
         pa.field("pg_name", pa.string(), metadata={
             "doc": "PyTorch process group of the communicator (its name in pg_config); null when not known"}),

@@ -29,8 +29,8 @@ from typing import Any
 
 import pandas as pd
 
-__all__ = ["FR_MIN_AGREEMENT", "NAME_COLUMNS", "name_by_flight_recorder", "name_communicators",
-           "pg_config_of_sessions"]
+__all__ = ["FR_MIN_AGREEMENT", "NAME_COLUMNS", "name_by_flight_recorder", "name_by_pytorch_lines",
+           "name_communicators", "pg_config_of_sessions"]
 
 NAME_COLUMNS = ("pg_name", "pg_desc", "name_source")
 
@@ -111,8 +111,8 @@ def name_communicators(comms: pd.DataFrame, members: pd.DataFrame, records: Iter
         if lid in refused:
             continue
         if lid in named and named[lid][0] != name:
-            notes.append(f"communicator {lid}: its kernels name process group {named[lid][0]}, the {src} evidence "
-                         f"{name}; left unnamed")
+            notes.append(f"communicator {lid}: the {named[lid][2]} evidence names process group {named[lid][0]}, "
+                         f"the {src} evidence {name}; left unnamed")
             refused.add(lid)
             del named[lid]
         elif lid not in named:
@@ -244,3 +244,39 @@ def name_by_flight_recorder(comms: pd.DataFrame, members: pd.DataFrame, dumps: I
         rows.append((lid, name, desc, "flight-recorder"))
     seq_table = pd.DataFrame(seq_rows, columns=["host", "pid", "comm", "from_end", "pg_seq"])
     return pd.DataFrame(rows, columns=cols), notes, seq_table
+
+
+def name_by_pytorch_lines(members: pd.DataFrame, lines_of: Any) -> tuple[pd.DataFrame, list[str]]:
+    """Per logical communicator: the process group PyTorch's own log line names for it
+    (:data:`PG_COMM_LINE`; ``lines_of(host, pid)``: the texts of that process's application
+    lines). The line gives the communicator pointer, so the join is exact; processes whose lines
+    name one communicator with different groups name nothing (the notes say why).
+    ``name_source`` is 'pytorch-log'."""
+    from .pytorch_log import PG_COMM_LINE
+
+    cols = ["logical_id", *NAME_COLUMNS]
+    notes: list[str] = []
+    claims: dict[int, set[tuple[str, str | None]]] = {}
+    procs = sorted({(str(h), int(p)) for h, p in zip(members["host"], members["pid"])})
+    lid_of = {(str(h), int(p), int(c)): int(lid) for h, p, c, lid in
+              zip(members["host"], members["pid"], members["comm"], members["logical_id"]) if int(lid) >= 0}  # fmt: skip
+    for host, pid in procs:
+        for text in lines_of(host, pid):
+            m = PG_COMM_LINE.search(str(text))
+            if m is None:
+                continue
+            lid = lid_of.get((host, pid, int(m.group("comm"), 16)))
+            if lid is None:
+                notes.append(f"{host}:{pid}: PyTorch names communicator {m.group('comm')} (process group "
+                             f"{m.group('guid') or m.group('id')}), which has no init line in its NCCL log; not used")
+                continue
+            claims.setdefault(lid, set()).add((m.group("guid") or m.group("id"), m.group("desc") or None))
+    rows = []
+    for lid, named in sorted(claims.items()):
+        if len(named) > 1:
+            notes.append(f"communicator {lid}: PyTorch's log lines name {len(named)} process groups "
+                         f"({', '.join(f'{n} ({d})' for n, d in sorted(named, key=str))}); left unnamed")
+            continue
+        (name, desc), = named
+        rows.append((lid, name, desc, "pytorch-log"))
+    return pd.DataFrame(rows, columns=cols), notes
