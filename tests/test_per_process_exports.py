@@ -121,3 +121,29 @@ def test_the_import_keeps_every_export_of_a_node(runs, tmp_path):
     layout = RunLayout.of_raw(raw)
     assert layout.raw_export_hosts() == ["node000", "node001"]
     assert [len(layout.raw_exports(h)) for h in ("node000", "node001")] == [2, 2]
+
+
+def test_the_import_keeps_the_flight_recorder_dumps_it_finds_and_names_a_damaged_one(runs, tmp_path):
+    """Dumps are found by content, whatever their names; a pickle that is not a dump is named
+    in the import's warnings, not copied."""
+    from nccltrace.acquisition.raw import import_raw
+
+    real = Path(__file__).resolve().parents[2] / "shared" / "realdata" / "torch_nccl228_h200_tp2pp2" / "flight_recorder"
+    if not real.is_dir():
+        pytest.skip(f"real Flight Recorder dumps not present at {real}")
+    _, _, per = runs
+    src = tmp_path / "job"
+    shutil.copytree(per / "nccl", src / "logs")
+    for p in sorted((per / "nsys").rglob("*.sqlite")):
+        shutil.copy(p, src / f"{p.parent.name}_{p.name}")
+    for i, dump in enumerate(sorted(real.glob("*.pkl"))):
+        shutil.copy(dump, src / f"trace_dump_{i}")  # TORCH_FR_DUMP_TEMP_FILE names
+    import pickle
+
+    (src / "other.bin").write_bytes(pickle.dumps({"not": "a dump"}, protocol=4))
+    raw = tmp_path / "run" / "raw"
+    record = import_raw(src, raw, run_id="job", settings={"tp": 2, "pp": 2, "nodes": 2, "gpus_per_node": 2})
+    layout = RunLayout.of_raw(raw)
+    assert layout.flight_recorder == layout.raw_flight_recorder
+    assert len(list(layout.raw_flight_recorder.iterdir())) == 4
+    assert any("other.bin" in w and "not a Flight Recorder dump" in w for w in record.get("warnings", []))

@@ -345,11 +345,11 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
             _say(res, problems, notes)
 
     # Flight Recorder dumps found beside the logs: the ops stage names process groups from them
-    shutil.rmtree(layout.flight_recorder, ignore_errors=True)
+    shutil.rmtree(layout.staged_flight_recorder, ignore_errors=True)
     if inputs.dumps:
-        layout.flight_recorder.mkdir(parents=True)
+        layout.staged_flight_recorder.mkdir(parents=True)
         for i, dump in enumerate(inputs.dumps):
-            shutil.copyfile(dump, layout.flight_recorder / f"{i:05d}_{dump.name}")
+            shutil.copyfile(dump, layout.staged_flight_recorder / f"{i:05d}_{dump.name}")
     # 3. Communicators (exact, from init/split lines); their world size completes the settings.
     comm = run_communicators(layout, procs, run_settings, nodes)
     tables = comm.details["tables"]

@@ -181,10 +181,19 @@ class RunLayout:
         return sorted(d.name for d in base.iterdir() if d.is_dir()) if base.is_dir() else []
 
     @property
-    def flight_recorder(self) -> Path:
-        """The run's Flight Recorder dumps, as ``nccltrace analyze`` found them (by content) in its
-        input directory; the ops stage names process groups from them."""
+    def raw_flight_recorder(self) -> Path:
+        """Flight Recorder dumps a workflow import put in the raw directory."""
+        return self._p("raw", "flight_recorder")
+
+    @property
+    def staged_flight_recorder(self) -> Path:
+        """Flight Recorder dumps ``nccltrace analyze`` found by content in its input directory."""
         return self._p("inputs", "flight_recorder")
+
+    @property
+    def flight_recorder(self) -> Path:
+        """The dumps the ops stage names process groups from: the raw directory's, else the staged."""
+        return self.raw_flight_recorder if self.raw_flight_recorder.is_dir() else self.staged_flight_recorder
 
     # run-level stages
     @property

@@ -4,6 +4,7 @@ Layout (what the analysis stages read)::
 
     nccl/nccl_<host>_<pid>.log   NCCL debug log per process (+ topo_<host>.xml when dumped)
     nsys/<host>.sqlite           nsys SQLite export per node (+ <host>.nsys-rep for real runs)
+    flight_recorder/             PyTorch Flight Recorder dumps of the ranks, when an import found any
     launch/                      the launch's own record (launch.json, node scripts and logs)
     run.yaml                     the run's settings (``config``) as launched
     status.json                  {"status": "ok" | "failed", "reason": ..., "stage": step that failed,
@@ -310,6 +311,17 @@ def import_raw(source: Path | str, raw: Path | str, *, run_id: str, settings: Ma
     for p in files:
         if p.suffix == ".xml":
             link_or_copy(p, partial / "nccl" / p.name)
+    # Flight Recorder dumps (any name, found by content): the ops stage names process groups from them
+    from ..flight_recorder import FlightRecorderError, pickle_files, read_dump
+
+    for i, p in enumerate(pickle_files(source)):
+        try:
+            read_dump(p)
+        except FlightRecorderError as e:
+            warnings.append(f"import: not used as a Flight Recorder dump: {e}")
+            continue
+        (partial / "flight_recorder").mkdir(exist_ok=True)
+        link_or_copy(p, partial / "flight_recorder" / f"{i:05d}_{p.name}")
     records = []
     for rep in reports:
         link_or_copy(rep, partial / "nsys" / rep.name)
