@@ -284,19 +284,30 @@ def _without_the_default_group(dest: Path) -> None:
 
 
 @pytest.mark.slow
-def test_without_a_world_communicator_the_profiler_traces_name_every_global_rank(tmp_path, capsys):
+@pytest.mark.parametrize("source", ["kineto", "flight_recorder"])
+def test_without_a_world_communicator_the_profiler_traces_or_the_dumps_name_every_global_rank(tmp_path, capsys,
+                                                                                                source):
+    """No world communicator: the profiler traces' distributedInfo names each process's rank; so
+    do the Flight Recorder dumps, which carry a rank but no pid: each is the process whose
+    communicators (size, rank in them) and last calls its groups fit (and, the ranks known, the
+    same dumps name every group)."""
     run = tmp_path / "run"
     _without_the_default_group(run)
-    shutil.copytree(CAPTURE / "kineto", run / "kineto")
+    shutil.copytree(CAPTURE / source, run / source)
     _analyze(run, tmp_path / "out", "--until", "ops")
     err = capsys.readouterr().err
     members = pd.read_parquet(tmp_path / "out" / "communicators" / "communicator_members.parquet")
     assert dict(zip(members["pid"], members["global_rank"])) == {498: 0, 499: 1, 500: 2, 501: 3}
     assert "global ranks unknown" not in err
     manifest = json.loads((tmp_path / "out" / "communicators" / "manifest.json").read_text())
-    assert not manifest["partial"]
-    got = score_without_world(tmp_path / "out")
-    assert got["wrong"] == 0 and got["right"] >= 0.99 * got["window_calls"], got
+    assert not any("global rank" in r for r in manifest["partial_reasons"])
+    if source == "kineto":
+        assert not manifest["partial"]
+        got = score_without_world(tmp_path / "out")
+        assert got["wrong"] == 0 and got["right"] >= 0.99 * got["window_calls"], got
+    else:
+        labels = pd.read_parquet(tmp_path / "out" / "ops" / "parallelism.parquet")
+        assert (labels["label_source"] == "pg-names").all()
 
 
 def score_without_world(out: Path) -> dict[str, int]:

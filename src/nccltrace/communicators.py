@@ -76,6 +76,7 @@ class CommunicatorTables:
     rank_sources: dict[str, int] = field(default_factory=dict)
     unranked: list[str] = field(default_factory=list)
     rank_conflicts: list[str] = field(default_factory=list)
+    rank_notes: list[str] = field(default_factory=list)  # why a source could not name a rank
 
     @property
     def complete(self) -> bool:
@@ -296,15 +297,49 @@ def infer_communicators(comms: pd.DataFrame,
                               sources, unranked, conflicts)
 
 
+RANK_SOURCE_FLIGHT_RECORDER = "Flight Recorder dump"
+
+
+def _flight_recorder_ranks(parsed_dirs: list[Path], comms: pd.DataFrame, dumps_dir: Path | None,
+                           notes: list[str]) -> dict[tuple[str, int], tuple[int, int | None]]:  # fmt: skip
+    """Ranks from the dumps in ``dumps_dir`` (:func:`nccltrace.process_groups.flight_recorder_ranks`),
+    for a run whose communicators leave some unknown; empty without dumps."""
+    if dumps_dir is None or not Path(dumps_dir).is_dir():
+        return {}
+    from .flight_recorder import FlightRecorderError, find_dumps
+    from .process_groups import flight_recorder_ranks
+    from .run_layout import process_key
+    from .tables import read_table
+
+    try:
+        dumps = find_dumps(dumps_dir)
+    except FlightRecorderError as e:
+        notes.append(f"Flight Recorder dumps not used for the global ranks: {e}")
+        return {}
+    dirs = {process_key(d.name): d for d in parsed_dirs}
+
+    def calls_of(host: str, pid: int) -> pd.DataFrame:
+        calls = read_table(dirs[(host, pid)] / "calls.parquet", columns=["comm", "op", "count", "line", "duplicate_of"])
+        return calls[calls["duplicate_of"].isna()].sort_values("line")
+
+    first = infer_communicators(comms)  # the members (pointers, ranks in communicators) the dumps are fitted to
+    ranks, said = flight_recorder_ranks(first.members[first.members["logical_id"] >= 0], dumps, calls_of)
+    notes += said
+    return ranks
+
+
 def infer_run_communicators(parsed_dirs: Iterable[Path], out_dir: Path, settings: Mapping[str, Any] | None = None,
-                            sessions: Iterable[Path | str] = ()) -> CommunicatorTables:  # fmt: skip
+                            sessions: Iterable[Path | str] = (), dumps_dir: Path | None = None
+                            ) -> CommunicatorTables:  # fmt: skip
     """Read the ``comms.parquet`` of each parsed process and write ``communicators.parquet`` and
     ``communicator_members.parquet`` to ``out_dir``. Logs without any init line (written with
     ``NCCL_DEBUG_SUBSYS=COLL``) get communicators inferred from their call sequences
     (:mod:`nccltrace.communicators_fallback`, ``kind = 'sequence'``; ``settings``' declared sizes
     choose among partitions the calls cannot tell apart); :func:`communicator_problems` says so.
     ``sessions``: the parsed exports' ``session.json``, whose profiler records name global ranks
-    where no communicator spans every rank (:func:`profiler_ranks`)."""
+    where no communicator spans every rank (:func:`profiler_ranks`); so do the launchers'
+    prefixes (:func:`launcher_ranks`) and, for ranks still unknown, the Flight Recorder dumps in
+    ``dumps_dir``."""
     from .tables import read_table
 
     parsed_dirs = [Path(d) for d in parsed_dirs]
@@ -312,8 +347,13 @@ def infer_run_communicators(parsed_dirs: Iterable[Path], out_dir: Path, settings
     comms = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(len(f) for f in frames) else None
     if comms is not None:
         _refuse_mixed_jobs(comms)
-        result = infer_communicators(comms, {RANK_SOURCE_PROFILER: profiler_ranks(sessions),
-                                             RANK_SOURCE_LAUNCHER: launcher_ranks(parsed_dirs)})
+        known = {RANK_SOURCE_PROFILER: profiler_ranks(sessions), RANK_SOURCE_LAUNCHER: launcher_ranks(parsed_dirs)}
+        result = infer_communicators(comms, known)
+        if result.unranked and dumps_dir is not None:
+            fr_notes: list[str] = []
+            known[RANK_SOURCE_FLIGHT_RECORDER] = _flight_recorder_ranks(parsed_dirs, comms, dumps_dir, fr_notes)
+            result = infer_communicators(comms, known)
+            result.rank_notes += fr_notes
     else:
         result = _from_call_sequences(parsed_dirs, settings)
     out_dir = Path(out_dir)
@@ -402,6 +442,8 @@ def communicator_problems(result: CommunicatorTables) -> list[str]:
                    "beside the logs, or run one collective on the default process group (e.g. a barrier) after "
                    "init_process_group so that NCCL logs a communicator of every rank")
     out += [f"global rank sources disagree: {c}" for c in result.rank_conflicts]
+    if result.unranked:
+        out += result.rank_notes
     inferred = bool((comms["kind"].astype(str) == "sequence").any())
     incomplete = comms[~comms["complete"].astype(bool)]
     if inferred:

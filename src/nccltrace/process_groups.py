@@ -170,6 +170,101 @@ def _entry_key(entry: Mapping[str, Any]) -> tuple[str, int | None]:
     return op, count
 
 
+def _one_name_each(claims: Mapping[int, set[tuple[str, str | None]]], evidence: str, source: str,
+                   notes: list[str]) -> pd.DataFrame:  # fmt: skip
+    """The names table (``logical_id``, :data:`NAME_COLUMNS`) of the communicators ``claims``
+    names with one group; one naming several is left unnamed and said in ``notes``."""
+    rows = []
+    for lid, named in sorted(claims.items()):
+        if len(named) > 1:
+            notes.append(f"communicator {lid}: {evidence} name {len(named)} process groups "
+                         f"({', '.join(f'{n} ({d})' for n, d in sorted(named, key=str))}); left unnamed")
+            continue
+        ((name, desc),) = named
+        rows.append((lid, name, desc, source))
+    return pd.DataFrame(rows, columns=["logical_id", *NAME_COLUMNS])
+
+
+def _comm_sequences(calls: pd.DataFrame) -> dict[int, list[tuple[str, int | None]]]:
+    """Per communicator pointer of one process: its calls' (op in Flight Recorder's names, count)."""
+    from .megatron.behaviour import NCCL_OPS
+
+    return {int(comm): [(NCCL_OPS.get(str(o), str(o).lower()), int(c)) for o, c in zip(part["op"], part["count"])]
+            for comm, part in calls.groupby("comm", sort=False)}  # fmt: skip
+
+
+def _group_entries(dump: Any) -> tuple[dict[str, list[tuple[str, int | None]]], dict[str, list[int | None]]]:
+    """Per process group of a dump, in record order: its entries' keys (:func:`_entry_key`) and
+    sequence numbers."""
+    keys: dict[str, list[tuple[str, int | None]]] = {}
+    seqs: dict[str, list[int | None]] = {}
+    for e in sorted(dump.entries, key=lambda e: e.get("record_id", 0)):
+        pg = e.get("process_group")
+        name = str(pg[0]) if isinstance(pg, (list, tuple)) and pg else None
+        if name in dump.groups:
+            keys.setdefault(name, []).append(_entry_key(e))
+            seqs.setdefault(name, []).append(_entry_seq(e))
+    return keys, seqs
+
+
+def _tail_agrees(entries: list[tuple[str, int | None]], calls: list[tuple[str, int | None]]) -> int:
+    """How many of a group's last entries line up with a communicator's last calls, when at
+    least :data:`FR_MIN_AGREEMENT` of the entries equal them position by position from the end;
+    0 otherwise."""
+    n = min(len(entries), len(calls))
+    same = sum(a[0] == b[0] and (a[1] is None or a[1] == b[1]) for a, b in zip(entries[-n:], calls[-n:])) if n else 0
+    return n if n and same >= FR_MIN_AGREEMENT * len(entries) else 0
+
+
+def flight_recorder_ranks(members: pd.DataFrame, dumps: Iterable[Any], calls_of: Any
+                          ) -> tuple[dict[tuple[str, int], tuple[int, int | None]], list[str]]:  # fmt: skip
+    """(host, pid) -> (global rank, world size) from Flight Recorder dumps, which carry a rank but
+    no process id: a dump is its rank's process when that process alone has, for most of the
+    dump's groups with entries, a communicator of the group's size, with the rank's position in
+    the group as its rank, whose last calls are the group's last entries (``calls_of(host, pid)``
+    as for :func:`name_by_flight_recorder`). The world size is the dump's default group's size.
+    Dumps that fit no process or several, and processes two dumps fit, are named in the notes."""
+    notes: list[str] = []
+    procs = sorted({(str(h), int(p)) for h, p in zip(members["host"], members["pid"])})
+    comms_of: dict[tuple[str, int], dict[int, tuple[int, int]]] = {}
+    for h, p, c, rk, lid in zip(members["host"], members["pid"], members["comm"], members["rank_in_comm"],
+                                members["logical_id"]):  # fmt: skip
+        comms_of.setdefault((str(h), int(p)), {})[int(c)] = (int(rk), int(lid))
+    nranks = members[members["logical_id"] >= 0].groupby("logical_id").size().to_dict()
+    seqs = {proc: _comm_sequences(calls_of(*proc)) for proc in procs}
+    got: dict[tuple[str, int], list[tuple[int, int | None, str]]] = {}
+    for dump in dumps:
+        if dump.rank is None:
+            continue
+        by_group, _ = _group_entries(dump)
+        scores = {}
+        for proc in procs:
+            fitting = 0
+            for name, entries in by_group.items():
+                ranks = dump.groups[name][0]
+                want = (len(ranks), ranks.index(dump.rank)) if dump.rank in ranks else None
+                fitting += any(want == (nranks.get(lid, -1), rk) and _tail_agrees(entries, seqs[proc].get(comm, []))
+                               for comm, (rk, lid) in comms_of.get(proc, {}).items())
+            scores[proc] = fitting
+        best = max(scores.values(), default=0)
+        winners = [p for p, v in scores.items() if v == best]
+        if best * 2 < max(1, len(by_group)) or len(winners) != 1:
+            notes.append(f"{dump.path.name}: the Flight Recorder dump of rank {dump.rank} fits "
+                         f"{'no process' if best == 0 else f'{len(winners)} processes'} by its recorded calls; "
+                         "its rank is not used")
+            continue
+        world = max((len(r) for r, _ in dump.groups.values()), default=None)
+        got.setdefault(winners[0], []).append((dump.rank, world, dump.path.name))
+    out: dict[tuple[str, int], tuple[int, int | None]] = {}
+    for proc, claims in got.items():
+        if len({r for r, _, _ in claims}) > 1:
+            notes.append(f"{proc[0]}:{proc[1]}: Flight Recorder dumps of ranks {sorted({r for r, _, _ in claims})} "
+                         f"({', '.join(n for _, _, n in claims)}) all fit it; its rank is not used")
+            continue
+        out[proc] = claims[0][:2]
+    return out, notes
+
+
 def name_by_flight_recorder(comms: pd.DataFrame, members: pd.DataFrame, dumps: Iterable[Any],
                             calls_of: Any) -> tuple[pd.DataFrame, list[str], pd.DataFrame]:  # fmt: skip
     """Per logical communicator: the process group a Flight Recorder dump names for it, joined by
@@ -185,9 +280,7 @@ def name_by_flight_recorder(comms: pd.DataFrame, members: pd.DataFrame, dumps: I
     were placed on, the PyTorch sequence number of each (``host``, ``pid``, ``comm``,
     ``from_end``: 1 for the communicator's last call, ``pg_seq``); ``calls_of`` must leave out
     duplicate lines, as the ops stage counts positions without them."""
-    from .megatron.behaviour import NCCL_OPS
 
-    cols = ["logical_id", *NAME_COLUMNS]
     notes: list[str] = []
     rank_proc = {int(r): (str(h), int(p)) for h, p, r in zip(members["host"], members["pid"], members["global_rank"])
                  if not pd.isna(r)}  # fmt: skip
@@ -202,18 +295,8 @@ def name_by_flight_recorder(comms: pd.DataFrame, members: pd.DataFrame, dumps: I
             notes.append(f"{dump.path.name}: Flight Recorder dump of rank {dump.rank}, which no process with a log has "
                          "(or whose global rank is unknown); not used")
             continue
-        calls = calls_of(*proc)
-        seqs: dict[int, list[tuple[str, int | None]]] = {}
-        for comm, part in calls.groupby("comm", sort=False):
-            seqs[int(comm)] = [(NCCL_OPS.get(str(o), str(o).lower()), int(c)) for o, c in zip(part["op"], part["count"])]
-        by_group: dict[str, list[tuple[str, int | None]]] = {}
-        seq_of: dict[str, list[int | None]] = {}
-        for e in sorted(dump.entries, key=lambda e: e.get("record_id", 0)):
-            pg = e.get("process_group")
-            name = str(pg[0]) if isinstance(pg, (list, tuple)) and pg else None
-            if name in dump.groups:
-                by_group.setdefault(name, []).append(_entry_key(e))
-                seq_of.setdefault(name, []).append(_entry_seq(e))
+        seqs = _comm_sequences(calls_of(*proc))
+        by_group, seq_of = _group_entries(dump)
         for name, entries in sorted(by_group.items()):
             ranks, desc = dump.groups[name]
             fits = []
@@ -221,10 +304,8 @@ def name_by_flight_recorder(comms: pd.DataFrame, members: pd.DataFrame, dumps: I
                 lid = lid_of.get((proc[0], proc[1], comm))
                 if lid is None or member_set.get(lid) != ranks:
                     continue
-                n = min(len(entries), len(seq))
-                same = sum(a[0] == b[0] and (a[1] is None or a[1] == b[1])
-                           for a, b in zip(entries[-n:], seq[-n:])) if n else 0
-                if n and same >= FR_MIN_AGREEMENT * len(entries):
+                n = _tail_agrees(entries, seq)
+                if n:
                     fits.append((lid, comm, n))
             if len(fits) == 1:
                 lid, comm, n = fits[0]
@@ -234,16 +315,8 @@ def name_by_flight_recorder(comms: pd.DataFrame, members: pd.DataFrame, dumps: I
             elif len(fits) > 1:
                 notes.append(f"rank {dump.rank}: process group {name} ({desc}) fits {len(fits)} communicators "
                              f"({', '.join(map(str, fits))}) by its recorded calls; left unnamed")
-    rows = []
-    for lid, named in sorted(claims.items()):
-        if len(named) > 1:
-            notes.append(f"communicator {lid}: the ranks' Flight Recorder dumps name {len(named)} process groups "
-                         f"({', '.join(f'{n} ({d})' for n, d in sorted(named, key=str))}); left unnamed")
-            continue
-        (name, desc), = named
-        rows.append((lid, name, desc, "flight-recorder"))
     seq_table = pd.DataFrame(seq_rows, columns=["host", "pid", "comm", "from_end", "pg_seq"])
-    return pd.DataFrame(rows, columns=cols), notes, seq_table
+    return _one_name_each(claims, "the ranks' Flight Recorder dumps", "flight-recorder", notes), notes, seq_table
 
 
 def name_by_pytorch_lines(members: pd.DataFrame, lines_of: Any) -> tuple[pd.DataFrame, list[str]]:
@@ -254,7 +327,6 @@ def name_by_pytorch_lines(members: pd.DataFrame, lines_of: Any) -> tuple[pd.Data
     ``name_source`` is 'pytorch-log'."""
     from .pytorch_log import PG_COMM_LINE
 
-    cols = ["logical_id", *NAME_COLUMNS]
     notes: list[str] = []
     claims: dict[int, set[tuple[str, str | None]]] = {}
     procs = sorted({(str(h), int(p)) for h, p in zip(members["host"], members["pid"])})
@@ -271,12 +343,4 @@ def name_by_pytorch_lines(members: pd.DataFrame, lines_of: Any) -> tuple[pd.Data
                              f"{m.group('guid') or m.group('id')}), which has no init line in its NCCL log; not used")
                 continue
             claims.setdefault(lid, set()).add((m.group("guid") or m.group("id"), m.group("desc") or None))
-    rows = []
-    for lid, named in sorted(claims.items()):
-        if len(named) > 1:
-            notes.append(f"communicator {lid}: PyTorch's log lines name {len(named)} process groups "
-                         f"({', '.join(f'{n} ({d})' for n, d in sorted(named, key=str))}); left unnamed")
-            continue
-        (name, desc), = named
-        rows.append((lid, name, desc, "pytorch-log"))
-    return pd.DataFrame(rows, columns=cols), notes
+    return _one_name_each(claims, "PyTorch's log lines", "pytorch-log", notes), notes

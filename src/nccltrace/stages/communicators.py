@@ -24,7 +24,8 @@ def run_communicators(layout: RunLayout, procs: Iterable[str], settings: Mapping
     ranks). ``details['tables']`` is the :class:`~nccltrace.communicators.CommunicatorTables`."""
     dirs = [layout.parsed_nccl(p) for p in procs]
     sessions = [layout.session(h) for h in hosts if layout.session(h).is_file()]
-    result = infer_run_communicators(dirs, layout.communicators_dir, settings, sessions)
+    dumps = layout.flight_recorder if layout.flight_recorder.is_dir() else None
+    result = infer_run_communicators(dirs, layout.communicators_dir, settings, sessions, dumps)
     reasons = communicator_problems(result)
     comms = result.communicators
     incomplete = comms[~comms["complete"].astype(bool)] if len(comms) else comms
