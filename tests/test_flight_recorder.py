@@ -162,3 +162,30 @@ def test_a_dump_names_the_one_communicator_whose_calls_end_as_its_entries_and_no
     # the communicator's last three calls carry the group's sequence numbers 42, 41, 40 from the end
     assert seqs[["comm", "from_end", "pg_seq"]].values.tolist() == [[0xA, 1, 42], [0xA, 2, 41], [0xA, 3, 40]]
     assert any("rank 5" in n and "not used" in n for n in notes)
+
+
+def test_a_group_that_agrees_with_its_communicator_but_for_one_call_names_it_yet_numbers_no_call(tmp_path):
+    """19 of 20 entries equal the communicator's last calls: enough to name it, but the one that
+    differs could be a call one side lacks, which would shift the numbers of the calls before it,
+    so no call gets a sequence number."""
+    import pandas as pd
+
+    from nccltrace.flight_recorder import FlightRecorderDump
+    from nccltrace.process_groups import name_by_flight_recorder
+
+    comms = pd.DataFrame({"logical_id": [0], "members": [[0, 1]]})
+    members = pd.DataFrame({"logical_id": [0, 0], "host": "h", "pid": [10, 11], "comm": [0xA, 0xC],
+                            "global_rank": [0, 1]})
+    entries = [{"record_id": i, "process_group": ("1", "TENSOR_MODEL_PARALLEL_GROUP"), "collective_seq_id": i + 1,
+                "profiling_name": "nccl:_all_gather_base", "input_sizes": [[2, 4]], "output_sizes": [[4, 4]]}
+               for i in range(20)]
+    dump = FlightRecorderDump(tmp_path / "d0", 0, "2.10", None, {"1": ((0, 1), "TENSOR_MODEL_PARALLEL_GROUP")},
+                              entries)
+    counts = [8] * 20
+    calls = pd.DataFrame({"comm": [0xA] * 20, "op": ["AllGather"] * 20, "count": counts})
+    names, _, seqs = name_by_flight_recorder(comms, members, [dump], lambda h, p: calls)
+    assert len(names) == 1 and len(seqs) == 20  # all equal: named and numbered
+    counts[9] = 9
+    calls = pd.DataFrame({"comm": [0xA] * 20, "op": ["AllGather"] * 20, "count": counts})
+    names, _, seqs = name_by_flight_recorder(comms, members, [dump], lambda h, p: calls)
+    assert names["pg_desc"].tolist() == ["TENSOR_MODEL_PARALLEL_GROUP"] and seqs.empty

@@ -300,7 +300,7 @@ def infer_communicators(comms: pd.DataFrame,
 RANK_SOURCE_FLIGHT_RECORDER = "Flight Recorder dump"
 
 
-def _flight_recorder_ranks(parsed_dirs: list[Path], comms: pd.DataFrame, dumps_dir: Path | None,
+def _flight_recorder_ranks(parsed_dirs: list[Path], members: pd.DataFrame, dumps_dir: Path | None,
                            notes: list[str]) -> dict[tuple[str, int], tuple[int, int | None]]:  # fmt: skip
     """Ranks from the dumps in ``dumps_dir`` (:func:`nccltrace.process_groups.flight_recorder_ranks`),
     for a run whose communicators leave some unknown; empty without dumps."""
@@ -322,8 +322,8 @@ def _flight_recorder_ranks(parsed_dirs: list[Path], comms: pd.DataFrame, dumps_d
         calls = read_table(dirs[(host, pid)] / "calls.parquet", columns=["comm", "op", "count", "line", "duplicate_of"])
         return calls[calls["duplicate_of"].isna()].sort_values("line")
 
-    first = infer_communicators(comms)  # the members (pointers, ranks in communicators) the dumps are fitted to
-    ranks, said = flight_recorder_ranks(first.members[first.members["logical_id"] >= 0], dumps, calls_of)
+    # the members (pointers, ranks in communicators) the dumps are fitted to
+    ranks, said = flight_recorder_ranks(members[members["logical_id"] >= 0], dumps, calls_of)
     notes += said
     return ranks
 
@@ -351,7 +351,8 @@ def infer_run_communicators(parsed_dirs: Iterable[Path], out_dir: Path, settings
         result = infer_communicators(comms, known)
         if result.unranked and dumps_dir is not None:
             fr_notes: list[str] = []
-            known[RANK_SOURCE_FLIGHT_RECORDER] = _flight_recorder_ranks(parsed_dirs, comms, dumps_dir, fr_notes)
+            known[RANK_SOURCE_FLIGHT_RECORDER] = _flight_recorder_ranks(parsed_dirs, result.members, dumps_dir,
+                                                                        fr_notes)
             result = infer_communicators(comms, known)
             result.rank_notes += fr_notes
     else:

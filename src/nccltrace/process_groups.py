@@ -207,13 +207,13 @@ def _group_entries(dump: Any) -> tuple[dict[str, list[tuple[str, int | None]]], 
     return keys, seqs
 
 
-def _tail_agrees(entries: list[tuple[str, int | None]], calls: list[tuple[str, int | None]]) -> int:
-    """How many of a group's last entries line up with a communicator's last calls, when at
-    least :data:`FR_MIN_AGREEMENT` of the entries equal them position by position from the end;
-    0 otherwise."""
+def _tail_agrees(entries: list[tuple[str, int | None]], calls: list[tuple[str, int | None]]) -> tuple[int, bool]:
+    """(how many of a group's last entries line up with a communicator's last calls, whether
+    every one of them equals its call): the count is 0 unless at least :data:`FR_MIN_AGREEMENT`
+    of the entries equal their calls position by position from the end."""
     n = min(len(entries), len(calls))
     same = sum(a[0] == b[0] and (a[1] is None or a[1] == b[1]) for a, b in zip(entries[-n:], calls[-n:])) if n else 0
-    return n if n and same >= FR_MIN_AGREEMENT * len(entries) else 0
+    return (n, same == n) if n and same >= FR_MIN_AGREEMENT * len(entries) else (0, False)
 
 
 def flight_recorder_ranks(members: pd.DataFrame, dumps: Iterable[Any], calls_of: Any
@@ -243,7 +243,7 @@ def flight_recorder_ranks(members: pd.DataFrame, dumps: Iterable[Any], calls_of:
             for name, entries in by_group.items():
                 ranks = dump.groups[name][0]
                 want = (len(ranks), ranks.index(dump.rank)) if dump.rank in ranks else None
-                fitting += any(want == (nranks.get(lid, -1), rk) and _tail_agrees(entries, seqs[proc].get(comm, []))
+                fitting += any(want == (nranks.get(lid, -1), rk) and _tail_agrees(entries, seqs[proc].get(comm, []))[0]
                                for comm, (rk, lid) in comms_of.get(proc, {}).items())
             scores[proc] = fitting
         best = max(scores.values(), default=0)
@@ -278,7 +278,8 @@ def name_by_flight_recorder(comms: pd.DataFrame, members: pd.DataFrame, dumps: I
     ranks whose dumps name one communicator differently, name nothing (the notes say why).
     ``name_source`` is 'flight-recorder'. The third result gives, for the calls a dump's entries
     were placed on, the PyTorch sequence number of each (``host``, ``pid``, ``comm``,
-    ``from_end``: 1 for the communicator's last call, ``pg_seq``); ``calls_of`` must leave out
+    ``from_end``: 1 for the communicator's last call, ``pg_seq``), only where every entry of the
+    tail equals its call (a call one side lacks would shift the numbers before it); ``calls_of`` must leave out
     duplicate lines, as the ops stage counts positions without them."""
 
     notes: list[str] = []
@@ -304,17 +305,18 @@ def name_by_flight_recorder(comms: pd.DataFrame, members: pd.DataFrame, dumps: I
                 lid = lid_of.get((proc[0], proc[1], comm))
                 if lid is None or member_set.get(lid) != ranks:
                     continue
-                n = _tail_agrees(entries, seq)
+                n, exact = _tail_agrees(entries, seq)
                 if n:
-                    fits.append((lid, comm, n))
+                    fits.append((lid, comm, n, exact))
             if len(fits) == 1:
-                lid, comm, n = fits[0]
+                lid, comm, n, exact = fits[0]
                 claims.setdefault(lid, set()).add((name, desc))
-                seq_rows += [(proc[0], proc[1], comm, k, s) for k, s in enumerate(reversed(seq_of[name][-n:]), 1)
-                             if s is not None]
+                if exact:  # a mismatch may be a call one side lacks: the positions before it could be shifted
+                    seq_rows += [(proc[0], proc[1], comm, k, s) for k, s in enumerate(reversed(seq_of[name][-n:]), 1)
+                                 if s is not None]
             elif len(fits) > 1:
                 notes.append(f"rank {dump.rank}: process group {name} ({desc}) fits {len(fits)} communicators "
-                             f"({', '.join(map(str, fits))}) by its recorded calls; left unnamed")
+                             f"({', '.join(str(f[0]) for f in fits)}) by its recorded calls; left unnamed")
     seq_table = pd.DataFrame(seq_rows, columns=["host", "pid", "comm", "from_end", "pg_seq"])
     return _one_name_each(claims, "the ranks' Flight Recorder dumps", "flight-recorder", notes), notes, seq_table
 
