@@ -177,7 +177,7 @@ def discover_logs(roots: Iterable[Path], dest: Path, *, exclude: Iterable[Path] 
             # Megatron's iteration lines and PyTorch's process-group lines carry no NCCL prefix: they
             # go to the process whose NCCL lines carry the same launcher label (one process per
             # label, else they are skipped)
-            label_stem: dict[bytes, str | None] = {}
+            label_stems = labels_of.setdefault(str(p), {})  # label -> the processes it has prefixed so far
             waiting: dict[bytes, list[tuple[int, bytes]]] = {}
             with _open(p) as f:
                 for n, line in enumerate(f, 1):
@@ -200,13 +200,10 @@ def discover_logs(roots: Iterable[Path], dest: Path, *, exclude: Iterable[Path] 
                             found.sources[stem] = []
                             origin[stem] = []
                         if label is not None:
-                            labels_of.setdefault(str(p), {}).setdefault(label, set()).add(stem)
-                            if label not in label_stem:
-                                label_stem[label] = stem
+                            if label not in label_stems:  # its first process: lines that waited for it
                                 for wn, wrec in waiting.pop(label, []):
                                     put(stem, wrec, p, wn)
-                            elif label_stem[label] != stem:
-                                label_stem[label] = None  # a label of several processes names none
+                            label_stems.setdefault(label, set()).add(stem)
                         put(stem, rec, p, n)
                         if str(p) not in found.sources[stem]:
                             found.sources[stem].append(str(p))
@@ -214,12 +211,12 @@ def discover_logs(roots: Iterable[Path], dest: Path, *, exclude: Iterable[Path] 
                     if not got:
                         body = line[launcher.end():].rstrip(b"\r\n") if launcher else b""
                         if label is not None and (is_iteration_line(body) or is_pg_comm_line(body)):
-                            owner = label_stem.get(label, "")
-                            if owner:
-                                put(owner, body, p, n)
-                                continue
-                            if owner == "":
+                            owners = label_stems.get(label)
+                            if owners is None:
                                 waiting.setdefault(label, []).append((n, body))
+                                continue
+                            if len(owners) == 1:  # a label of several processes names none
+                                put(next(iter(owners)), body, p, n)
                                 continue
                         skipped += 1
             skipped += sum(len(w) for w in waiting.values())
