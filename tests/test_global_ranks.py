@@ -93,3 +93,45 @@ def test_the_communicators_command_says_the_world_size_and_ranks_are_unknown(laz
     out = capsys.readouterr()
     assert "world size unknown" in out.out and "global ranks unknown for 8 of 8 processes" in out.err
     assert not re.search(r"world size \d", out.out + out.err)
+
+
+def _lazy_logs_by_rank(lazy_raw: Path, dest: Path, name: str) -> dict[int, int]:
+    """The lazy job's logs under names that carry each process's global rank (``name`` with
+    {rank}), its exports beside them; returns pid -> true rank."""
+    ranks = _true_ranks(lazy_raw)
+    for log in (lazy_raw / "nccl").glob("nccl_*.log"):
+        target = dest / name.format(rank=ranks[int(log.stem.rsplit("_", 1)[1])])
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(log.read_bytes())
+    (dest / "nsys").mkdir()
+    for export in (lazy_raw / "nsys").glob("*.sqlite"):
+        (dest / "nsys" / export.name).symlink_to(export)
+    return ranks
+
+
+@pytest.mark.parametrize("pattern", ["rank{rank}/nccl.log", "rank*/nccl.log"])
+def test_an_import_whose_log_names_carry_the_rank_names_every_rank_and_the_world_size(lazy_raw, tmp_path, pattern):
+    """The workflow's path for a campaign entry `backend: import` with `rank_in_log_name`: the
+    import keeps which file each process's lines came from, the parse stage records it, and the
+    communicators stage reads the rank from the name: world size 8 and every rank right. A
+    pattern without {rank} is refused with the reason, and the ranks stay unknown."""
+    from nccltrace.acquisition.raw import import_raw
+    from nccltrace.communicators import RANK_NAME_SETTING, communicator_problems, infer_run_communicators
+    from nccltrace.stages.parse_nccl import run_parse_nccl
+
+    ranks = _lazy_logs_by_rank(lazy_raw, tmp_path / "elsewhere", "rank{rank}/nccl.log")
+    settings = {RANK_NAME_SETTING: pattern}
+    import_raw(tmp_path / "elsewhere", tmp_path / "raw", run_id="lazy", settings=settings)
+    dirs = []
+    for log in sorted((tmp_path / "raw" / "nccl").glob("nccl_*.log")):
+        run_parse_nccl(log, tmp_path / "parsed" / log.stem, settings)
+        dirs.append(tmp_path / "parsed" / log.stem)
+    result = infer_run_communicators(dirs, tmp_path / "comms", settings)
+    members = read_table(tmp_path / "comms" / "communicator_members.parquet")
+    if "{rank}" in pattern:
+        assert dict(zip(members["pid"].astype("int64"), members["global_rank"].astype("int64"))) == ranks
+        assert result.world_size == 8 and not communicator_problems(result)
+        assert result.rank_sources == {"log file name": 8}
+    else:
+        assert result.world_size is None and members["global_rank"].isna().all()
+        assert any("needs exactly one {rank}" in p for p in communicator_problems(result))

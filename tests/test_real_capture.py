@@ -371,6 +371,35 @@ def test_without_a_world_communicator_the_launchers_prefixes_name_the_global_ran
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(("pattern", "name"), [("nccl.{rank}.%h.%p", "nccl.{rank}.vm.{pid}"),
+                                               ("rank{rank}/*.log", "rank{rank}/attempt_0.log"),
+                                               ("nccl.{rank}.%h.%p", "nccl.{rank}.vm.{other}")])
+def test_without_a_world_communicator_log_names_the_user_describes_name_the_global_ranks(tmp_path, capsys,
+                                                                                         pattern, name):
+    """Logs written with NCCL_DEBUG_FILE=nccl.${SLURM_PROCID}.%h.%p (or one directory per rank)
+    and that pattern given: each file's number is its process's rank, and the world size follows
+    (ranks 0..3 once each, every communicator whole). A name whose %p is another process's pid
+    names none."""
+    _without_the_default_group(tmp_path / "split")
+    pids = {r: json.loads((CAPTURE / "truth" / f"truth_rank{r}.json").read_text())["pid"] for r in range(4)}
+    for r, pid in pids.items():
+        dest = tmp_path / "run" / name.format(rank=r, pid=pid, other=pids[(r + 1) % 4])
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(tmp_path / "split" / "nccl" / f"nccl_vm_{pid}.log", dest)
+    assert main(["analyze", str(tmp_path / "run"), "-o", str(tmp_path / "out"), "-q", "--until", "ops",
+                 "--rank-in-log-name", pattern]) == 0
+    err = capsys.readouterr().err
+    members = pd.read_parquet(tmp_path / "out" / "communicators" / "communicator_members.parquet")
+    settings = json.loads((tmp_path / "out" / "manifest.json").read_text())["config"]
+    if "{other}" in name:
+        assert members["global_rank"].isna().all() and "global ranks unknown for 4 of 4" in err
+        assert "named the global rank of 0 of 4 processes" in err
+    else:
+        assert dict(zip(members["pid"], members["global_rank"])) == {498: 0, 499: 1, 500: 2, 501: 3}
+        assert "global ranks unknown" not in err and settings["world_size"] == 4, settings
+
+
+@pytest.mark.slow
 def test_a_launcher_prefix_that_contradicts_the_world_communicator_is_reported_not_used(tmp_path, capsys):
     """The logs as they are (the default group names every rank) in one stdout whose srun labels
     run backwards: the world communicator's ranks stand, and the disagreement is named."""

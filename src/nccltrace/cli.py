@@ -175,6 +175,10 @@ def _declared_settings(args: argparse.Namespace) -> dict:
     settings.update({name: getattr(args, name) for name, _ in _SIZE_FLAGS if getattr(args, name) is not None})
     if args.distributed_optimizer:
         settings["distributed_optimizer"] = True
+    if args.rank_in_log_name:
+        from .communicators import RANK_NAME_SETTING
+
+        settings[RANK_NAME_SETTING] = args.rank_in_log_name
     return settings
 
 
@@ -435,6 +439,11 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, metavar="N", help=what)
     s.add_argument("--distributed-optimizer", action="store_true", help="the run used Megatron's distributed "
                    "optimizer")
+    s.add_argument("--rank-in-log-name", metavar="PATTERN",
+                   help="where the log files' names carry the global rank, with {rank} for it, %%h/%%p for NCCL's "
+                        "host/pid and * as wildcard: e.g. 'nccl.{rank}.%%h.%%p' for "
+                        "NCCL_DEBUG_FILE=nccl.${SLURM_PROCID}.%%h.%%p, or 'rank{rank}/*.log' (names the ranks when "
+                        "no communicator spans every rank; the number must be the global rank, not a local one)")
     s.add_argument("--capture-steps", type=_step_range, metavar="FIRST-LAST",
                    help="the training steps the nsys capture covers (Megatron's logged iteration numbers, both "
                         "included; e.g. 3-4 for --profile-step-start 2 --profile-step-end 4): locates a step-window "

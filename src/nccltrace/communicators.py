@@ -122,20 +122,62 @@ def profiler_ranks(session_paths: Iterable[Path | str]) -> dict[tuple[str, int],
 RANK_SOURCE_LAUNCHER = "launcher prefix"
 
 
-def launcher_ranks(parsed_dirs: Iterable[Path | str]) -> dict[tuple[str, int], tuple[int, int | None]]:
-    """(host, pid) -> (global rank, None) from the parse stage's ``launcher_rank.json`` (the rank
-    a launcher's line prefix named in a combined stdout: torchrun ``[rankN]:``, or ``srun --label``
-    / Open MPI task ranks where every task is one process)."""
+def _log_origins(parsed_dirs: Iterable[Path | str]) -> dict[tuple[str, int], dict[str, Any]]:
+    """(host, pid) -> the parse stage's ``log_origin.json`` (where log discovery found its lines)."""
     import json
 
     from .run_layout import process_key
-    from .stages.parse_nccl import LAUNCHER_RANK_FILE
+    from .stages.parse_nccl import LOG_ORIGIN_FILE
 
-    out: dict[tuple[str, int], tuple[int, int | None]] = {}
+    out = {}
     for d in parsed_dirs:
-        f = Path(d) / LAUNCHER_RANK_FILE
+        f = Path(d) / LOG_ORIGIN_FILE
         if f.is_file():  # parsed/nccl/<host>/nccl_<host>_<pid>/
-            out[process_key(Path(d).name)] = (int(json.loads(f.read_text())["rank"]), None)
+            out[process_key(Path(d).name)] = json.loads(f.read_text())
+    return out
+
+
+def launcher_ranks(parsed_dirs: Iterable[Path | str]) -> dict[tuple[str, int], tuple[int, int | None]]:
+    """(host, pid) -> (global rank, None) that a launcher's line prefix named in a combined
+    stdout (torchrun ``[rankN]:``, or ``srun --label`` / Open MPI task ranks where every task is
+    one process), as the parse stage recorded it."""
+    return {k: (int(o["launcher"]["rank"]), None) for k, o in _log_origins(parsed_dirs).items() if o.get("launcher")}
+
+
+RANK_SOURCE_FILE_NAME = "log file name"
+RANK_NAME_SETTING = "rank_in_log_name"
+"""The run setting (and ``analyze --rank-in-log-name``) naming where log file names carry the rank."""
+
+
+def file_name_ranks(parsed_dirs: Iterable[Path | str], pattern: str | None, notes: list[str]
+                    ) -> dict[tuple[str, int], tuple[int, int | None]]:  # fmt: skip
+    """(host, pid) -> (global rank, None) from the name of the file that holds the process's
+    lines and no other's, where it matches the user's ``pattern``
+    (:class:`~nccltrace.log_discovery.RankNamePattern`); what could not be used goes to ``notes``."""
+    if not pattern:
+        return {}
+    from .log_discovery import RankNamePattern
+
+    try:
+        names = RankNamePattern(pattern)
+    except ValueError as e:
+        notes.append(f"global ranks not taken from the log file names: {e}")
+        return {}
+    parsed_dirs = list(parsed_dirs)
+    origins = _log_origins(parsed_dirs)
+    out, misses = {}, []
+    for key in sorted(origins):
+        own = origins[key].get("own_file")
+        rank = names.rank_of(own, *key) if own else None
+        if rank is None:
+            misses.append(Path(own).name if own else f"{key[0]}:{key[1]} (its lines share a file with others)")
+        else:
+            out[key] = (rank, None)
+    unnamed = len(parsed_dirs) - len(origins)  # logs used in place (nccl_<host>_<pid>.log): no rank in the name
+    if misses or unnamed:
+        notes.append(f"log name pattern {pattern!r} named the global rank of {len(out)} of {len(parsed_dirs)} "
+                     f"processes; it does not match {', '.join(misses[:3]) or 'the nccl_<host>_<pid>.log files'}"
+                     f"{' ...' if len(misses) > 3 else ''}")
     return out
 
 
@@ -288,6 +330,13 @@ def infer_communicators(comms: pd.DataFrame,
         member_rows.append((-1, row.host, row.pid, row.comm, int(row.rank), world_rank.get((row.host, row.pid)),
                             row.file, row.line))
 
+    if (world_size is None and not unranked and set(world_rank.values()) == set(range(n_proc))
+            and all(row[8] for row in comm_rows)):
+        # Every process named, ranks 0..n-1 once each, and every communicator whole: a rank
+        # beyond them left no log, and a rank that shares a communicator with another would
+        # leave that communicator a member short; one sharing none is no part of this job.
+        world_size = n_proc
+
     def frame(rows, schema):
         cols = list(zip(*rows)) if rows else [[] for _ in schema]
         return pa.Table.from_arrays([pa.array(list(c), type=f.type) for c, f in zip(cols, schema)],
@@ -347,7 +396,10 @@ def infer_run_communicators(parsed_dirs: Iterable[Path], out_dir: Path, settings
     comms = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(len(f) for f in frames) else None
     if comms is not None:
         _refuse_mixed_jobs(comms)
-        known = {RANK_SOURCE_PROFILER: profiler_ranks(sessions), RANK_SOURCE_LAUNCHER: launcher_ranks(parsed_dirs)}
+        name_notes: list[str] = []
+        known = {RANK_SOURCE_PROFILER: profiler_ranks(sessions), RANK_SOURCE_LAUNCHER: launcher_ranks(parsed_dirs),
+                 RANK_SOURCE_FILE_NAME: file_name_ranks(parsed_dirs, (settings or {}).get(RANK_NAME_SETTING),
+                                                        name_notes)}  # fmt: skip
         result = infer_communicators(comms, known)
         if result.unranked and dumps_dir is not None:
             fr_notes: list[str] = []
@@ -355,6 +407,7 @@ def infer_run_communicators(parsed_dirs: Iterable[Path], out_dir: Path, settings
                                                                         fr_notes)
             result = infer_communicators(comms, known)
             result.rank_notes += fr_notes
+        result.rank_notes[:0] = name_notes
     else:
         result = _from_call_sequences(parsed_dirs, settings)
     out_dir = Path(out_dir)

@@ -30,7 +30,7 @@ from pathlib import Path
 from .megatron.training_log import is_iteration_line
 from .pytorch_log import is_pg_comm_line
 
-__all__ = ["DiscoveredLogs", "LAUNCHER_PREFIX", "NCCL_PREFIX", "discover_logs", "is_canonical_log"]
+__all__ = ["DiscoveredLogs", "LAUNCHER_PREFIX", "NCCL_PREFIX", "RankNamePattern", "discover_logs", "is_canonical_log"]
 
 NCCL_PREFIX = re.compile(rb"(?:\[[^\]\n]*\] |\d{9,11}\.\d+ )?(?P<host>[A-Za-z0-9_.\-]+):(?P<pid>\d+):(?P<tid>\d+) "
                          rb"\[(?P<dev>-?\d+)\] NCCL (?:INFO|WARN|TRACE|ABORT)")
@@ -238,10 +238,14 @@ def discover_logs(roots: Iterable[Path], dest: Path, *, exclude: Iterable[Path] 
             orphans.pop(path, None)
     found.unattributed = orphans
     found.launcher_ranks = launcher_ranks(labels_of)
+    own_files = {stem: runs[0][0] for stem, runs in origin.items()
+                 if len(runs) == 1 and stems_of.get(runs[0][0]) == {stem}}
     (dest / "sources.json").write_text(json.dumps(
         {"doc": "per normalised log: runs of [source file, first source line, number of lines], in order; "
-                "launcher_ranks: the global rank a launcher prefix names (see log_discovery.launcher_ranks)",
-         "logs": origin, "launcher_ranks": found.launcher_ranks}, indent=1))  # fmt: skip
+                "launcher_ranks: the global rank a launcher prefix names (see log_discovery.launcher_ranks); "
+                "own_files: the source file that holds this process's lines and no other's (its name may carry "
+                "the rank: log_discovery.rank_in_file_name)",
+         "logs": origin, "launcher_ranks": found.launcher_ranks, "own_files": own_files}, indent=1))  # fmt: skip
     return found
 
 
@@ -272,3 +276,40 @@ def launcher_ranks(labels_of: dict[str, dict[bytes, set[str]]]) -> dict[str, dic
             if rank is not None:
                 out[stem] = {"rank": rank, "prefix": ls[0].decode("utf-8", "replace"), "file": path}
     return out
+
+
+class RankNamePattern:
+    """A log file name that carries the global rank, as the user's launch wrote it, e.g.
+    ``NCCL_DEBUG_FILE=logs/nccl.${SLURM_PROCID}.%h.%p`` gives the pattern ``nccl.{rank}.%h.%p``.
+
+    ``{rank}`` is the global rank (``RANK``, ``SLURM_PROCID``, ``OMPI_COMM_WORLD_RANK``: the user
+    says which number it is; a local rank would be wrong, so nothing here guesses); ``%h`` and
+    ``%p`` are NCCL's host and pid, checked against the process's own; ``*`` and ``?`` are shell
+    wildcards within one path component. A pattern with ``/`` matches the last components of the
+    path (``rank{rank}/nccl.log``); a ``.gz`` after the match is allowed (a compressed copy)."""
+
+    def __init__(self, pattern: str) -> None:
+        pattern = str(pattern).strip()
+        if pattern.count("{rank}") != 1:
+            raise ValueError(f"log name pattern {pattern!r}: needs exactly one {{rank}} where the name carries the "
+                             "global rank, e.g. 'nccl.{rank}.%h.%p' for NCCL_DEBUG_FILE=nccl.${SLURM_PROCID}.%h.%p")
+        self.pattern = pattern
+        self.components = pattern.count("/") + 1
+        parts = re.split(r"(\{rank\}|%h|%p|\*|\?)", pattern)
+        regex = {"{rank}": r"(?P<rank>\d+)", "%h": r"(?P<host>[^/]+?)", "%p": r"(?P<pid>\d+)", "*": r"[^/]*",
+                 "?": r"[^/]"}
+        self._regex = re.compile("".join(regex.get(x, re.escape(x)) for x in parts) + r"(?:\.gz)?")
+
+    def rank_of(self, path: str | Path, host: str, pid: int) -> int | None:
+        """The global rank ``path``'s name carries for process ``host:pid``; None when the name
+        does not match, or its ``%h``/``%p`` name another process."""
+        tail = "/".join(Path(path).parts[-self.components:])
+        m = self._regex.fullmatch(tail)
+        if m is None:
+            return None
+        got = m.groupdict()
+        if got.get("pid") is not None and int(got["pid"]) != int(pid):
+            return None
+        if got.get("host") is not None and got["host"] != host and got["host"].split(".")[0] != host.split(".")[0]:
+            return None
+        return int(got["rank"])

@@ -209,7 +209,7 @@ def resolve_settings(run_yaml: Path | None, settings: Mapping[str, Any] | None) 
 def _check_sizes(settings: dict[str, Any] | None, world_size: int | None, source: str) -> dict[str, Any] | None:
     """Settings with a world size filled in from the init lines when none is declared; raises
     ``ValueError`` naming the field when the declared sizes cannot describe the run."""
-    from .parallelism import ParallelSizes
+    from .parallelism import ParallelSizes, declares_sizes
 
     if settings is None:
         return None
@@ -218,6 +218,8 @@ def _check_sizes(settings: dict[str, Any] | None, world_size: int | None, source
         s.get("nodes") is not None and s.get("gpus_per_node") is not None)
     if not has_world and world_size:
         s["world_size"] = int(world_size)
+    elif not has_world and not declares_sizes(s):
+        return s  # settings that declare no size (e.g. only where the log names carry the ranks)
     try:
         ParallelSizes.from_settings(s)
     except ValueError as exc:
@@ -274,7 +276,7 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
     from .acquisition.raw import ANALYZE_REMEDY, RawImportError, assign_exports
     from .align.correlate import MODES
     from .capture import CaptureWindow
-    from .parallelism import ParallelSizes
+    from .parallelism import ParallelSizes, declares_sizes
     from .provenance import write_manifest
     from .run_layout import RunLayout
     from .stages.align_node import run_align_node
@@ -361,7 +363,7 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
     run_settings = _check_sizes(run_settings, tables.world_size, source)
     expected_procs = _int_or_none(tables.world_size)
     expected_nodes = None
-    if run_settings is not None:
+    if run_settings is not None and (declares_sizes(run_settings) or expected_procs is not None):
         expected_procs = ParallelSizes.from_settings(run_settings).world_size
         expected_nodes = _int_or_none(run_settings.get("nodes"))
     run_id = (run_settings or {}).get("run_id") or Path(inputs.raw_dir).resolve().name

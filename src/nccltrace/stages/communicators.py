@@ -34,6 +34,8 @@ def run_communicators(layout: RunLayout, procs: Iterable[str], settings: Mapping
                    inputs=[d / "comms.parquet" for d in dirs] + sessions, outputs=outputs, partial=bool(reasons),
                    reasons=reasons, config=dict(settings or {}))  # fmt: skip
     notes = [f"communicator {row.logical_id}: {row.problem}" for row in incomplete.itertuples()]
+    if not result.unranked:  # a rank source that could not be used, though others named every rank
+        notes += result.rank_notes
     return StageResult("communicators", outputs, bool(reasons), reasons,
                        f"{len(comms)} communicators, world size "
                        f"{'unknown' if result.world_size is None else result.world_size}, {len(incomplete)} incomplete"

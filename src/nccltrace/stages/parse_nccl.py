@@ -43,19 +43,25 @@ def log_problems(report: ParseReport | Mapping[str, Any]) -> list[str]:
     return out
 
 
-LAUNCHER_RANK_FILE = "launcher_rank.json"
-"""Beside a process's parsed tables: the global rank its launcher prefix named (when log
-discovery split a combined stdout; see :func:`nccltrace.log_discovery.launcher_ranks`)."""
+LOG_ORIGIN_FILE = "log_origin.json"
+"""Beside a process's parsed tables, when log discovery made its log: ``launcher``, the global
+rank its launcher prefix named in a combined stdout (:func:`nccltrace.log_discovery.launcher_ranks`),
+and ``own_file``, the source file holding this process's lines and no other's (whose name may
+carry the rank: :class:`nccltrace.log_discovery.RankNamePattern`)."""
 
 
-def _launcher_rank(log_file: Path) -> dict[str, Any] | None:
+def _log_origin(log_file: Path) -> dict[str, Any] | None:
     import json
 
     sources = log_file.parent / "sources.json"
     if not sources.is_file():
         return None
-    got = (json.loads(sources.read_text()).get("launcher_ranks") or {}).get(log_file.stem)
-    return dict(got) if isinstance(got, dict) and isinstance(got.get("rank"), int) else None
+    doc = json.loads(sources.read_text())
+    launcher = (doc.get("launcher_ranks") or {}).get(log_file.stem)
+    own = (doc.get("own_files") or {}).get(log_file.stem)
+    out = {"launcher": dict(launcher) if isinstance(launcher, dict) and isinstance(launcher.get("rank"), int) else None,
+           "own_file": own if isinstance(own, str) else None}
+    return out if any(out.values()) else None
 
 
 def run_parse_nccl(log_file: Path | str, out_dir: Path | str, settings: Mapping[str, Any] | None = None
@@ -77,12 +83,12 @@ def run_parse_nccl(log_file: Path | str, out_dir: Path | str, settings: Mapping[
         notes.append(f"{log_file.name} has no NCCL call or init lines (NCCL_DEBUG=INFO not set, or a rank that never "
                      "reached NCCL?)")
     outputs = [out / f"{name}.parquet" for name in TABLE_NAMES] + [out / "parse_report.json"]
-    launcher = _launcher_rank(log_file)
-    if launcher is not None:  # the global rank the log's launcher prefix names (log discovery)
-        write_json_atomic(out / LAUNCHER_RANK_FILE, launcher)
-        outputs.append(out / LAUNCHER_RANK_FILE)
+    origin = _log_origin(log_file)
+    if origin is not None:  # where log discovery found the lines: evidence of the global rank
+        write_json_atomic(out / LOG_ORIGIN_FILE, origin)
+        outputs.append(out / LOG_ORIGIN_FILE)
     else:
-        (out / LAUNCHER_RANK_FILE).unlink(missing_ok=True)
+        (out / LOG_ORIGIN_FILE).unlink(missing_ok=True)
     partial = report.partial or cut
     write_manifest(out / "manifest.json", stage="parse_nccl", inputs=[log_file], outputs=outputs, partial=partial,
                    reasons=problems, config=dict(settings or {}))
