@@ -377,6 +377,45 @@ def _flight_recorder_ranks(parsed_dirs: list[Path], members: pd.DataFrame, dumps
     return ranks
 
 
+RANK_SOURCE_STRUCTURE = "communicator structure"
+
+
+def communicator_structure(result: CommunicatorTables) -> tuple[list[tuple[str, int]], list[list[tuple[str, int]]],
+                                                                 dict[tuple[str, int], int]]:
+    """What the logs say about the job's shape: its processes (host, pid), each logical
+    communicator's members by rank in it, and the global ranks already known."""
+    members = result.members[result.members["logical_id"] >= 0]
+    procs = sorted(set(zip(members["host"].astype(str), members["pid"].astype(int))))
+    lists = [[(str(h), int(p)) for h, p in zip(g["host"], g["pid"])]
+             for _, g in members.sort_values(["logical_id", "rank_in_comm"]).groupby("logical_id", sort=True)]
+    known = {(str(h), int(p)): int(r) for h, p, r in zip(members["host"], members["pid"], members["global_rank"])
+             if not pd.isna(r)}
+    return procs, lists, known
+
+
+def _structure_ranks(result: CommunicatorTables, settings: Mapping[str, Any] | None, notes: list[str]
+                     ) -> dict[tuple[str, int], tuple[int, int | None]]:  # fmt: skip
+    """Ranks from the communicators' member lists solved against Megatron's layouts
+    (:func:`nccltrace.megatron.rank_structure.solve_global_ranks`), only where exactly one
+    assignment fits (keeping the ranks other sources named); why not goes to ``notes``."""
+    from .megatron.rank_structure import solve_global_ranks
+
+    comms = result.communicators
+    if not len(comms) or not comms["complete"].astype(bool).all():
+        notes.append("the communicators' structure was not solved for the global ranks: a communicator lacks a "
+                     "member (its log is missing), so the processes are not the whole job")
+        return {}
+    procs, lists, known = communicator_structure(result)
+    solution = solve_global_ranks(procs, lists, settings, known=known)
+    if solution.ranks is None:
+        notes.append(f"the communicators' structure does not name the global ranks: {solution.reason}")
+        return {}
+    named = {k: (r, None) for k, r in solution.ranks.items() if k not in known}
+    notes.append(f"global ranks of {len(named)} process(es) from the communicators' structure: {solution.reason}; "
+                 "this assumes a Megatron-LM job (its group layouts) in which every rank left a log")
+    return named
+
+
 def infer_run_communicators(parsed_dirs: Iterable[Path], out_dir: Path, settings: Mapping[str, Any] | None = None,
                             sessions: Iterable[Path | str] = (), dumps_dir: Path | None = None
                             ) -> CommunicatorTables:  # fmt: skip
@@ -407,6 +446,14 @@ def infer_run_communicators(parsed_dirs: Iterable[Path], out_dir: Path, settings
                                                                         fr_notes)
             result = infer_communicators(comms, known)
             result.rank_notes += fr_notes
+        if result.unranked:
+            structure_notes: list[str] = []
+            known[RANK_SOURCE_STRUCTURE] = _structure_ranks(result, settings, structure_notes)
+            if known[RANK_SOURCE_STRUCTURE]:
+                notes_so_far = result.rank_notes
+                result = infer_communicators(comms, known)
+                result.rank_notes = notes_so_far
+            result.rank_notes += structure_notes
         result.rank_notes[:0] = name_notes
     else:
         result = _from_call_sequences(parsed_dirs, settings)

@@ -52,7 +52,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from .megatron.groups import GROUP_KINDS
+from .megatron.groups import GROUP_KINDS, PAIR_DIMS
 from .megatron.layout import Group, MegatronLayout
 from .megatron.sizes import ParallelSizes, declares_sizes
 
@@ -83,8 +83,6 @@ KIND_PREFERENCE: tuple[str, ...] = (
     "tp-ep-pp", "embd", "pos-embd", "world", "intra-distopt",
 )  # fmt: skip
 _RANK = {k: i for i, k in enumerate(KIND_PREFERENCE)}
-# Dimensions a two-rank pair communicator can belong to (the groups un-coalesced P2P runs on).
-PAIR_DIMS: tuple[str, ...] = ("pp", "cp", "tp", "dp", "ep", "etp", "edp")
 
 LABEL_SCHEMA = pa.schema(
     [

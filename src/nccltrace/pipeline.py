@@ -360,6 +360,8 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
                          f"needs them to relate processes; {_LOG_HINT}")
     # (its notes list every incomplete communicator: the problems say it in one line each)
     problems += [p for p in comm.problems if p not in problems]
+    if not tables.unranked:  # how the ranks were named where no world communicator did (else a problem)
+        notes += [n for n in tables.rank_notes if n not in notes]
     run_settings = _check_sizes(run_settings, tables.world_size, source)
     expected_procs = _int_or_none(tables.world_size)
     expected_nodes = None
@@ -598,7 +600,7 @@ def _alignment_tables(work: Path, quick: bool, campaign: Path | None, progress: 
 
 
 def _communicator_tables(work: Path, quick: bool, progress: bool) -> dict[str, pd.DataFrame]:
-    from .validation.communicators import fallback_accuracy, label_accuracy
+    from .validation.communicators import fallback_accuracy, label_accuracy, structure_accuracy
 
     names = _QUICK_COMM_CONFIGS if quick else None
     styles = (("plain", "2.21.5"), ("split", "2.24.3")) if quick else (("plain", "2.21.5"), ("split", "2.24.3"),
@@ -614,8 +616,16 @@ def _communicator_tables(work: Path, quick: bool, progress: bool) -> dict[str, p
     labels.attrs["note"] = ("correct = exact + ambiguous (identical member sets the logs cannot separate; "
                             "ambiguous_as: true~labelled)")
     fb.attrs["note"] = "init lines ignored; communicators inferred from call sequences (thesis vs improved)"
+    structure = structure_accuracy(names, work / "communicators")
+    _log(progress, "global ranks from the structure done")
+    structure.attrs["note"] = ("each config emulated with lazily created process groups whose default group runs no "
+                               "NCCL collective; the global ranks solved from the communicators' member lists alone "
+                               "(a communicator of every rank, where one remains, decides by itself); certain = one "
+                               "assignment fits and it is the true one, WRONG = one fits and it is not (must not "
+                               "occur), N+ fit = undecided")
     return {"Parallelism labels from declared sizes (per communicator and per op)": labels,
-            "Communicator fallback without init lines (sequence-based)": fb}
+            "Communicator fallback without init lines (sequence-based)": fb,
+            "Global ranks from the communicators' structure alone": structure}
 
 
 def _clock_tables(work: Path, quick: bool, progress: bool) -> dict[str, pd.DataFrame]:

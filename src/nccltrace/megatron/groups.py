@@ -33,6 +33,7 @@ __all__ = [
     "GROUP_KINDS",
     "KIND_ORDER",
     "MEGATRON_DESC",
+    "PAIR_DIMS",
     "TOKENS",
     "complete_order",
     "grid_strides",
@@ -69,6 +70,10 @@ MEGATRON_DESC: dict[str, str] = {k: v.split(" (")[0] for k, v in GROUP_KINDS.ite
 MEGATRON_DESC["world"] = "default_pg"
 
 KIND_ORDER: tuple[str, ...] = tuple(GROUP_KINDS)  # Megatron's creation order, world first
+
+# Dimensions a two-rank pair communicator can belong to (the groups un-coalesced P2P runs on:
+# PyTorch gives each pair of a group that exchanges isend/irecv its own NCCL communicator).
+PAIR_DIMS: tuple[str, ...] = ("pp", "cp", "tp", "dp", "ep", "etp", "edp")
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 TOKENS: tuple[str, ...] = ("tp", "cp", "ep", "dp", "pp")

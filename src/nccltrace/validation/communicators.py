@@ -67,6 +67,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "tp2_cp2": {"nodes": 1, "gpus_per_node": 4, "tp": 2, "cp": 2},
     "tp2_pp2_cp2_ep2_dp2_4nodes": {"nodes": 4, "gpus_per_node": 4, "tp": 2, "pp": 2, "cp": 2, "ep": 2,
                                    "num_experts": 4, "sequence_parallel": True, "distributed_optimizer": True},
+    "tp4_dp2_2nodes": {"nodes": 2, "gpus_per_node": 4, "tp": 4},
+    "tp2_dp4_2nodes": {"nodes": 2, "gpus_per_node": 4, "tp": 2},
+    "tp4_pp2_dp2_4nodes": {"nodes": 4, "gpus_per_node": 4, "tp": 4, "pp": 2},
 }  # fmt: skip
 
 # Lost (2%) and duplicated (half of ranks 0 and 3's) call lines.
@@ -263,6 +266,37 @@ def fallback_accuracy(names: list[str] | None = None, workdir: Path | str | None
             for method, sizes in (("thesis", None), ("improved", None), ("improved+sizes", run.sizes)):
                 s = fallback_scores(run, method.split("+")[0], sizes=sizes)
                 rows.append({"config": name, "logs": variant, "method": method, **s})
+    return pd.DataFrame(rows)
+
+
+def structure_accuracy(names: list[str] | None = None, workdir: Path | str | None = None) -> pd.DataFrame:
+    """What the communicators' structure alone decides about the global ranks
+    (:func:`nccltrace.megatron.rank_structure.solve_global_ranks`) on emulated jobs whose process
+    groups are created lazily and whose default group runs no NCCL collective, with the declared
+    sizes and without: per config, ``certain`` (one assignment, right), ``wrong`` (one
+    assignment, not the true one: must never happen) or how many assignments fit."""
+    import time
+
+    from ..communicators import communicator_structure
+    from ..megatron.rank_structure import solve_global_ranks
+
+    rows = []
+    for name in names or list(CONFIGS):
+        run = emulate_config(name, workdir, overrides={"default_group_nccl": False})
+        tables = infer_communicators(run.comms)
+        truth = {(str(h), int(p)): int(r) for h, p, r in
+                 run.truth_ops[["host", "pid", "rank"]].drop_duplicates().itertuples(index=False)}
+        procs, lists, _ = communicator_structure(tables)
+        row: dict[str, Any] = {"config": name, "world_size": run.sizes.world_size,
+                               "world_communicator": not tables.unranked, "communicators": len(lists)}
+        for label, settings in (("declared sizes", run.settings), ("no sizes", None)):
+            t0 = time.perf_counter()
+            sol = solve_global_ranks(procs, lists, settings)
+            row[f"{label}: ms"] = round((time.perf_counter() - t0) * 1e3, 1)
+            row[label] = (("certain" if sol.ranks == truth else "WRONG") if sol.ranks is not None
+                          else "undecided (budget)" if sol.exhausted else f"{sol.fits}+ fit" if sol.fits else "none fit")
+            row[f"{label}: layouts tried"] = sol.tried
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
