@@ -51,6 +51,7 @@ def test_without_a_record_of_the_ranks_they_are_unknown_said_once_and_the_run_pa
     assert main(["analyze", str(lazy_raw), "-o", str(tmp_path / "out"), "-q", "--until", "ops"]) == 0
     err = capsys.readouterr().err
     assert err.count("global ranks unknown for 8 of 8 processes") == 1 and "world size 2" not in err
+    assert "at least 2 different assignments fit the declared sizes" in err  # tp, pp and dp pairs interchange
     assert read_table(tmp_path / "out" / "communicators" / "communicator_members.parquet")["global_rank"].isna().all()
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["partial"]
 
@@ -135,3 +136,23 @@ def test_an_import_whose_log_names_carry_the_rank_names_every_rank_and_the_world
     else:
         assert result.world_size is None and members["global_rank"].isna().all()
         assert any("needs exactly one {rank}" in p for p in communicator_problems(result))
+
+
+@pytest.mark.slow
+def test_a_lazy_job_whose_structure_decides_is_analysed_with_the_true_ranks_from_it_alone(tmp_path, capsys):
+    """TP4·DP2 on two nodes, lazy groups, no default-group NCCL, nothing else beside the logs:
+    the four-rank tensor groups and the data-parallel pairs fit one assignment under the
+    declared sizes (run.yaml). Every rank right, the world size 8, the labels those of the
+    declared sizes, and the note names the source and its assumption."""
+    raw = tmp_path / "raw"
+    emulate_run({**LAZY, "tp": 4, "pp": 1}, raw)
+    assert main(["analyze", str(raw), "-o", str(tmp_path / "out"), "-q", "--until", "ops"]) == 0
+    err = capsys.readouterr().err
+    members = read_table(tmp_path / "out" / "communicators" / "communicator_members.parquet")
+    assert dict(zip(members["pid"].astype("int64"), members["global_rank"].astype("int64"))) == _true_ranks(raw)
+    assert "global ranks of 8 process(es) from the communicators' structure: one assignment fits" in err
+    assert "assumes a Megatron-LM job" in err and "global ranks unknown" not in err
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["config"]["world_size"] == 8 and not manifest["partial"]
+    labels = read_table(tmp_path / "out" / "ops" / "parallelism.parquet")
+    assert (labels["label_source"].astype(str) == "megatron-groups").all()

@@ -268,19 +268,24 @@ def test_declared_steps_located_from_the_logs_structure_count_the_irregular_firs
     assert calls["steps_verified"].eq(False).all()  # every call row says so: nothing verifies them
 
 
-def _without_the_default_group(dest: Path) -> None:
+def _without_the_default_group(dest: Path, *, model_parallel_group: bool = True) -> None:
     """The capture's logs as a job whose default process group never ran an NCCL collective
     leaves them: no line of the communicator every other one was split from (its init lines, its
     broadcast and final barrier). No communicator then spans every rank as the world: the
-    4-rank model-parallel group is a split, which the world never is."""
+    4-rank model-parallel group is a split, which the world never is (its member order still
+    gives the global ranks: the communicators' structure). Without ``model_parallel_group``
+    its lines go too, as in a job that never ran a collective on it: the tensor- and
+    pipeline-parallel pairs are left, which two layouts fit with different ranks."""
     import re
 
     (dest / "nccl").mkdir(parents=True)
     for log in sorted((CAPTURE / "nccl").glob("*.log")):
         text = log.read_text().splitlines()
-        world = next(re.search(r"comm (0x[0-9a-f]+) rank \d+ nranks 4 .* commId", x).group(1) for x in text
-                     if "ncclCommInitRankConfig" in x and "nranks 4" in x)
-        (dest / "nccl" / log.name).write_text("\n".join(x for x in text if f"comm {world} " not in x) + "\n")
+        inits = [re.search(r"(ncclCommInitRankConfig|ncclCommSplit) comm (0x[0-9a-f]+) rank \d+ nranks 4 ", x)
+                 for x in text]
+        gone = {m.group(2) for m in inits if m and (m.group(1) == "ncclCommInitRankConfig" or not model_parallel_group)}
+        (dest / "nccl" / log.name).write_text("\n".join(x for x in text if not any(f"comm {c} " in x for c in gone))
+                                              + "\n")
 
 
 @pytest.mark.slow
@@ -327,12 +332,30 @@ def score_without_world(out: Path) -> dict[str, int]:
 
 
 @pytest.mark.slow
-def test_without_a_world_communicator_or_another_record_the_ranks_are_unknown_and_said_so(tmp_path, capsys):
+def test_without_a_world_communicator_the_model_parallel_groups_member_order_names_the_ranks(tmp_path, capsys):
+    """No world communicator and no other record, but the 4-rank model-parallel group spans
+    every process: the only assignment of ranks under which every communicator is one of
+    Megatron's groups in rank order is the true one, and the note says where it came from."""
     run = tmp_path / "run"
     _without_the_default_group(run)
     _analyze(run, tmp_path / "out", "--until", "ops")
     err = capsys.readouterr().err
+    members = pd.read_parquet(tmp_path / "out" / "communicators" / "communicator_members.parquet")
+    assert dict(zip(members["pid"], members["global_rank"])) == {498: 0, 499: 1, 500: 2, 501: 3}
+    assert "global ranks of 4 process(es) from the communicators' structure: one assignment fits" in err
+    assert "global ranks unknown" not in err
+
+
+@pytest.mark.slow
+def test_without_a_world_communicator_or_another_record_the_ranks_are_unknown_and_said_so(tmp_path, capsys):
+    """Only the tensor- and pipeline-parallel pairs: the structure fits two assignments (either
+    pair could be tensor parallelism), so nothing names the ranks, and that is said."""
+    run = tmp_path / "run"
+    _without_the_default_group(run, model_parallel_group=False)
+    _analyze(run, tmp_path / "out", "--until", "ops")
+    err = capsys.readouterr().err
     assert "global ranks unknown for 4 of 4 processes" in err and "the world size is unknown" in err
+    assert "at least 2 different assignments fit every Megatron layout of 4 ranks" in err
     assert "world size 2" not in err
     members = pd.read_parquet(tmp_path / "out" / "communicators" / "communicator_members.parquet")
     assert members["global_rank"].isna().all()
@@ -358,7 +381,7 @@ def _as_one_stdout(logs: Path, dest: Path, label: str) -> None:
 def test_without_a_world_communicator_the_launchers_prefixes_name_the_global_ranks(tmp_path, capsys, label, named):
     """srun --label's task number and torchrun's [rankN] are global ranks (one process each);
     torchrun's [defaultN] is a local rank, which names none."""
-    _without_the_default_group(tmp_path / "split")
+    _without_the_default_group(tmp_path / "split", model_parallel_group=False)  # the structure does not decide
     _as_one_stdout(tmp_path / "split" / "nccl", tmp_path / "run", label)
     _analyze(tmp_path / "run", tmp_path / "out", "--until", "ops")
     err = capsys.readouterr().err
@@ -380,7 +403,7 @@ def test_without_a_world_communicator_log_names_the_user_describes_name_the_glob
     and that pattern given: each file's number is its process's rank, and the world size follows
     (ranks 0..3 once each, every communicator whole). A name whose %p is another process's pid
     names none."""
-    _without_the_default_group(tmp_path / "split")
+    _without_the_default_group(tmp_path / "split", model_parallel_group=False)  # the structure does not decide
     pids = {r: json.loads((CAPTURE / "truth" / f"truth_rank{r}.json").read_text())["pid"] for r in range(4)}
     for r, pid in pids.items():
         dest = tmp_path / "run" / name.format(rank=r, pid=pid, other=pids[(r + 1) % 4])

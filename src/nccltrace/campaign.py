@@ -52,10 +52,15 @@ class RunSpec:
         """The settings the analysis reads, with the parallel sizes made explicit where the
         campaign launches the run (emulated or trained): a size the matrix leaves out is
         Megatron's default (1), a declaration as good as any, so labels are matched to the
-        run's groups instead of guessed. An imported run declares only what its entry says."""
+        run's groups instead of guessed, and so is its rank order. An imported run declares only
+        what its entry says."""
         if self.backend == "import":
             return dict(self.settings)
-        return {**{k: 1 for k in ("tp", "pp", "cp", "ep")}, **self.settings}
+        from .megatron.rank_structure import ORDER_SETTING
+
+        # likewise the rank order: Megatron's default unless the run passes --use-tp-pp-dp-mapping
+        mapping = "--use-tp-pp-dp-mapping" in (self.settings.get("megatron_args") or [])
+        return {**{k: 1 for k in ("tp", "pp", "cp", "ep")}, ORDER_SETTING: mapping, **self.settings}
 
     def config_hash(self) -> str:
         blob = json.dumps({"settings": self.settings, "hardware": self.hardware, "backend": self.backend},

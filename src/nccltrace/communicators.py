@@ -21,9 +21,9 @@ reason (e.g. a missing rank log), never silently completed.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pandas as pd
@@ -56,7 +56,9 @@ MEMBER_SCHEMA = pa.schema(
         pa.field("rank_in_comm", pa.int32(), metadata={"doc": "rank of this process in the communicator"}),
         pa.field("global_rank", pa.int32(), metadata={
             "doc": "global rank of this process: its rank in a communicator of every rank, else from the run's "
-                   "other records (the profiler trace's distributedInfo.rank); null when nothing tells it"}),
+                   "other records (the profiler trace's distributedInfo.rank, a launcher prefix, the log file name "
+                   "the user described, a Flight Recorder dump, the communicators' structure where one assignment "
+                   "fits); null when nothing tells it"}),
         pa.field("file", pa.string(), metadata={"doc": "log file of the init line"}),
         pa.field("line", pa.int64(), metadata={"doc": "line of the init line"}),
     ]
@@ -344,6 +346,18 @@ def infer_communicators(comms: pd.DataFrame,
 
     return CommunicatorTables(frame(comm_rows, COMMUNICATOR_SCHEMA), frame(member_rows, MEMBER_SCHEMA), world_size,
                               sources, unranked, conflicts)
+
+
+def run_world_size(members: pd.DataFrame) -> int | None:
+    """The world size a run's ``communicator_members`` table supports: the number of processes
+    when their global ranks are 0..n-1, one each; else None (unknown: the largest communicator is
+    not the world)."""
+    if members is None or not len(members):
+        return None
+    ranks = members.drop_duplicates(["host", "pid"])["global_rank"]
+    if ranks.isna().any():
+        return None
+    return len(ranks) if set(ranks.astype(int)) == set(range(len(ranks))) else None
 
 
 RANK_SOURCE_FLIGHT_RECORDER = "Flight Recorder dump"

@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from .align.correlate import ALIGNMENT_SCHEMA
 from .align.quality import CROSS_RANK_REASON, INFORMATIONAL_CHECKS, P2P_REASON
+from .communicators import run_world_size
 from .nccl.enums import P2P_OPS
 from .spill import PartSpill
 from .tables import (
@@ -704,7 +705,7 @@ def _named(labels: pd.DataFrame, comms: pd.DataFrame, members: pd.DataFrame, rec
     notes += said
     if names.empty:
         return labels
-    world = int(comms["nranks"].max()) if len(comms) else 0
+    world = run_world_size(members) or 0
     if not declares_sizes(settings) and world > 1:
         lists = [list(m) for m in comms.set_index("logical_id").loc[names["logical_id"], "members"]]
         res = infer_layout(world, lists, descs=names["pg_desc"].tolist())
@@ -749,7 +750,7 @@ def run_labels(comms: pd.DataFrame, members: pd.DataFrame, call_kinds: pd.DataFr
     if layouts is not None:
         labels = label_by_behaviour(labels, layouts)
     if sizes is None:
-        labels = _world_is_not_dp(labels, comms)
+        labels = _world_is_not_dp(labels, members)
     return labels
 
 
@@ -776,7 +777,7 @@ def _inferred_sizes(comms: pd.DataFrame, members: pd.DataFrame | None = None, ca
     full = comms[comms["complete"].astype(bool)] if len(comms) else comms
     groups = [sorted(int(r) for r in m) for m, n in zip(full.get("members", []), full.get("nranks", []))
               if int(n) > 1 and all(int(r) >= 0 for r in m)]  # fmt: skip
-    world = int(comms["nranks"].max()) if len(comms) else 0
+    world = (run_world_size(members) if members is not None else None) or 0
     if world < 2 or not groups:
         return None, (f"parallelism labels are guesses (no sizes declared, no communicator to infer them from); "
                       f"{remedy}"), None
@@ -803,10 +804,10 @@ def _inferred_sizes(comms: pd.DataFrame, members: pd.DataFrame | None = None, ca
                   f"(determined: {known}; {len(res.candidates)} layouts fit); {remedy}"), None
 
 
-def _world_is_not_dp(labels: pd.DataFrame, comms: pd.DataFrame) -> pd.DataFrame:
+def _world_is_not_dp(labels: pd.DataFrame, members: pd.DataFrame) -> pd.DataFrame:
     """Without sizes, a communicator of every rank is the world, not data parallelism: dp is
     a claim only the layout can make."""
-    world = int(comms["nranks"].max()) if len(comms) else 0
+    world = run_world_size(members) or 0
     spans = (labels["nranks"].astype("Int64") == world) & (labels["parallelism"].astype(str) == "dp")
     if world > 1 and spans.any():
         labels = labels.copy()

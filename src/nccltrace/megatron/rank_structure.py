@@ -31,10 +31,13 @@ from typing import Any
 from .groups import DEFAULT_ORDER, PAIR_DIMS, megatron_groups, order_problem
 from .sizes import ParallelSizes, declares_sizes, flatten_settings
 
-__all__ = ["ORDERS", "StructureSolution", "candidate_layouts", "solve_global_ranks"]
+__all__ = ["ORDERS", "ORDER_SETTING", "StructureSolution", "candidate_layouts", "solve_global_ranks"]
 
 ORDERS: tuple[str, ...] = (DEFAULT_ORDER, "tp-cp-ep-pp-dp")
 """The rank orders Megatron-Core accepts (the default, and ``--use-tp-pp-dp-mapping``)."""
+ORDER_SETTING = "use_tp_pp_dp_mapping"
+"""The run setting (Megatron's argument) that says which of :data:`ORDERS` the job used; without
+it both are tried (with pp > 1 and dp > 1 they give different ranks)."""
 MAX_FITS = 2  # enough to tell "one assignment" from "several"
 DEFAULT_BUDGET = 2_000_000
 
@@ -60,8 +63,10 @@ def _divisors(n: int) -> list[int]:
 def candidate_layouts(world: int, settings: Mapping[str, Any] | None = None) -> list[tuple[ParallelSizes, str]]:
     """(sizes, order) pairs Megatron accepts for ``world`` ranks: the declared sizes of
     ``settings`` (with the world size ``world``) under each of :data:`ORDERS`, else every
-    combination of tp, cp, pp, ep (etp = tp) and dp."""
+    combination of tp, cp, pp, ep (etp = tp) and dp; the order :data:`ORDER_SETTING` names, else both."""
     out: list[tuple[ParallelSizes, str]] = []
+    mapping = flatten_settings(settings or {}).get(ORDER_SETTING)
+    orders = ORDERS if not isinstance(mapping, bool) else (ORDERS[1],) if mapping else (ORDERS[0],)
     if declares_sizes(settings):
         flat = flatten_settings(settings or {})
         if not any(flat.get(k) is not None for k in ("world_size", "world", "dp", "data_parallel_size")) and not (
@@ -82,7 +87,7 @@ def candidate_layouts(world: int, settings: Mapping[str, Any] | None = None) -> 
                         except ValueError:
                             continue
     for sz in sizes:
-        for order in ORDERS:
+        for order in orders:
             if order_problem(sz, order) is None:
                 out.append((sz, order))
     return out
