@@ -81,7 +81,7 @@ sys.path.insert(0, str(HERE))
 import bench_align
 import bench_parse
 
-SECTIONS = ("parse", "nsys", "kineto", "align", "clocksync", "trace", "stages", "scaling", "e2e")
+SECTIONS = ("parse", "nsys", "kineto", "align", "clocksync", "ranks", "trace", "stages", "scaling", "e2e")
 
 # --------------------------------------------------------------------------- figures
 
@@ -549,6 +549,35 @@ def section_clocksync(sec: Section, ctx: Context) -> None:
         sec.add(case, "peak RSS", r["peak_rss_mb"], "MiB")
         sec.add(case, "max offset error", r["max_offset_err_ns"], "ns")
         sec.notes.append(f"{case}: solver {r['solver']}")
+
+
+def section_ranks(sec: Section, ctx: Context) -> None:
+    """Global ranks from the communicators' structure (no world communicator): a lazily created
+    job's tp/pp/dp communicators, processes in random order, solved with the sizes declared and
+    without them."""
+    import random
+
+    from nccltrace.megatron.groups import megatron_groups
+    from nccltrace.megatron.rank_structure import ORDER_SETTING, solve_global_ranks
+    from nccltrace.megatron.sizes import ParallelSizes
+
+    cases = [(64, 8, 1), (512, 8, 4)] if ctx.quick else [(512, 8, 4), (4096, 8, 1), (4096, 8, 8)]
+    for world, tp, pp in cases:
+        sizes = ParallelSizes(tp=tp, pp=pp, world_size=world)
+        groups = megatron_groups(sizes)
+        names = random.Random(world).sample(range(1 << 22), world)
+        comms = [[names[r] for r in g] for k in ("tp", "pp", "dp") for g in groups[k] if len(g) > 1]
+        truth = {names[r]: r for r in range(world)}
+        case = f"{world} ranks tp{tp}·pp{pp}·dp{sizes.dp}, {len(comms)} communicators"
+        for how, settings in (("declared", {"tp": tp, "pp": pp, ORDER_SETTING: False}), ("free", None)):
+            _log(f"ranks: {case}, {how}")
+            t0 = time.perf_counter()
+            sol = solve_global_ranks(sorted(names), comms, settings)
+            sec.add(case, f"solve time, sizes {how}", time.perf_counter() - t0, "s")
+            sec.add(case, f"layouts tried, sizes {how}", max(sol.tried, 1), "", show=False)
+            verdict = ("right" if sol.ranks == truth else "WRONG") if sol.ranks else (
+                "undecided (budget)" if sol.exhausted else f"{sol.fits}+ fit")
+            sec.notes.append(f"{case}, sizes {how}: {verdict}")
 
 
 # --------------------------------------------------------------------------- trace
@@ -1050,7 +1079,7 @@ def section_e2e(sec: Section, ctx: Context) -> None:
 
 RUNNERS: dict[str, Callable[[Section, Context], None]] = {
     "parse": section_parse, "nsys": section_nsys, "kineto": section_kineto, "align": section_align, "clocksync": section_clocksync,
-    "trace": section_trace, "stages": section_stages, "scaling": section_scaling, "e2e": section_e2e,
+    "ranks": section_ranks, "trace": section_trace, "stages": section_stages, "scaling": section_scaling, "e2e": section_e2e,
 }  # fmt: skip
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SECTIONS = ("parse", "nsys", "align", "clocksync", "trace", "scaling", "e2e")
+SECTIONS = ("parse", "nsys", "align", "clocksync", "ranks", "trace", "scaling", "e2e")
 
 
 @pytest.mark.slow
