@@ -76,6 +76,12 @@ def test_with_the_launchers_prefixes_the_lazy_job_is_analysed_as_an_eager_one(la
     assert dict(zip(members["pid"].astype("int64"), members["global_rank"].astype("int64"))) == ranks
     labels = read_table(tmp_path / "out" / "ops" / "parallelism.parquet")
     assert (labels["label_source"].astype(str) == "megatron-groups").all()
+    # as on an eager run: the second node's clock fitted to the first by the data-parallel pairs'
+    # instances, and every communicator's bandwidth limit known
+    clock = read_table(tmp_path / "out" / "ops" / "clock_sync.parquet").set_index("clock_domain")
+    assert clock.loc["node001", "status"] == "estimated" and clock.loc["node001", "n_instances"] > 0
+    limits = read_table(tmp_path / "out" / "metrics" / "limits.parquet")
+    assert len(limits) == 8 and limits["limit_gbps"].notna().all()  # 4 four-rank (tp and mp), 4 data pairs
     ops = pd.read_parquet(tmp_path / "out" / "ops" / "ops.parquet")
     calls = ops[(ops["row_kind"] == "call") & (ops["nranks"] > 1)]
     collectives = calls[~calls["op"].isin(["Send", "Recv"])]  # point-to-point calls pair, not instance
@@ -143,10 +149,11 @@ def test_a_lazy_job_whose_structure_decides_is_analysed_with_the_true_ranks_from
     """TP4·DP2 on two nodes, lazy groups, no default-group NCCL, nothing else beside the logs:
     the four-rank tensor groups and the data-parallel pairs fit one assignment under the
     declared sizes (run.yaml). Every rank right, the world size 8, the labels those of the
-    declared sizes, and the note names the source and its assumption."""
+    declared sizes, the note names the source and its assumption, and the clock fit and the
+    bandwidth limits work as on an eager run."""
     raw = tmp_path / "raw"
     emulate_run({**LAZY, "tp": 4, "pp": 1}, raw)
-    assert main(["analyze", str(raw), "-o", str(tmp_path / "out"), "-q", "--until", "ops"]) == 0
+    assert main(["analyze", str(raw), "-o", str(tmp_path / "out"), "-q", "--until", "metrics"]) == 0
     err = capsys.readouterr().err
     members = read_table(tmp_path / "out" / "communicators" / "communicator_members.parquet")
     assert dict(zip(members["pid"].astype("int64"), members["global_rank"].astype("int64"))) == _true_ranks(raw)
@@ -156,3 +163,29 @@ def test_a_lazy_job_whose_structure_decides_is_analysed_with_the_true_ranks_from
     assert manifest["config"]["world_size"] == 8 and not manifest["partial"]
     labels = read_table(tmp_path / "out" / "ops" / "parallelism.parquet")
     assert (labels["label_source"].astype(str) == "megatron-groups").all()
+    # as on an eager run: the second node's clock fitted to the first by the data-parallel pairs'
+    # instances, and every communicator's bandwidth limit known
+    clock = read_table(tmp_path / "out" / "ops" / "clock_sync.parquet").set_index("clock_domain")
+    assert clock.loc["node001", "status"] == "estimated" and clock.loc["node001", "n_instances"] > 0
+    limits = read_table(tmp_path / "out" / "metrics" / "limits.parquet")
+    assert len(limits) == 8 and limits["limit_gbps"].notna().all()  # 4 four-rank (tp and mp), 4 data pairs
+
+
+def test_the_communicators_command_solves_the_structure_against_the_sizes_it_is_given(tmp_path, capsys):
+    """`nccltrace communicators --tp 4` on a lazy TP4·DP2 job's parsed logs: the structure
+    decides, so the world size is 8; without the sizes both tp4·dp2 and tp2·dp4 fit and it is
+    unknown."""
+    raw = tmp_path / "raw"
+    emulate_run({**LAZY, "tp": 4, "pp": 1, "iterations": 1}, raw)
+    dirs = []
+    for log in sorted((raw / "nccl").glob("nccl_*.log")):
+        assert main(["parse-nccl", str(log), "-o", str(tmp_path / log.stem)]) == 0
+        dirs.append(str(tmp_path / log.stem))
+    capsys.readouterr()
+    assert main(["communicators", *dirs, "-o", str(tmp_path / "with"), "--tp", "4"]) == 0
+    assert "world size 8" in capsys.readouterr().out
+    members = read_table(tmp_path / "with" / "communicator_members.parquet")
+    assert dict(zip(members["pid"].astype("int64"), members["global_rank"].astype("int64"))) == _true_ranks(raw)
+    assert main(["communicators", *dirs, "-o", str(tmp_path / "without")]) == 0
+    out = capsys.readouterr()
+    assert "world size unknown" in out.out and "at least 2 different assignments fit every Megatron layout" in out.err

@@ -118,7 +118,7 @@ def cmd_communicators(args: argparse.Namespace) -> int:
     for d in dirs:
         if not (d / "comms.parquet").exists():
             raise FileNotFoundError(f"{d}: no comms.parquet (pass directories written by `nccltrace parse-nccl`)")
-    result = infer_run_communicators(dirs, Path(args.out))
+    result = infer_run_communicators(dirs, Path(args.out), _declared_settings(args) or None)
     bad = result.communicators[~result.communicators["complete"].astype(bool)]
     world = "unknown" if result.world_size is None else result.world_size
     print(f"{len(result.communicators)} communicators, world size {world}, {len(bad)} incomplete -> {args.out}")
@@ -173,9 +173,9 @@ def _declared_settings(args: argparse.Namespace) -> dict:
             raise ValueError(f"{args.settings}: expected a mapping of settings (tp: 2, pp: 2, ...)")
         settings.update(data)
     settings.update({name: getattr(args, name) for name, _ in _SIZE_FLAGS if getattr(args, name) is not None})
-    if args.distributed_optimizer:
+    if getattr(args, "distributed_optimizer", False):
         settings["distributed_optimizer"] = True
-    if args.rank_in_log_name:
+    if getattr(args, "rank_in_log_name", None):
         from .communicators import RANK_NAME_SETTING
 
         settings[RANK_NAME_SETTING] = args.rank_in_log_name
@@ -405,6 +405,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "one for all) into logical communicators with member global ranks.")
     s.add_argument("parsed", nargs="+", help="directories written by `nccltrace parse-nccl`")
     s.add_argument("-o", "--out", required=True, help="output directory")
+    s.add_argument("--settings", help="YAML with run settings / declared sizes: where no communicator spans every "
+                   "rank, the global ranks are solved from the communicators' structure against these sizes")
+    for name, what in _SIZE_FLAGS:
+        s.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, metavar="N", help=what)
     s.set_defaults(func=cmd_communicators)
 
     # A light module: numpy loads only when the subcommand runs.
