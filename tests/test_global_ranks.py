@@ -32,6 +32,18 @@ def lazy_raw(tmp_path_factory) -> Path:
     return raw
 
 
+def _analysed_as_an_eager_run(out: Path) -> None:
+    """What ranks make possible on a lazy job, as on an eager one: labels matched to the declared
+    sizes' groups, the second node's clock fitted to the first by the cross-node instances, and
+    every communicator's bandwidth limit."""
+    labels = read_table(out / "ops" / "parallelism.parquet")
+    assert (labels["label_source"].astype(str) == "megatron-groups").all()
+    clock = read_table(out / "ops" / "clock_sync.parquet").set_index("clock_domain")
+    assert clock.loc["node001", "status"] == "estimated" and clock.loc["node001", "n_instances"] > 0
+    limits = read_table(out / "metrics" / "limits.parquet")
+    assert len(limits) and limits["limit_gbps"].notna().all()
+
+
 def _true_ranks(raw: Path) -> dict[int, int]:
     truth = read_table(raw / "ground_truth" / "ops.parquet")
     return dict(zip(truth["pid"].astype("int64"), truth["rank"].astype("int64")))
@@ -59,7 +71,8 @@ def test_without_a_record_of_the_ranks_they_are_unknown_said_once_and_the_run_pa
 @pytest.mark.slow
 def test_with_the_launchers_prefixes_the_lazy_job_is_analysed_as_an_eager_one(lazy_raw, tmp_path):
     """One `srun --label` stdout of the eight logs: every rank right, the labels those of the
-    declared sizes matched by member set, every collective's instances complete."""
+    declared sizes matched by member set, every collective's instances complete, the clock fit
+    and the bandwidth limits as on an eager run."""
     run = tmp_path / "run"
     (run / "nsys").mkdir(parents=True)
     for export in (lazy_raw / "nsys").glob("*.sqlite"):
@@ -71,17 +84,10 @@ def test_with_the_launchers_prefixes_the_lazy_job_is_analysed_as_an_eager_one(la
     lines = [f"{r}: {t[i]}" for i in range(max(map(len, texts.values()))) for r, t in sorted(texts.items())
              if i < len(t)]
     (run / "stdout.txt").write_text("\n".join(lines) + "\n")
-    assert main(["analyze", str(run), "-o", str(tmp_path / "out"), "-q", "--until", "ops"]) == 0
+    assert main(["analyze", str(run), "-o", str(tmp_path / "out"), "-q", "--until", "metrics"]) == 0
     members = read_table(tmp_path / "out" / "communicators" / "communicator_members.parquet")
     assert dict(zip(members["pid"].astype("int64"), members["global_rank"].astype("int64"))) == ranks
-    labels = read_table(tmp_path / "out" / "ops" / "parallelism.parquet")
-    assert (labels["label_source"].astype(str) == "megatron-groups").all()
-    # as on an eager run: the second node's clock fitted to the first by the data-parallel pairs'
-    # instances, and every communicator's bandwidth limit known
-    clock = read_table(tmp_path / "out" / "ops" / "clock_sync.parquet").set_index("clock_domain")
-    assert clock.loc["node001", "status"] == "estimated" and clock.loc["node001", "n_instances"] > 0
-    limits = read_table(tmp_path / "out" / "metrics" / "limits.parquet")
-    assert len(limits) == 8 and limits["limit_gbps"].notna().all()  # 4 four-rank (tp and mp), 4 data pairs
+    _analysed_as_an_eager_run(tmp_path / "out")
     ops = pd.read_parquet(tmp_path / "out" / "ops" / "ops.parquet")
     calls = ops[(ops["row_kind"] == "call") & (ops["nranks"] > 1)]
     collectives = calls[~calls["op"].isin(["Send", "Recv"])]  # point-to-point calls pair, not instance
@@ -161,14 +167,7 @@ def test_a_lazy_job_whose_structure_decides_is_analysed_with_the_true_ranks_from
     assert "assumes a Megatron-LM job" in err and "global ranks unknown" not in err
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["config"]["world_size"] == 8 and not manifest["partial"]
-    labels = read_table(tmp_path / "out" / "ops" / "parallelism.parquet")
-    assert (labels["label_source"].astype(str) == "megatron-groups").all()
-    # as on an eager run: the second node's clock fitted to the first by the data-parallel pairs'
-    # instances, and every communicator's bandwidth limit known
-    clock = read_table(tmp_path / "out" / "ops" / "clock_sync.parquet").set_index("clock_domain")
-    assert clock.loc["node001", "status"] == "estimated" and clock.loc["node001", "n_instances"] > 0
-    limits = read_table(tmp_path / "out" / "metrics" / "limits.parquet")
-    assert len(limits) == 8 and limits["limit_gbps"].notna().all()  # 4 four-rank (tp and mp), 4 data pairs
+    _analysed_as_an_eager_run(tmp_path / "out")
 
 
 def test_the_communicators_command_solves_the_structure_against_the_sizes_it_is_given(tmp_path, capsys):
