@@ -188,3 +188,25 @@ def test_the_communicators_command_solves_the_structure_against_the_sizes_it_is_
     assert main(["communicators", *dirs, "-o", str(tmp_path / "without")]) == 0
     out = capsys.readouterr()
     assert "world size unknown" in out.out and "at least 2 different assignments fit every Megatron layout" in out.err
+
+
+def test_wrong_declared_sizes_that_the_structure_fits_name_no_rank(tmp_path, capsys):
+    """A lazy TP2·DP4 job declared as TP4: its data-parallel quads and tensor pairs also fit
+    tp4·dp2, under one assignment, a wrong one. It gives each node ranks that are not
+    consecutive (as no block placement does), so nothing is named, and the note says to check
+    the sizes. Declared right (--tp 2), the same logs give the true ranks."""
+    raw = tmp_path / "raw"
+    emulate_run({**LAZY, "tp": 2, "pp": 1, "iterations": 1}, raw)
+    dirs = []
+    for log in sorted((raw / "nccl").glob("nccl_*.log")):
+        assert main(["parse-nccl", str(log), "-o", str(tmp_path / log.stem)]) == 0
+        dirs.append(str(tmp_path / log.stem))
+    capsys.readouterr()
+    assert main(["communicators", *dirs, "-o", str(tmp_path / "wrong"), "--tp", "4"]) == 0
+    out = capsys.readouterr()
+    assert "world size unknown" in out.out and "ranks that are not consecutive" in out.err
+    assert read_table(tmp_path / "wrong" / "communicator_members.parquet")["global_rank"].isna().all()
+    assert main(["communicators", *dirs, "-o", str(tmp_path / "right"), "--tp", "2"]) == 0
+    assert "world size 8" in capsys.readouterr().out
+    members = read_table(tmp_path / "right" / "communicator_members.parquet")
+    assert dict(zip(members["pid"].astype("int64"), members["global_rank"].astype("int64"))) == _true_ranks(raw)

@@ -407,6 +407,14 @@ def communicator_structure(result: CommunicatorTables) -> tuple[list[tuple[str, 
     return procs, lists, known
 
 
+def _hosts_off_consecutive_ranks(ranks: Mapping[tuple[str, int], int]) -> list[str]:
+    """Hosts whose processes' ranks are not one run of consecutive numbers."""
+    by_host: dict[str, list[int]] = {}
+    for (host, _), r in ranks.items():
+        by_host.setdefault(host, []).append(r)
+    return sorted(h for h, rs in by_host.items() if max(rs) - min(rs) + 1 != len(rs))
+
+
 def _structure_ranks(result: CommunicatorTables, settings: Mapping[str, Any] | None, notes: list[str]
                      ) -> dict[tuple[str, int], tuple[int, int | None]]:  # fmt: skip
     """Ranks from the communicators' member lists solved against Megatron's layouts
@@ -423,6 +431,15 @@ def _structure_ranks(result: CommunicatorTables, settings: Mapping[str, Any] | N
     solution = solve_global_ranks(procs, lists, settings, known=known)
     if solution.ranks is None:
         notes.append(f"the communicators' structure does not name the global ranks: {solution.reason}")
+        return {}
+    scattered = _hosts_off_consecutive_ranks(solution.ranks)
+    if scattered:
+        # torchrun and srun's default block distribution give each node consecutive ranks; an
+        # assignment that does not is as likely the sign of wrong declared sizes as of an unusual
+        # placement, and the structure alone cannot tell which
+        notes.append("the communicators' structure does not name the global ranks: the one assignment that fits "
+                     f"({solution.reason}) gives host(s) {', '.join(scattered[:3])} ranks that are not consecutive, "
+                     "as no block placement does; check the declared sizes, or name the ranks another way")
         return {}
     named = {k: (r, None) for k, r in solution.ranks.items() if k not in known}
     notes.append(f"global ranks of {len(named)} process(es) from the communicators' structure: {solution.reason}; "
