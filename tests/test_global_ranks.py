@@ -210,3 +210,33 @@ def test_wrong_declared_sizes_that_the_structure_fits_name_no_rank(tmp_path, cap
     assert "world size 8" in capsys.readouterr().out
     members = read_table(tmp_path / "right" / "communicator_members.parquet")
     assert dict(zip(members["pid"].astype("int64"), members["global_rank"].astype("int64"))) == _true_ranks(raw)
+
+
+def test_a_pattern_that_matches_local_ranks_names_each_rank_twice_and_is_reported_not_used(lazy_raw, tmp_path):
+    """torchrun's per-node log directories carry the local rank: with `rank{rank}/nccl.log`
+    given as if it were global, every number is claimed by one process on each node. Every such
+    claim is dropped and reported; the ranks stay unknown."""
+    from nccltrace.acquisition.raw import import_raw
+    from nccltrace.communicators import RANK_NAME_SETTING, communicator_problems, infer_run_communicators
+    from nccltrace.stages.parse_nccl import run_parse_nccl
+
+    ranks = _true_ranks(lazy_raw)
+    src = tmp_path / "elsewhere"
+    for log in (lazy_raw / "nccl").glob("nccl_*.log"):
+        r = ranks[int(log.stem.rsplit("_", 1)[1])]
+        target = src / f"node{r // 4}" / f"rank{r % 4}" / "nccl.log"
+        target.parent.mkdir(parents=True)
+        target.write_bytes(log.read_bytes())
+    (src / "nsys").mkdir()
+    for export in (lazy_raw / "nsys").glob("*.sqlite"):
+        (src / "nsys" / export.name).symlink_to(export)
+    settings = {RANK_NAME_SETTING: "rank{rank}/nccl.log"}
+    import_raw(src, tmp_path / "raw", run_id="lazy", settings=settings)
+    dirs = []
+    for log in sorted((tmp_path / "raw" / "nccl").glob("nccl_*.log")):
+        run_parse_nccl(log, tmp_path / "parsed" / log.stem, settings)
+        dirs.append(tmp_path / "parsed" / log.stem)
+    result = infer_run_communicators(dirs, tmp_path / "comms", settings)
+    problems = communicator_problems(result)
+    assert sum("named for 2 processes" in p for p in problems) == 4
+    assert "global ranks unknown for 8 of 8 processes" in problems[0] and result.world_size is None
