@@ -571,8 +571,11 @@ def communicator_problems(result: CommunicatorTables) -> list[str]:
                    f"world size is {'unknown' if result.world_size is None else result.world_size}; nothing that needs "
                    "a global rank (per-rank figures, parallelism labels by member set, bandwidth limits) is computed "
                    "for them. Remedies: keep the PyTorch-profiler traces (their distributedInfo names each rank) "
-                   "beside the logs, or run one collective on the default process group (e.g. a barrier) after "
-                   "init_process_group so that NCCL logs a communicator of every rank")
+                   "or the Flight Recorder dumps beside the logs; set NCCL_DEBUG_FILE in each process to a name with "
+                   "its global rank (nccl.<RANK>.%h.%p, in a per-rank wrapper or before init_process_group) and say "
+                   "so (--rank-in-log-name 'nccl.{rank}.%h.%p', setting rank_in_log_name); declare the parallel sizes, against which the communicators' "
+                   "structure may decide; or run one collective on the default process group (e.g. a barrier) "
+                   "after init_process_group so that NCCL logs a communicator of every rank")
     out += [f"global rank sources disagree: {c}" for c in result.rank_conflicts]
     if result.unranked:
         out += result.rank_notes
