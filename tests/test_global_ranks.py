@@ -66,6 +66,15 @@ def test_without_a_record_of_the_ranks_they_are_unknown_said_once_and_the_run_pa
     assert "at least 2 different assignments fit the declared sizes" in err  # tp, pp and dp pairs interchange
     assert read_table(tmp_path / "out" / "communicators" / "communicator_members.parquet")["global_rank"].isna().all()
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["partial"]
+    # no rank is guessed, but what needs only to tell the processes apart still runs: the second
+    # node's clock fitted by the cross-node instances, the cross-rank and P2P checks
+    assert pd.read_parquet(tmp_path / "out" / "ops" / "ops.parquet")["global_rank"].isna().all()
+    clock = read_table(tmp_path / "out" / "ops" / "clock_sync.parquet").set_index("clock_domain")
+    assert clock.loc["node001", "status"] == "estimated" and clock.loc["node001", "n_instances"] > 0
+    quality = read_table(tmp_path / "out" / "ops" / "alignment_quality.parquet")
+    checked = quality.groupby("check")[["confirmed", "contradicted"]].sum()
+    assert checked.loc["cross_rank", "confirmed"] > 0 and checked.loc["p2p_pairing", "confirmed"] > 0
+    assert checked.loc[["cross_rank", "p2p_pairing"], "contradicted"].sum() == 0
 
 
 @pytest.mark.slow

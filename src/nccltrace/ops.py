@@ -196,6 +196,14 @@ def _pg_seq(ops: pd.DataFrame, pg_seqs: pd.DataFrame | None) -> pd.arrays.Intege
 _SYNC_FIT_COLUMNS = ["clock_domain", "global_rank", "instance", "start_ns", "end_ns", "nranks"]
 
 
+def _member_keys(ops: pd.DataFrame, proc: int) -> pd.Series:
+    """Per row, the key the run-level checks and the clock fit tell members apart by: the
+    process's global rank, or, where nothing named it, ``-(proc + 1)`` (``proc``: the process's
+    position). They need to know which rows are one member's, not its rank, so a lazily
+    initialised job whose ranks are unknown is still checked and synchronised. Never written out."""
+    return ops["global_rank"].astype("Int64").fillna(-(proc + 1))
+
+
 def _sync_rows(ops: pd.DataFrame, proc: int = 0) -> pd.DataFrame:
     """The rows the clock model is fitted on, matched calls of cross-rank instances, with what
     the cross-rank check needs (``comm``, ``op_count``: ``instance_parts``) and to find them
@@ -203,7 +211,7 @@ def _sync_rows(ops: pd.DataFrame, proc: int = 0) -> pd.DataFrame:
     sel = ((ops["status"] == "matched") & ops["instance"].notna()).to_numpy()
     rows = ops[sel]
     out = pd.DataFrame({
-        "clock_domain": rows["host"].astype(str), "global_rank": rows["global_rank"],
+        "clock_domain": rows["host"].astype(str), "global_rank": _member_keys(rows, proc),
         "instance": rows["instance"].astype(str), "start_ns": rows["kernel_start_utc"],
         "end_ns": rows["kernel_end_utc"], "nranks": rows["nranks"], "op": rows["op"].astype(str),
         "rank_in_comm": rows["rank_in_comm"], "root": rows["root"], "proc": np.int64(proc),
@@ -221,7 +229,7 @@ def _p2p_rows(ops: pd.DataFrame, proc: int) -> pd.DataFrame:
     matched = (r["status"] == "matched").to_numpy(bool)
     return pd.DataFrame({
         "proc": np.int64(proc), "row": np.flatnonzero(sel), "comm": r["logical_id"].to_numpy(),
-        "rank": r["global_rank"].to_numpy(), "peer_in_comm": r["root"].to_numpy(), "op": r["op"].astype(str).to_numpy(),
+        "rank": _member_keys(r, proc).to_numpy(), "peer_in_comm": r["root"].to_numpy(), "op": r["op"].astype(str).to_numpy(),
         "seq": r["line"].to_numpy(), "clock_domain": r["host"].astype(str).to_numpy(),
         "start_ns": r["kernel_start_utc"].where(matched).to_numpy(), "end_ns": r["kernel_end_utc"].where(matched).to_numpy(),
     })  # fmt: skip
@@ -541,8 +549,8 @@ def stream_run_ops(
             matched_n += int((is_call & (ops["status"] == "matched")).sum())
             by_reason.update({str(k): int(v) for k, v in ops.loc[is_call, "reason"].value_counts().items()})
             checks.add(_sync_rows(ops, i), _p2p_rows(ops, i), i in gapped)
-            ranks.append(ops.loc[is_call, ["logical_id", "rank_in_comm", "global_rank"]].dropna().drop_duplicates()
-                         .rename(columns={"logical_id": "comm"}))  # fmt: skip
+            ranks.append(ops.loc[is_call, ["logical_id", "rank_in_comm"]].assign(global_rank=_member_keys(ops, i))
+                         .dropna().drop_duplicates().rename(columns={"logical_id": "comm"}))  # fmt: skip
             part = parts_dir / f"{i:06d}.parquet"
             pq.write_table(pa.Table.from_pandas(coerce_to_schema(ops, OPS_SCHEMA), schema=OPS_SCHEMA,
                                                 preserve_index=False), part)  # fmt: skip

@@ -140,7 +140,8 @@ FAMILIES: tuple[Family, ...] = (
            {"imperfections": {"end_spread_ns_max": 4_000_000, "drop_kernels": 0.02}}, _strip_launches_and_nvtx,
            min_recall=0.99),
     # Megatron-Core with process groups created lazily: no communicator of every rank, so the
-    # global ranks are unknown (said, partial); the alignment needs none of them
+    # global ranks are unknown unless the structure decides (said, partial); the alignment, the
+    # run-level checks and the clock fit need none of them
     Family("lazy process groups, no default-group NCCL", UNTIMED,
            {"init_style": "plain", "default_group_nccl": False}, min_recall=0.99),
     Family("log cut short", UNTIMED, damage=_cut_logs),
