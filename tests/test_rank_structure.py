@@ -132,3 +132,17 @@ def test_over_every_layout_of_a_world_the_structure_is_never_wrong_and_decides_w
             # tp, pp, dp all of different sizes: with the sizes declared, one assignment
             assert solve_global_ranks(procs, comms, declared).ranks == truth, kw
     assert cases and certain["declared"] >= certain["free"]
+
+
+@pytest.mark.slow
+def test_the_validation_table_solves_emulated_lazy_jobs_and_never_names_a_wrong_rank(tmp_path):
+    """`validate --only communicators`'s table on two emulated lazy jobs (no default-group
+    NCCL): TP4·DP2 decided with its sizes declared, not without; TP2·PP2·DP2 undecided."""
+    from nccltrace.validation.communicators import structure_accuracy
+
+    table = structure_accuracy(["tp4_dp2_2nodes", "tp2_pp2_dp2_2nodes"], tmp_path).set_index("config")
+    assert not table["world_communicator"].any()
+    assert table.loc["tp4_dp2_2nodes", "declared sizes"] == "certain"
+    assert table.loc["tp4_dp2_2nodes", "no sizes"].endswith("fit")
+    assert table.loc["tp2_pp2_dp2_2nodes", "declared sizes"].endswith("fit")
+    assert not (table[["declared sizes", "no sizes"]] == "WRONG").any().any()

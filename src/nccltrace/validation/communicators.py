@@ -278,7 +278,7 @@ def structure_accuracy(names: list[str] | None = None, workdir: Path | str | Non
     import time
 
     from ..communicators import communicator_structure
-    from ..megatron.rank_structure import solve_global_ranks
+    from ..megatron.rank_structure import ORDER_SETTING, solve_global_ranks
 
     rows = []
     for name in names or list(CONFIGS):
@@ -289,7 +289,8 @@ def structure_accuracy(names: list[str] | None = None, workdir: Path | str | Non
         procs, lists, _ = communicator_structure(tables)
         row: dict[str, Any] = {"config": name, "world_size": run.sizes.world_size,
                                "world_communicator": not tables.unranked, "communicators": len(lists)}
-        for label, settings in (("declared sizes", run.settings), ("no sizes", None)):
+        # the emulator lays ranks out in Megatron's default order, as a campaign run declares it
+        for label, settings in (("declared sizes", {**run.settings, ORDER_SETTING: False}), ("no sizes", None)):
             t0 = time.perf_counter()
             sol = solve_global_ranks(procs, lists, settings)
             row[f"{label}: ms"] = round((time.perf_counter() - t0) * 1e3, 1)
