@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from .groups import DEFAULT_ORDER, PAIR_DIMS, megatron_groups, order_problem
@@ -62,40 +63,57 @@ def _divisors(n: int) -> list[int]:
 
 def candidate_layouts(world: int, settings: Mapping[str, Any] | None = None) -> list[tuple[ParallelSizes, str]]:
     """(sizes, order) pairs Megatron accepts for ``world`` ranks: the declared sizes of
-    ``settings`` (with the world size ``world``) under each of :data:`ORDERS`, else every
-    combination of tp, cp, pp, ep (etp = tp) and dp; the order :data:`ORDER_SETTING` names, else both."""
-    out: list[tuple[ParallelSizes, str]] = []
-    mapping = flatten_settings(settings or {}).get(ORDER_SETTING)
+    ``settings`` (with the world size ``world``), else every combination of tp, cp, pp, ep, etp
+    and dp; under the order :data:`ORDER_SETTING` names, else each of :data:`ORDERS`."""
+    flat = flatten_settings(settings or {})
+    mapping = flat.get(ORDER_SETTING)
     orders = ORDERS if not isinstance(mapping, bool) else (ORDERS[1],) if mapping else (ORDERS[0],)
-    if declares_sizes(settings):
-        flat = flatten_settings(settings or {})
-        if not any(flat.get(k) is not None for k in ("world_size", "world", "dp", "data_parallel_size")) and not (
-                flat.get("nodes") is not None and flat.get("gpus_per_node") is not None):
-            flat["world_size"] = world
-        declared = ParallelSizes.from_settings(flat)
-        if declared.world_size != world:
-            raise ValueError(f"they describe {declared.world_size} ranks, the logs {world} processes")
-        sizes = [declared]
-    else:
-        sizes = []
-        for pp in _divisors(world):
-            for tp in _divisors(world // pp):
-                for cp in _divisors(world // pp // tp):
-                    for ep in _divisors(world // pp // tp):
+    if not declares_sizes(settings):
+        return list(_all_layouts(world, orders))
+    if not any(flat.get(k) is not None for k in ("world_size", "world", "dp", "data_parallel_size")) and not (
+            flat.get("nodes") is not None and flat.get("gpus_per_node") is not None):
+        flat["world_size"] = world
+    declared = ParallelSizes.from_settings(flat)
+    if declared.world_size != world:
+        raise ValueError(f"they describe {declared.world_size} ranks, the logs {world} processes")
+    return [(declared, order) for order in orders if order_problem(declared, order) is None]
+
+
+@lru_cache(maxsize=8)
+def _all_layouts(world: int, orders: tuple[str, ...]) -> tuple[tuple[ParallelSizes, str], ...]:
+    """Every (sizes, order) Megatron accepts for ``world`` ranks under ``orders``."""
+    sizes = []
+    for pp in _divisors(world):
+        for tp in _divisors(world // pp):
+            for cp in _divisors(world // pp // tp):
+                # the expert grid's own tensor size too (Megatron-Core MoE jobs often run etp 1)
+                for etp in _divisors(world // pp):
+                    for ep in _divisors(world // pp // etp):
                         try:
-                            sizes.append(ParallelSizes(tp=tp, pp=pp, cp=cp, ep=ep, world_size=world))
+                            sizes.append(ParallelSizes(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, world_size=world))
                         except ValueError:
                             continue
-    for sz in sizes:
-        for order in orders:
-            if order_problem(sz, order) is None:
-                out.append((sz, order))
-    return out
+    return tuple((sz, order) for sz in sizes for order in orders if order_problem(sz, order) is None)
 
 
 def _layout_text(sizes: ParallelSizes, order: str) -> str:
     dims = [f"{k}{getattr(sizes, k)}" for k in ("tp", "cp", "ep", "pp") if getattr(sizes, k) > 1]
     return "·".join(dims + [f"dp{sizes.dp}"]) + f" ({order})"
+
+
+def _group_sizes(sizes: ParallelSizes) -> set[int]:
+    """The sizes of the groups (and pairs of one group's members) ``sizes``' layout creates:
+    the kinds of :func:`~.groups.megatron_groups` by the dimensions they span."""
+    dims = {**sizes.decoder_grid(), "ep": 1}
+    expert = sizes.expert_grid()
+    spans = {"tp": dims["tp"], "cp": dims["cp"], "dp": dims["dp"], "pp": dims["pp"], "ep": expert["ep"],
+             "etp": expert["tp"], "edp": expert["dp"]}
+    out = {int(sizes.world_size), dims["dp"] * dims["cp"], dims["tp"] * dims["pp"], dims["tp"] * dims["dp"] * dims["cp"],
+           dims["tp"] * dims["dp"], dims["tp"] * dims["cp"], expert["tp"] * expert["ep"],
+           expert["tp"] * expert["ep"] * expert["pp"], 2 if dims["pp"] > 1 else 1, 1, *spans.values()}
+    if any(spans[k] >= 2 for k in PAIR_DIMS):
+        out.add(2)  # pairs of a group's members
+    return out
 
 
 class _Budget(Exception):
@@ -269,23 +287,29 @@ def solve_global_ranks(processes: Sequence[Hashable], communicators: Iterable[Se
     except ValueError as e:
         return StructureSolution(None, 0, reason=f"the declared sizes do not describe {world} ranks ({e})")
     sizes_needed = {len(c) for c in comms}
+    # A communicator of every process has the ranks 0..n-1 in its member order: the assignment
+    # is forced, and the layouts only have to admit it (the first that does settles it).
+    spanning = next((c for c in comms if len(c) == world), None)
+    if spanning is not None:
+        if any(fixed.get(p, r) != r for r, p in enumerate(spanning)):
+            return StructureSolution(None, 0, reason="the ranks given contradict the member order of the communicator "
+                                                     "of every process")
+        fixed = {p: r for r, p in enumerate(spanning)}
     steps = [0]
     found: dict[tuple[int, ...], list[str]] = {}
     tried = 0
     try:
         for sizes, order in layouts:
+            if not sizes_needed <= _group_sizes(sizes):
+                continue  # known from the sizes alone: the groups need not be built
             groups = megatron_groups(sizes, order)
-            offered = {len(g[0]) for g in groups.values() if g}
-            if any(len(g[0]) >= 2 for k, g in groups.items() if k in PAIR_DIMS and g):
-                offered.add(2)  # pairs of a group's members
-            if not sizes_needed <= offered:
-                continue
+            steps[0] += world  # building a layout's groups is work too
             tried += 1
             search = _Search(world, comms, groups, fixed, steps, budget, sizes.pp == 2)
             for sol in search.run(MAX_FITS):
                 found.setdefault(sol, []).append(_layout_text(sizes, order))
-            if len(found) >= MAX_FITS:
-                break
+            if len(found) >= MAX_FITS or (found and len(fixed) == world):
+                break  # undecided, or the one possible assignment is admitted
     except _Budget:
         return StructureSolution(None, len(found), sorted({t for v in found.values() for t in v}), tried, True,
                                  f"undecided: the search stopped after {budget} steps")
