@@ -179,16 +179,22 @@ def test_a_lazy_job_whose_structure_decides_is_analysed_with_the_true_ranks_from
     _analysed_as_an_eager_run(tmp_path / "out")
 
 
-def test_the_communicators_command_solves_the_structure_against_the_sizes_it_is_given(tmp_path, capsys):
-    """`nccltrace communicators --tp 4` on a lazy TP4·DP2 job's parsed logs: the structure
-    decides, so the world size is 8; without the sizes both tp4·dp2 and tp2·dp4 fit and it is
-    unknown."""
+def _parsed_lazy_job(tmp_path: Path, tp: int) -> tuple[Path, list[str]]:
+    """A one-iteration lazy job of tensor size ``tp`` (pp 1) and its logs parsed one by one."""
     raw = tmp_path / "raw"
-    emulate_run({**LAZY, "tp": 4, "pp": 1, "iterations": 1}, raw)
+    emulate_run({**LAZY, "tp": tp, "pp": 1, "iterations": 1}, raw)
     dirs = []
     for log in sorted((raw / "nccl").glob("nccl_*.log")):
         assert main(["parse-nccl", str(log), "-o", str(tmp_path / log.stem)]) == 0
         dirs.append(str(tmp_path / log.stem))
+    return raw, dirs
+
+
+def test_the_communicators_command_solves_the_structure_against_the_sizes_it_is_given(tmp_path, capsys):
+    """`nccltrace communicators --tp 4` on a lazy TP4·DP2 job's parsed logs: the structure
+    decides, so the world size is 8; without the sizes both tp4·dp2 and tp2·dp4 fit and it is
+    unknown."""
+    raw, dirs = _parsed_lazy_job(tmp_path, tp=4)
     capsys.readouterr()
     assert main(["communicators", *dirs, "-o", str(tmp_path / "with"), "--tp", "4"]) == 0
     assert "world size 8" in capsys.readouterr().out
@@ -204,12 +210,7 @@ def test_wrong_declared_sizes_that_the_structure_fits_name_no_rank(tmp_path, cap
     tp4·dp2, under one assignment, a wrong one. It gives each node ranks that are not
     consecutive (as no block placement does), so nothing is named, and the note says to check
     the sizes. Declared right (--tp 2), the same logs give the true ranks."""
-    raw = tmp_path / "raw"
-    emulate_run({**LAZY, "tp": 2, "pp": 1, "iterations": 1}, raw)
-    dirs = []
-    for log in sorted((raw / "nccl").glob("nccl_*.log")):
-        assert main(["parse-nccl", str(log), "-o", str(tmp_path / log.stem)]) == 0
-        dirs.append(str(tmp_path / log.stem))
+    raw, dirs = _parsed_lazy_job(tmp_path, tp=2)
     capsys.readouterr()
     assert main(["communicators", *dirs, "-o", str(tmp_path / "wrong"), "--tp", "4"]) == 0
     out = capsys.readouterr()
