@@ -30,7 +30,7 @@ def _comms(rows: list[tuple[int, int, list[int]]], kind: str = "init") -> pd.Dat
     for lid, n, members in rows:
         for k, v in (("logical_id", lid), ("kind", kind), ("nranks", n), ("comm_id", None),
                      ("parent_logical_id", None), ("color", None), ("split_count", None), ("members", members),
-                     ("complete", -1 not in members), ("problem", None)):
+                     ("complete", -1 not in members), ("problem", None), ("world", False)):
             cols[k].append(v)
     return pd.DataFrame(cols)
 

@@ -505,3 +505,23 @@ def test_pytorchs_process_group_lines_in_one_stdout_name_every_communicator(tmp_
     assert got["pg_desc"].to_dict() == named["pg_desc"].to_dict()
     assert got["parallelism"].to_dict() == named["parallelism"].to_dict()
     assert (got["resolution"] == "pytorch-log").all()
+
+
+@pytest.mark.slow
+def test_with_a_rank_log_missing_the_world_communicator_still_gives_the_world_size(tmp_path, capsys):
+    """Rank 3's log left out: the world communicator is a member short (incomplete), but its size
+    is the world's, so the layout inference still runs on the complete groups (no sizes
+    declared). The world size is the world communicator's, recorded in communicators.parquet."""
+    from nccltrace.communicators import run_world_size
+
+    (tmp_path / "run" / "nccl").mkdir(parents=True)
+    for log in (CAPTURE / "nccl").glob("*.log"):
+        if log.name != "nccl_vm_501.log":
+            shutil.copy(log, tmp_path / "run" / "nccl" / log.name)
+    _analyze(tmp_path / "run", tmp_path / "out", "--until", "ops")
+    err = capsys.readouterr().err
+    comms = pd.read_parquet(tmp_path / "out" / "communicators" / "communicators.parquet")
+    members = pd.read_parquet(tmp_path / "out" / "communicators" / "communicator_members.parquet")
+    assert not comms["complete"].all() and comms["world"].sum() == 1
+    assert run_world_size(comms, members) == 4
+    assert "layouts fit the member sets" in err and "no communicator to infer them from" not in err

@@ -45,6 +45,8 @@ COMMUNICATOR_SCHEMA = pa.schema(
                                                                      "global rank is unknown)"}),
         pa.field("complete", pa.bool_(), metadata={"doc": "every rank 0..nranks-1 present exactly once"}),
         pa.field("problem", pa.string(), metadata={"doc": "why the communicator is incomplete (null if complete)"}),
+        pa.field("world", pa.bool_(), metadata={"doc": "the communicator of every rank whose member order gave the "
+                                                       "global ranks: its size is the world size"}),
     ]
 )
 MEMBER_SCHEMA = pa.schema(
@@ -251,6 +253,7 @@ def infer_communicators(comms: pd.DataFrame,
     # World communicator: parent of splits, else the first communicator spanning all processes.
     n_proc = len(set(proc))
     world_rank: dict[tuple, int] = {}
+    world_lids: set[int] = set()  # the logical communicator each process's global rank came from
     parents = lines[is_split]["parent"]
     for (host, pid), g in lines.groupby(["host", "pid"], sort=False):
         world = g[g["comm"].isin(set(parents[(lines[is_split]["host"] == host) & (lines[is_split]["pid"] == pid)]))]
@@ -261,6 +264,7 @@ def infer_communicators(comms: pd.DataFrame,
             world = plain[plain["nranks"] >= max(n_proc, int(g["nranks"].max()))]
         if not world.empty:
             world_rank[(host, pid)] = int(world.iloc[0]["rank"])
+            world_lids.add(logical.get((host, pid, world.iloc[0]["comm"]), -1))
     sources = {RANK_SOURCE_WORLD: len(world_rank)} if world_rank else {}
     conflicts: list[str] = []
     # the world communicator is the largest; without one, the largest is not the world
@@ -326,33 +330,34 @@ def infer_communicators(comms: pd.DataFrame,
             key[1] if key[0] == "split" else None,
             None if pd.isna(first["color"]) else int(first["color"]),
             None if pd.isna(first["split_count"]) else int(first["split_count"]),
-            members, not problems, "; ".join(problems) or None,
+            members, not problems, "; ".join(problems) or None, lid in world_lids,
         ))
     for row in orphans.itertuples(index=False):
         member_rows.append((-1, row.host, row.pid, row.comm, int(row.rank), world_rank.get((row.host, row.pid)),
                             row.file, row.line))
-
-    if (world_size is None and not unranked and set(world_rank.values()) == set(range(n_proc))
-            and all(row[8] for row in comm_rows)):
-        # Every process named, ranks 0..n-1 once each, and every communicator whole: a rank
-        # beyond them left no log, and a rank that shares a communicator with another would
-        # leave that communicator a member short; one sharing none is no part of this job.
-        world_size = n_proc
 
     def frame(rows, schema):
         cols = list(zip(*rows)) if rows else [[] for _ in schema]
         return pa.Table.from_arrays([pa.array(list(c), type=f.type) for c, f in zip(cols, schema)],
                                     schema=schema).to_pandas(types_mapper=pd.ArrowDtype)
 
-    return CommunicatorTables(frame(comm_rows, COMMUNICATOR_SCHEMA), frame(member_rows, MEMBER_SCHEMA), world_size,
-                              sources, unranked, conflicts)
+    comm_frame, member_frame = frame(comm_rows, COMMUNICATOR_SCHEMA), frame(member_rows, MEMBER_SCHEMA)
+    if world_size is None:
+        world_size = run_world_size(comm_frame, member_frame)
+    return CommunicatorTables(comm_frame, member_frame, world_size, sources, unranked, conflicts)
 
 
-def run_world_size(members: pd.DataFrame) -> int | None:
-    """The world size a run's ``communicator_members`` table supports: the number of processes
-    when their global ranks are 0..n-1, one each; else None (unknown: the largest communicator is
-    not the world)."""
-    if members is None or not len(members):
+def run_world_size(communicators: pd.DataFrame, members: pd.DataFrame) -> int | None:
+    """The world size a run's communicator tables support: the size of the communicator of every
+    rank the global ranks came from; else the number of processes when their global ranks are
+    0..n-1, one each, and every communicator is whole (a rank beyond them left no log, and a
+    rank sharing a communicator with another would leave it a member short; one sharing none is
+    no part of this job); else None (unknown: the largest communicator is not the world)."""
+    if communicators is None or not len(communicators) or members is None or not len(members):
+        return None
+    if "world" in communicators and communicators["world"].fillna(False).astype(bool).any():
+        return int(communicators.loc[communicators["world"].fillna(False).astype(bool), "nranks"].max())
+    if not communicators["complete"].astype(bool).all():
         return None
     ranks = members.drop_duplicates(["host", "pid"])["global_rank"]
     if ranks.isna().any():
@@ -457,8 +462,9 @@ def infer_run_communicators(parsed_dirs: Iterable[Path], out_dir: Path, settings
     choose among partitions the calls cannot tell apart); :func:`communicator_problems` says so.
     ``sessions``: the parsed exports' ``session.json``, whose profiler records name global ranks
     where no communicator spans every rank (:func:`profiler_ranks`); so do the launchers'
-    prefixes (:func:`launcher_ranks`) and, for ranks still unknown, the Flight Recorder dumps in
-    ``dumps_dir``."""
+    prefixes (:func:`launcher_ranks`), the log file names ``settings`` describe
+    (:func:`file_name_ranks`) and, for ranks still unknown, the Flight Recorder dumps in
+    ``dumps_dir`` and last the communicators' structure (:func:`_structure_ranks`)."""
     from .tables import read_table
 
     parsed_dirs = [Path(d) for d in parsed_dirs]
@@ -466,26 +472,18 @@ def infer_run_communicators(parsed_dirs: Iterable[Path], out_dir: Path, settings
     comms = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(len(f) for f in frames) else None
     if comms is not None:
         _refuse_mixed_jobs(comms)
-        name_notes: list[str] = []
+        notes: list[str] = []  # what each rank source could not use, in the order they were tried
         known = {RANK_SOURCE_PROFILER: profiler_ranks(sessions), RANK_SOURCE_LAUNCHER: launcher_ranks(parsed_dirs),
-                 RANK_SOURCE_FILE_NAME: file_name_ranks(parsed_dirs, (settings or {}).get(RANK_NAME_SETTING),
-                                                        name_notes)}  # fmt: skip
+                 RANK_SOURCE_FILE_NAME: file_name_ranks(parsed_dirs, (settings or {}).get(RANK_NAME_SETTING), notes)}
         result = infer_communicators(comms, known)
-        if result.unranked and dumps_dir is not None:
-            fr_notes: list[str] = []
-            known[RANK_SOURCE_FLIGHT_RECORDER] = _flight_recorder_ranks(parsed_dirs, result.members, dumps_dir,
-                                                                        fr_notes)
-            result = infer_communicators(comms, known)
-            result.rank_notes += fr_notes
+        # the last two sources fit what the others named, so each runs only while ranks are unknown
         if result.unranked:
-            structure_notes: list[str] = []
-            known[RANK_SOURCE_STRUCTURE] = _structure_ranks(result, settings, structure_notes)
-            if known[RANK_SOURCE_STRUCTURE]:
-                notes_so_far = result.rank_notes
-                result = infer_communicators(comms, known)
-                result.rank_notes = notes_so_far
-            result.rank_notes += structure_notes
-        result.rank_notes[:0] = name_notes
+            known[RANK_SOURCE_FLIGHT_RECORDER] = _flight_recorder_ranks(parsed_dirs, result.members, dumps_dir, notes)
+            result = infer_communicators(comms, known) if known[RANK_SOURCE_FLIGHT_RECORDER] else result
+        if result.unranked:
+            known[RANK_SOURCE_STRUCTURE] = _structure_ranks(result, settings, notes)
+            result = infer_communicators(comms, known) if known[RANK_SOURCE_STRUCTURE] else result
+        result.rank_notes = notes
     else:
         result = _from_call_sequences(parsed_dirs, settings)
     out_dir = Path(out_dir)
@@ -573,8 +571,8 @@ def communicator_problems(result: CommunicatorTables) -> list[str]:
                    "for them. Remedies: keep the PyTorch-profiler traces (their distributedInfo names each rank) "
                    "or the Flight Recorder dumps beside the logs; set NCCL_DEBUG_FILE in each process to a name with "
                    "its global rank (nccl.<RANK>.%h.%p, in a per-rank wrapper or before init_process_group) and say "
-                   "so (--rank-in-log-name 'nccl.{rank}.%h.%p', setting rank_in_log_name); declare the parallel sizes, against which the communicators' "
-                   "structure may decide; or run one collective on the default process group (e.g. a barrier) "
+                   "so (--rank-in-log-name 'nccl.{rank}.%h.%p', setting rank_in_log_name); declare the parallel "
+                   "sizes, against which the communicators' structure may decide; or run one collective on the default process group (e.g. a barrier) "
                    "after init_process_group so that NCCL logs a communicator of every rank")
     out += [f"global rank sources disagree: {c}" for c in result.rank_conflicts]
     if result.unranked:

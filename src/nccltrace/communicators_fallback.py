@@ -597,6 +597,8 @@ def infer_communicators_from_calls(
                                     schema=schema).to_pandas(types_mapper=pd.ArrowDtype)
 
     world = len(ranks)
+    # its global ranks number every process (eq. 4.6), so a whole communicator of all of them is the world
+    comm_rows = [(*row, row[2] == world and row[8]) for row in comm_rows]
     return CommunicatorTables(frame(comm_rows, COMMUNICATOR_SCHEMA), frame(member_rows, MEMBER_SCHEMA), world)
 
 

@@ -244,7 +244,7 @@ def discover_logs(roots: Iterable[Path], dest: Path, *, exclude: Iterable[Path] 
         {"doc": "per normalised log: runs of [source file, first source line, number of lines], in order; "
                 "launcher_ranks: the global rank a launcher prefix names (see log_discovery.launcher_ranks); "
                 "own_files: the source file that holds this process's lines and no other's (its name may carry "
-                "the rank: log_discovery.rank_in_file_name)",
+                "the rank: log_discovery.RankNamePattern)",
          "logs": origin, "launcher_ranks": found.launcher_ranks, "own_files": own_files}, indent=1))  # fmt: skip
     return found
 

@@ -713,7 +713,7 @@ def _named(labels: pd.DataFrame, comms: pd.DataFrame, members: pd.DataFrame, rec
     notes += said
     if names.empty:
         return labels
-    world = run_world_size(members) or 0
+    world = run_world_size(comms, members) or 0
     if not declares_sizes(settings) and world > 1:
         lists = [list(m) for m in comms.set_index("logical_id").loc[names["logical_id"], "members"]]
         res = infer_layout(world, lists, descs=names["pg_desc"].tolist())
@@ -758,7 +758,7 @@ def run_labels(comms: pd.DataFrame, members: pd.DataFrame, call_kinds: pd.DataFr
     if layouts is not None:
         labels = label_by_behaviour(labels, layouts)
     if sizes is None:
-        labels = _world_is_not_dp(labels, members)
+        labels = _world_is_not_dp(labels, comms, members)
     return labels
 
 
@@ -785,7 +785,7 @@ def _inferred_sizes(comms: pd.DataFrame, members: pd.DataFrame | None = None, ca
     full = comms[comms["complete"].astype(bool)] if len(comms) else comms
     groups = [sorted(int(r) for r in m) for m, n in zip(full.get("members", []), full.get("nranks", []))
               if int(n) > 1 and all(int(r) >= 0 for r in m)]  # fmt: skip
-    world = (run_world_size(members) if members is not None else None) or 0
+    world = run_world_size(comms, members) or 0
     if world < 2 or not groups:
         return None, (f"parallelism labels are guesses (no sizes declared, no communicator to infer them from); "
                       f"{remedy}"), None
@@ -812,10 +812,10 @@ def _inferred_sizes(comms: pd.DataFrame, members: pd.DataFrame | None = None, ca
                   f"(determined: {known}; {len(res.candidates)} layouts fit); {remedy}"), None
 
 
-def _world_is_not_dp(labels: pd.DataFrame, members: pd.DataFrame) -> pd.DataFrame:
+def _world_is_not_dp(labels: pd.DataFrame, comms: pd.DataFrame, members: pd.DataFrame) -> pd.DataFrame:
     """Without sizes, a communicator of every rank is the world, not data parallelism: dp is
     a claim only the layout can make."""
-    world = run_world_size(members) or 0
+    world = run_world_size(comms, members) or 0
     spans = (labels["nranks"].astype("Int64") == world) & (labels["parallelism"].astype(str) == "dp")
     if world > 1 and spans.any():
         labels = labels.copy()

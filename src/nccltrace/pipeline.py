@@ -65,7 +65,6 @@ __all__ = [
 _LOG_HINT = ("write one NCCL debug log per process with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,COLL "
              "NCCL_DEBUG_FILE=<dir>/nccl_%h_%p.log")
 _EXPORT_HINT = "export each node's report with `nsys export --type sqlite --output <host>.sqlite <report>.nsys-rep`"
-_WORLD_KEYS = ("world_size", "world", "dp", "data_parallel_size")
 
 
 @dataclass
@@ -209,13 +208,13 @@ def resolve_settings(run_yaml: Path | None, settings: Mapping[str, Any] | None) 
 def _check_sizes(settings: dict[str, Any] | None, world_size: int | None, source: str) -> dict[str, Any] | None:
     """Settings with a world size filled in from the init lines when none is declared; raises
     ``ValueError`` naming the field when the declared sizes cannot describe the run."""
+    from .megatron.sizes import declares_world
     from .parallelism import ParallelSizes, declares_sizes
 
     if settings is None:
         return None
     s = dict(settings)
-    has_world = any(s.get(k) is not None for k in _WORLD_KEYS) or (
-        s.get("nodes") is not None and s.get("gpus_per_node") is not None)
+    has_world = declares_world(s)
     if not has_world and world_size:
         s["world_size"] = int(world_size)
     elif not has_world and not declares_sizes(s):

@@ -30,7 +30,7 @@ from functools import lru_cache
 from typing import Any
 
 from .groups import DEFAULT_ORDER, PAIR_DIMS, megatron_groups, order_problem
-from .sizes import ParallelSizes, declares_sizes, flatten_settings
+from .sizes import ParallelSizes, declares_sizes, declares_world, flatten_settings
 
 __all__ = ["ORDERS", "ORDER_SETTING", "StructureSolution", "candidate_layouts", "solve_global_ranks"]
 
@@ -70,8 +70,7 @@ def candidate_layouts(world: int, settings: Mapping[str, Any] | None = None) -> 
     orders = ORDERS if not isinstance(mapping, bool) else (ORDERS[1],) if mapping else (ORDERS[0],)
     if not declares_sizes(settings):
         return list(_all_layouts(world, orders))
-    if not any(flat.get(k) is not None for k in ("world_size", "world", "dp", "data_parallel_size")) and not (
-            flat.get("nodes") is not None and flat.get("gpus_per_node") is not None):
+    if not declares_world(flat):
         flat["world_size"] = world
     declared = ParallelSizes.from_settings(flat)
     if declared.world_size != world:

@@ -173,6 +173,16 @@ _SIZE_KEYS = ("tp", "pp", "cp", "ep", "etp", "dp", "tensor_model_parallel_size",
               "context_parallel_size", "expert_model_parallel_size")
 
 
+_WORLD_KEYS = ("world_size", "world", "dp", "data_parallel_size")
+
+
+def declares_world(settings: Mapping[str, Any]) -> bool:
+    """Whether flat run settings give the world size (directly, through dp, or as nodes times
+    GPUs per node): what :meth:`ParallelSizes.from_settings` needs besides the sizes."""
+    return any(settings.get(k) is not None for k in _WORLD_KEYS) or (
+        settings.get("nodes") is not None and settings.get("gpus_per_node") is not None)
+
+
 def declares_sizes(settings: Mapping[str, Any] | None) -> bool:
     """Whether run settings say anything about the parallel sizes (top level, or nested under
     ``config``/``derived`` as in run.yaml): what :meth:`ParallelSizes.from_settings` reads."""
