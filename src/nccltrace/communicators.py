@@ -29,7 +29,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from .tables import write_table_atomic
+from .tables import frame_to_table, write_table_atomic
 
 COMMUNICATOR_SCHEMA = pa.schema(
     [
@@ -489,9 +489,7 @@ def infer_run_communicators(parsed_dirs: Iterable[Path], out_dir: Path, settings
     out_dir = Path(out_dir)
     for frame, schema, name in ((result.communicators, COMMUNICATOR_SCHEMA, "communicators"),
                                 (result.members, MEMBER_SCHEMA, "communicator_members")):
-        # Written from Arrow with the documented schema only (no pandas dtype metadata to restore).
-        table = pa.Table.from_pandas(frame, schema=schema, preserve_index=False).replace_schema_metadata(None)
-        write_table_atomic(table, out_dir / f"{name}.parquet")
+        write_table_atomic(frame_to_table(frame, schema), out_dir / f"{name}.parquet")
     return result
 
 

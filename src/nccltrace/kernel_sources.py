@@ -24,7 +24,6 @@ from typing import Any
 
 import pandas as pd
 
-from .kernel_args import KERNEL_ARG_COLUMNS
 
 __all__ = [
     "CAPTURE_HINT",
@@ -166,7 +165,7 @@ def merge_sources(parts: Sequence[Path], out: Path, host: str) -> dict[str, Path
 
     from .nsys import reader as nsys_reader
     from .nsys.nccl_api import NCCL_API_CALLS_SCHEMA
-    from .tables import atomic_output
+    from .tables import atomic_output, frame_to_table, write_table_atomic
 
     sessions = [json.loads((p / "session.json").read_text()) for p in parts]
     offsets = [s.get("utc_offset_ns") for s in sessions]
@@ -176,8 +175,7 @@ def merge_sources(parts: Sequence[Path], out: Path, host: str) -> dict[str, Path
         if o is None and base is not None:
             problems.append(f"{s.get('source_file')}: no UTC anchor in the source, so its times cannot be put on the "
                             "clock of the node's other sources; its kernels keep their own clock")
-    specs = {"kernels": [*nsys_reader.KERNEL_COLUMNS, *KERNEL_ARG_COLUMNS], "nvtx": nsys_reader.NVTX_COLUMNS,
-             "processes": nsys_reader.PROCESS_COLUMNS, "launches_without_kernel": nsys_reader.LAUNCH_COLUMNS}
+    specs = nsys_reader.KERNEL_SOURCE_TABLES
     paths: dict[str, Path] = {}
     out.mkdir(parents=True, exist_ok=True)
     for name, spec in specs.items():
@@ -198,14 +196,11 @@ def merge_sources(parts: Sequence[Path], out: Path, host: str) -> dict[str, Path
         elif name == "processes":
             frame = frame.drop_duplicates("global_pid").reset_index(drop=True)
         paths[name] = out / f"{name}.parquet"
-        with atomic_output(paths[name]) as tmp:
-            pq.write_table(pa.Table.from_pandas(frame, schema=nsys_reader.spec_schema(spec), preserve_index=False),
-                           tmp)
+        write_table_atomic(frame_to_table(frame, nsys_reader.spec_schema(spec)), paths[name])
     api = [pq.read_table(p / "nccl_api_calls.parquet") for p in parts]
     paths["nccl_api_calls"] = out / "nccl_api_calls.parquet"
-    with atomic_output(paths["nccl_api_calls"]) as tmp:
-        pq.write_table(pa.concat_tables([t.cast(NCCL_API_CALLS_SCHEMA) for t in api]) if api
-                       else NCCL_API_CALLS_SCHEMA.empty_table(), tmp)
+    write_table_atomic(pa.concat_tables([t.cast(NCCL_API_CALLS_SCHEMA) for t in api]) if api
+                       else NCCL_API_CALLS_SCHEMA.empty_table(), paths["nccl_api_calls"])
     kinds = sorted({s.get("source_kind", "nsys") for s in sessions})
     session: dict[str, Any] = {
         **sessions[0],

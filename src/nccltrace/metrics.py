@@ -41,6 +41,7 @@ from .spill import PartSpill, merge_sorted_parts
 from .tables import (
     SCHEMA_VERSION,
     coerce_to_schema,
+    frame_to_table,
     iter_record_batches,
     read_table,
     read_table_batch,
@@ -1196,8 +1197,7 @@ def write_run_metrics(result: RunMetrics, out_dir: Path | str) -> dict[str, Path
 
 
 def _write_frame(df: pd.DataFrame, schema: pa.Schema, path: Path) -> Path:
-    df = coerce_to_schema(df, schema)
-    write_table_atomic(pa.Table.from_pandas(df, schema=schema, preserve_index=False), path)
+    write_table_atomic(frame_to_table(coerce_to_schema(df, schema), schema), path)
     return path
 
 

@@ -31,6 +31,8 @@ from .spill import PartSpill
 from .tables import (
     atomic_path,
     coerce_to_schema,
+    file_schema,
+    frame_to_table,
     read_table,
     read_table_batch,
     write_table_atomic,
@@ -71,6 +73,28 @@ OPS_SCHEMA = pa.schema(
     ]
 )
 P2P = {"Send", "Recv"}
+
+CLOCK_SYNC_SCHEMA = pa.schema([
+    _f("clock_domain", pa.string(), "", "the node (host) whose clock the row describes"),
+    _f("offset_ns", pa.float64(), "ns", "the node's clock minus the reference node's at the model's reference time; "
+       "null (never zero) when it could not be estimated"),
+    _f("drift_ppm", pa.float64(), "ppm", "rate of the node's clock relative to the reference's, minus one"),
+    _f("offset_se_ns", pa.float64(), "ns", "standard error of offset_ns"),
+    _f("drift_se_ppm", pa.float64(), "ppm", "standard error of drift_ppm (null when drift was not fitted)"),
+    _f("residual_rms_ns", pa.float64(), "ns", "RMS of the node's kernel-end residuals after the fit"),
+    _f("n_instances", pa.int64(), "", "collective instances shared with other nodes that were used"),
+    _f("n_rows", pa.int64(), "", "kernel rows used in the fit"),
+    _f("n_rejected", pa.int64(), "", "kernel rows rejected as outliers"),
+    _f("drift_fitted", pa.bool_(), "", "whether a drift was fitted (else offset only)"),
+    _f("component", pa.int64(), "", "connected component of the shared-instance graph"),
+    _f("status", pa.string(), "", "'reference', 'estimated', 'disconnected', 'no_shared_instances' or "
+       "'all_rejected'"),
+    _f("method", pa.string(), "", "how the estimate was made ('reference', 'wls_end_offset', "
+       "'wls_end_offset_drift', ...)"),
+    _f("reason", pa.string(), "", "why the estimate is null; null when there is one"),
+], metadata={"table": "clock_sync", "doc": "Per run (ops/): each node's clock relative to the reference node, "
+             "fitted from collective instances shared across nodes (nccltrace.clocksync); no rows for a run on "
+             "one node (one clock, nothing to synchronise)."})  # fmt: skip
 
 
 # Above this many clock-sync rows the clock model is fitted on a deterministic sample of whole
@@ -552,8 +576,7 @@ def stream_run_ops(
             ranks.append(ops.loc[is_call, ["logical_id", "rank_in_comm"]].assign(global_rank=_member_keys(ops, i))
                          .dropna().drop_duplicates().rename(columns={"logical_id": "comm"}))  # fmt: skip
             part = parts_dir / f"{i:06d}.parquet"
-            pq.write_table(pa.Table.from_pandas(coerce_to_schema(ops, OPS_SCHEMA), schema=OPS_SCHEMA,
-                                                preserve_index=False), part)  # fmt: skip
+            pq.write_table(frame_to_table(coerce_to_schema(ops, OPS_SCHEMA), OPS_SCHEMA), part)
             parts.append(part)
             del ops
             if progress is not None:
@@ -583,7 +606,7 @@ def stream_run_ops(
         # Pass 2: synchronised times, appended process by process to the one output file.
         tmp = atomic_path(ops_path)
         try:
-            with pq.ParquetWriter(tmp, OPS_SCHEMA, compression="zstd") as writer:
+            with pq.ParquetWriter(tmp, file_schema(OPS_SCHEMA), compression="zstd") as writer:
                 for i, part in enumerate(parts):
                     ops = read_table(part)
                     if model is None:
@@ -600,8 +623,7 @@ def stream_run_ops(
                         ops.loc[has, "kernel_end_sync"] = synced["end_ns_sync"].to_numpy()
                     _demote(ops, demote.get(i, np.zeros(0, np.int64)), CROSS_RANK_REASON)
                     _demote(ops, demote_p2p.get(i, np.zeros(0, np.int64)), P2P_REASON)
-                    writer.write_table(pa.Table.from_pandas(coerce_to_schema(ops, OPS_SCHEMA), schema=OPS_SCHEMA,
-                                                            preserve_index=False))  # fmt: skip
+                    writer.write_table(frame_to_table(coerce_to_schema(ops, OPS_SCHEMA), OPS_SCHEMA))
                     part.unlink()
                     if progress is not None:
                         progress()
@@ -923,13 +945,11 @@ def write_run_ops(result: RunOps, ops_path: Path | str | None, labels_path: Path
     if quality_path is not None and result.quality is not None:
         from .align.quality import QUALITY_SCHEMA
 
-        write_table_atomic(pa.Table.from_pandas(result.quality, schema=QUALITY_SCHEMA, preserve_index=False),
-                           Path(quality_path))
+        write_table_atomic(frame_to_table(result.quality, QUALITY_SCHEMA), Path(quality_path))
     if result.ops is not None and ops_path is not None:
-        write_table_atomic(pa.Table.from_pandas(result.ops, schema=OPS_SCHEMA, preserve_index=False), Path(ops_path))
+        write_table_atomic(frame_to_table(result.ops, OPS_SCHEMA), Path(ops_path))
     from .parallelism import LABEL_SCHEMA
 
-    labels = pa.Table.from_pandas(result.labels[LABEL_SCHEMA.names], schema=LABEL_SCHEMA, preserve_index=False)
-    write_table_atomic(labels.replace_schema_metadata(LABEL_SCHEMA.metadata), Path(labels_path))
-    clock = result.clock if len(result.clock) else pd.DataFrame({"clock_domain": pd.Series([], dtype="string")})
-    write_table_atomic(pa.Table.from_pandas(clock, preserve_index=False), Path(clock_path))
+    write_table_atomic(frame_to_table(result.labels, LABEL_SCHEMA), Path(labels_path))
+    write_table_atomic(frame_to_table(coerce_to_schema(result.clock, CLOCK_SYNC_SCHEMA), CLOCK_SYNC_SCHEMA),
+                       Path(clock_path))

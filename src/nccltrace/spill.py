@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .tables import atomic_output
+from .tables import parquet_writer
 
 __all__ = ["PartSpill", "merge_sorted_parts"]
 
@@ -124,7 +124,7 @@ def merge_sorted_parts(paths: Sequence[Path], key: str, stop: int, out: Path, sc
     """Write the rows of the part files ``paths`` (see ``iter_merged``) to ``out`` in key order,
     without the key column, as ``schema``; atomically. Returns the rows written."""
     rows = 0
-    with atomic_output(out) as tmp, pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+    with parquet_writer(out, schema) as writer:
         for t in iter_merged(paths, key, stop, chunk_keys):
             writer.write_table(t.drop_columns([key]).select(schema.names).cast(schema))
             rows += t.num_rows

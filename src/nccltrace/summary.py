@@ -34,6 +34,8 @@ import pyarrow as pa
 from .batches import FirstSeen, GroupValues, KeyIds, PartialSums, median_of_counts
 from .tables import (
     atomic_output,
+    coerce_to_schema,
+    frame_to_table,
     iter_record_batches,
     read_table_batch,
     write_table_atomic,
@@ -223,31 +225,55 @@ CAMPAIGN_RUNS_SCHEMA = _schema(
 )
 
 
+MATCH_CHECK_SCHEMAS: dict[str, pa.Schema] = {
+    "match_checks": _schema("match_checks", "\"Can I trust these matches?\": per check of the alignment, over the "
+                            "run's processes, the matches it confirmed, contradicted (demoted) and could not test.", [
+        _f("check", pa.string(), "", "the check (alignment_quality.check)"),
+        _f("processes", pa.int64(), "processes", "processes with a row for the check"),
+        _f("applicable_in", pa.int64(), "processes", "processes the check applied to"),
+        _f("confirmed", pa.int64(), "matches", "matches the check confirmed"),
+        _f("contradicted", pa.int64(), "matches", "matches it contradicted (demoted to unmatched)"),
+        _f("not_checkable", pa.int64(), "matches", "matches it could not test"),
+    ]),
+    "match_check_findings": _schema("match_check_findings", "Every process a match check has something to say "
+                                    "about: a contradiction or a message.", [
+        _f("process", pa.string(), "", "the process (aligned/<host>/<process>)"),
+        _f("check", pa.string(), "", "the check"),
+        _f("confirmed", pa.int64(), "matches", "matches it confirmed on the process"),
+        _f("contradicted", pa.int64(), "matches", "matches it contradicted (demoted)"),
+        _f("message", pa.string(), "", "what the check says, and what to do"),
+    ]),
+}  # fmt: skip
+
+
+def written_schema(name: str) -> pa.Schema | None:
+    """The documented schema of a run's summary table ``name``: :data:`RUN_SCHEMAS`, the match
+    checks' and the volume validation's (nccltrace.volume), None for any other name."""
+    if name == "volume_validation":
+        from .volume import VOLUME_SCHEMA
+
+        return VOLUME_SCHEMA
+    return RUN_SCHEMAS.get(name) or MATCH_CHECK_SCHEMAS.get(name)
+
+
 def campaign_schema(name: str) -> pa.Schema | None:
-    """Schema of a campaign table: the run table's columns after a ``run`` column."""
+    """Schema of a campaign table: the run table's columns after a ``run`` column (the volume
+    validation has its own)."""
     if name == "runs":
         return CAMPAIGN_RUNS_SCHEMA
-    base = RUN_SCHEMAS.get(name)
-    if base is None:
-        return None
+    base = written_schema(name)
+    if base is None or base.names[0] == "run":
+        return base
     return _schema(name, (base.metadata or {}).get(b"doc", b"").decode() + " One block of rows per run.",
                    [_RUN] + list(base))
 
 
 # --------------------------------------------------------------------------- helpers
 
-_NULLABLE = {"string": "string", "int64": "Int64", "int32": "Int32", "double": "Float64", "bool": "boolean"}
-
-
 def _frame(rows: pd.DataFrame | dict[str, Any], schema: pa.Schema) -> pd.DataFrame:
     """The columns of ``schema`` in order with nullable dtypes; absent columns are all null."""
     df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
-    out = pd.DataFrame(index=range(len(df)))
-    df = df.reset_index(drop=True)
-    for field in schema:
-        col = df[field.name] if field.name in df else pd.Series([pd.NA] * len(df))
-        out[field.name] = col.astype(_NULLABLE[str(field.type)])
-    return out
+    return coerce_to_schema(df.reset_index(drop=True), schema)
 
 
 def size_bucket(nbytes: pd.Series) -> pd.Series:
@@ -866,32 +892,13 @@ def campaign_tables(
 # --------------------------------------------------------------------------- writing
 
 
-def table_schema(name: str, df: pd.DataFrame) -> pa.Schema | None:
-    """Documented schema for a table written under ``name`` (run or campaign flavour), or None
-    for tables whose columns come from elsewhere (volume_validation)."""
-    if name in RUN_SCHEMAS or name == "runs":
-        return campaign_schema(name) if "run" in df.columns else RUN_SCHEMAS.get(name)
-    return None
-
-
-def _upstream_table(name: str, df: pd.DataFrame) -> pa.Table:
-    """Arrow table of a table produced by another module, keeping the units and meanings of its
-    documented columns when that module's schema is importable (columns as they come otherwise)."""
-    table = pa.Table.from_pandas(df.reset_index(drop=True), preserve_index=False)
-    documented: dict[str, pa.Field] = {}
-    if name == "volume_validation":
-        try:
-            from .volume import VOLUME_SCHEMA
-
-            documented = {f.name: f for f in VOLUME_SCHEMA}
-        except ImportError:  # the volume model is optional for summaries
-            documented = {}
-    fields = []
-    for f in table.schema:
-        doc = documented.get(f.name)
-        fields.append(f.with_metadata(doc.metadata) if doc is not None and doc.metadata else f)
-    schema = pa.schema(fields, metadata={"table": name, "doc": "columns as produced upstream"})
-    return table.cast(schema)
+def table_schema(name: str, df: pd.DataFrame) -> pa.Schema:
+    """Documented schema for a table written under ``name`` (run or campaign flavour); a table
+    without one is a defect of the caller (every written table is documented)."""
+    schema = campaign_schema(name) if "run" in df.columns or name == "runs" else written_schema(name)
+    if schema is None:
+        raise ValueError(f"summary table {name!r} has no documented schema (nccltrace.summary.written_schema)")
+    return schema
 
 
 def write_tables(tables: Mapping[str, pd.DataFrame], out_dir: Path | str) -> dict[str, Path]:
@@ -902,10 +909,7 @@ def write_tables(tables: Mapping[str, pd.DataFrame], out_dir: Path | str) -> dic
     written: dict[str, Path] = {}
     for name, df in tables.items():
         schema = table_schema(name, df)
-        if schema is not None:
-            table = pa.Table.from_pandas(_frame(df, schema), schema=schema, preserve_index=False)
-        else:
-            table = _upstream_table(name, df)
+        table = frame_to_table(_frame(df, schema), schema)
         pq_path = out_dir / f"{name}.parquet"
         write_table_atomic(table, pq_path)
         # nullable dtypes (one map, tables.read_table's): integer columns with nulls stay integers in the CSV

@@ -46,13 +46,15 @@ _NULLABLE_DTYPES = {"string": "string", "int64": "Int64", "int32": "Int32", "uin
 
 
 def coerce_to_schema(df, schema: pa.Schema):
-    """The columns of ``schema`` in its order, as pandas nullable dtypes (absent columns all null)."""
+    """The columns of ``schema`` in its order, as pandas nullable dtypes (absent columns all null;
+    types without a nullable dtype, such as lists, as they are)."""
     import pandas as pd
 
+    types = _nullable_types()
     out = pd.DataFrame(index=df.index)
     for field in schema:
-        col = df[field.name] if field.name in df else pd.Series([pd.NA] * len(df), index=df.index)
-        out[field.name] = col.astype(_NULLABLE_DTYPES[str(field.type)])
+        col = df[field.name] if field.name in df else pd.Series([None] * len(df), index=df.index, dtype=object)
+        out[field.name] = col.astype(types[field.type]) if field.type in types else col
     return out
 
 
@@ -280,10 +282,79 @@ def write_json_atomic(path: Path, data: Any) -> None:
         tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
+def pandas_metadata(schema: pa.Schema) -> bytes:
+    """The ``pandas`` metadata of a Parquet file of ``schema``, derived from its Arrow types alone:
+    every column reads back in pandas as the nullable dtype of the one map every reader converts
+    with (``nullable_types``; other types as pyarrow converts them). pyarrow's ``from_pandas``
+    records the dtypes of the frame it was given instead, so a frame column of another dtype than
+    its schema's (an all-null ``Int64`` column stored as ``bool``) made ``pandas.read_parquet``
+    fail, and an Arrow-built table without pandas metadata read nullable 64-bit ids as float64."""
+    import pandas as pd
+    from pyarrow.pandas_compat import get_logical_type
+
+    types = _nullable_types()
+    columns = [{"name": f.name, "field_name": f.name, "pandas_type": get_logical_type(f.type),
+                "numpy_type": str(types[f.type]) if f.type in types else "object", "metadata": None}
+               for f in schema]  # fmt: skip
+    return json.dumps({"index_columns": [], "column_indexes": [], "columns": columns, "attributes": {},
+                       "creator": {"library": "nccltrace", "version": SCHEMA_VERSION},
+                       "pandas_version": pd.__version__}).encode()  # fmt: skip
+
+
+def file_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` as it is written to a file: its own metadata plus the ``pandas`` metadata its
+    Arrow types give (:func:`pandas_metadata`). Every Parquet writer of the package writes this."""
+    meta = {k: v for k, v in (schema.metadata or {}).items() if k != b"pandas"}
+    return schema.with_metadata({**meta, b"pandas": pandas_metadata(schema)})
+
+
+def frame_to_table(frame, schema: pa.Schema) -> pa.Table:
+    """A pandas frame as an Arrow table of ``schema`` (its columns in the schema's order, each
+    converted to the schema's type: a value the type cannot hold raises), with the file metadata
+    of :func:`file_schema`, whatever dtypes the frame had."""
+    table = pa.Table.from_pandas(frame[schema.names], schema=schema, preserve_index=False)
+    return table.replace_schema_metadata(file_schema(schema).metadata)
+
+
+def schema_problems(actual: pa.Schema, documented: pa.Schema) -> list[str]:
+    """How a written file's schema differs from its documented one: missing, extra or reordered
+    columns, other types, and pandas metadata that names another dtype than the Arrow type gives
+    (empty when the file is as documented)."""
+    problems = []
+    if actual.names != documented.names:
+        missing = [n for n in documented.names if n not in actual.names]
+        extra = [n for n in actual.names if n not in documented.names]
+        problems.append(f"columns differ: missing {missing}, undocumented {extra}" if missing or extra
+                        else "columns in another order than documented")  # fmt: skip
+    for field in documented:
+        if field.name in actual.names and actual.field(field.name).type != field.type:
+            problems.append(f"column {field.name!r}: {actual.field(field.name).type}, documented {field.type}")
+    stored = json.loads((actual.metadata or {}).get(b"pandas", b"null"))
+    if stored is None:
+        problems.append("no pandas metadata (pandas would read nullable integers as float64)")
+    else:
+        want = {c["name"]: c["numpy_type"] for c in json.loads(pandas_metadata(actual))["columns"]}
+        problems += [f"column {c['name']!r}: pandas metadata says {c['numpy_type']}, its Arrow type reads as "
+                     f"{want.get(c['name'])}" for c in stored["columns"] if want.get(c["name"]) != c["numpy_type"]]
+    return problems
+
+
 def write_table_atomic(table: pa.Table, path: Path) -> None:
-    """Write a whole table to Parquet atomically."""
+    """Write a whole table to Parquet atomically, with the pandas metadata its Arrow types give
+    (:func:`file_schema`), so the file opens the same in pandas, pyarrow, DuckDB and Polars."""
+    table = table.replace_schema_metadata(file_schema(table.schema).metadata)
     with atomic_output(path) as tmp:
         pq.write_table(table, tmp, compression="zstd")
+
+
+@contextlib.contextmanager
+def parquet_writer(path: Path | str, schema: pa.Schema, **options: Any) -> Iterator[pq.ParquetWriter]:
+    """A streaming Parquet writer of ``schema`` (with :func:`file_schema`'s metadata) to a
+    temporary sibling of ``path``, renamed into place when the block succeeds (``options``: those
+    of ``pyarrow.parquet.ParquetWriter``; zstd unless given)."""
+    options.setdefault("compression", "zstd")
+    with atomic_output(path) as tmp, pq.ParquetWriter(tmp, file_schema(schema), **options) as writer:
+        yield writer
 
 
 class TableSink:
@@ -303,7 +374,8 @@ class TableSink:
         # Dictionary-encode only strings: trying it on all-unique int64 columns (lines, pointers)
         # costs ~40% of write time for no size gain.
         strings = [f.name for f in self.schema if pa.types.is_string(f.type)]
-        self._writer = pq.ParquetWriter(self._tmp, self.schema, compression="zstd", use_dictionary=strings)
+        self._writer = pq.ParquetWriter(self._tmp, file_schema(self.schema), compression="zstd",
+                                        use_dictionary=strings)
         self.rows = 0
 
     def append(self, row: tuple) -> None:

@@ -47,6 +47,7 @@ from .megatron.sizes import ParallelSizes, flatten_settings
 from .tables import (
     atomic_output,
     coerce_to_schema,
+    frame_to_table,
     iter_record_batches,
     write_table_atomic,
 )
@@ -1098,7 +1099,7 @@ def write_volume_validation(table: pd.DataFrame, out_dir: Path | str) -> dict[st
     out.mkdir(parents=True, exist_ok=True)
     frame = coerce_to_schema(table, VOLUME_SCHEMA)
     pq_path, csv_path = out / "volume_validation.parquet", out / "volume_validation.csv"
-    write_table_atomic(pa.Table.from_pandas(frame, schema=VOLUME_SCHEMA, preserve_index=False), pq_path)
+    write_table_atomic(frame_to_table(frame, VOLUME_SCHEMA), pq_path)
     with atomic_output(csv_path) as tmp:
         frame.to_csv(tmp, index=False)
     return {"parquet": pq_path, "csv": csv_path}

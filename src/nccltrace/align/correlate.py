@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from ..nccl.versions import NcclVersion
 from ..run_layout import process_key
-from ..tables import _NULLABLE_DTYPES
+from ..tables import _NULLABLE_DTYPES, frame_to_table
 from ..tables import documented_field as _f
 from .default import AlignParams, align_units
 from .sequences import (
@@ -939,6 +939,6 @@ def align_files(calls_path, kernels_path, session_path, out_path, *, mode: str =
     from .quality import QUALITY_FILE, write_quality
 
     out_path = Path(out_path)
-    write_table_atomic(pa.Table.from_pandas(table, schema=ALIGNMENT_SCHEMA, preserve_index=False), out_path)
+    write_table_atomic(frame_to_table(table, ALIGNMENT_SCHEMA), out_path)
     write_quality(quality_path or out_path.parent / QUALITY_FILE, out_path.parent.name, quality)
     return table

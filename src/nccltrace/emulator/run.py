@@ -50,7 +50,7 @@ from ..capture import CaptureWindow
 from ..nccl.log_writer import NcclLogWriter, TopoGpu, TopoNic, TopoSystem
 from ..nccl.versions import NcclVersion
 from ..nsys.writer import NsysExportWriter, encode_global_pid
-from ..tables import atomic_path
+from ..tables import atomic_path, file_schema
 from .config import EmulatorConfig
 from .layout import Group, MegatronLayout, PairComm, layout_of
 from .schedule import _DT_SIZE, _STREAM_KIND, P2P_OPS, Op, RankProgram, Unit, hash_ints, kernel_op_of_unit
@@ -160,7 +160,7 @@ class _Sink:
         # A part file (read back once by _merge_parts, which encodes the published file) is
         # written plain: compressing and dictionary-encoding it twice cost more than its I/O.
         self.writer = (pq.ParquetWriter(self.tmp, schema, compression="none", use_dictionary=False) if part
-                       else pq.ParquetWriter(self.tmp, schema, compression="zstd"))  # fmt: skip
+                       else pq.ParquetWriter(self.tmp, file_schema(schema), compression="zstd"))  # fmt: skip
         self.rows = 0
 
     def add(self, row: tuple) -> None:
@@ -1818,7 +1818,7 @@ def _write_combined_stdout(out: Path, logs: list[tuple[Path, Path, int]], cfg: E
     cols = list(zip(*tears)) if tears else [[], [], [], []]
     tt = atomic_path(tears_path)
     pq.write_table(pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(cols, STDOUT_TEARS_SCHEMA)],
-                                        schema=STDOUT_TEARS_SCHEMA), tt)
+                                        schema=file_schema(STDOUT_TEARS_SCHEMA)), tt)
     _publish(tt, tears_path)
 
 
@@ -1950,7 +1950,7 @@ def _merge_parts(parts: list[Path], path: Path, schema: pa.Schema) -> Path:
     time (memory stays at one row group), then delete the parts."""
     tmp = atomic_path(path)
     try:
-        with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+        with pq.ParquetWriter(tmp, file_schema(schema), compression="zstd") as writer:
             for part in parts:
                 pf = pq.ParquetFile(part)
                 for i in range(pf.num_row_groups):

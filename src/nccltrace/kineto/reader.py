@@ -36,7 +36,6 @@ from typing import Any
 import msgspec
 import pandas as pd
 
-from ..kernel_args import KERNEL_ARG_COLUMNS
 from ..nsys import reader as nsys_reader
 from ..nsys.nccl_api import NCCL_API_CALLS_SCHEMA
 from .scan import ScanResult, iter_event_runs, sniff_trace
@@ -236,7 +235,7 @@ class KinetoTrace:
     def kernels(self) -> pd.DataFrame:
         """NCCL kernels with their launch call, in nsys's kernel columns plus
         :data:`KERNEL_ARG_COLUMNS`, ordered by start."""
-        spec = [*nsys_reader.KERNEL_COLUMNS, *KERNEL_ARG_COLUMNS]
+        spec = nsys_reader.KERNEL_TABLE_COLUMNS
         rows = self._c.kernels
         cols: dict[str, list[Any]] = {name: [r.get(name) for r in rows] for name, _ in spec}
         frame = nsys_reader._frame(cols, spec)
@@ -292,32 +291,22 @@ class KinetoTrace:
 
     def export_tables(self, out_dir: str | os.PathLike[str]) -> dict[str, Path]:
         """Write the tables an nsys export's :meth:`~nccltrace.nsys.NsysExport.export_tables`
-        writes, with the same names and columns (``kernels`` adds :data:`KERNEL_ARG_COLUMNS`;
+        writes, with the same names and columns (``kernels`` fills :data:`KERNEL_ARG_COLUMNS`;
         ``launches_without_kernel`` and ``nccl_api_calls`` are empty: a profiler trace records
         neither lost launches nor NCCL's own API ranges). Each file appears atomically."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        from ..tables import atomic_output
+        from ..tables import atomic_output, frame_to_table, write_table_atomic
 
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         paths = {name: out / f"{name}.parquet" for name in
                  ("kernels", "nvtx", "processes", "launches_without_kernel", "nccl_api_calls")}
         paths["session"] = out / "session.json"
-        frames = {
-            "kernels": (self.kernels(), [*nsys_reader.KERNEL_COLUMNS, *KERNEL_ARG_COLUMNS]),
-            "nvtx": (self.nvtx(), nsys_reader.NVTX_COLUMNS),
-            "processes": (self.processes(), nsys_reader.PROCESS_COLUMNS),
-            "launches_without_kernel": (nsys_reader._frame({}, nsys_reader.LAUNCH_COLUMNS),
-                                        nsys_reader.LAUNCH_COLUMNS),
-        }
-        for key, (frame, spec) in frames.items():
-            with atomic_output(paths[key]) as tmp:
-                pq.write_table(pa.Table.from_pandas(frame, schema=nsys_reader.spec_schema(spec),
-                                                    preserve_index=False), tmp)
-        with atomic_output(paths["nccl_api_calls"]) as tmp:
-            pq.write_table(NCCL_API_CALLS_SCHEMA.empty_table(), tmp)
+        specs = nsys_reader.KERNEL_SOURCE_TABLES
+        frames = {"kernels": self.kernels(), "nvtx": self.nvtx(), "processes": self.processes(),
+                  "launches_without_kernel": nsys_reader._frame({}, specs["launches_without_kernel"])}
+        for key, frame in frames.items():
+            write_table_atomic(frame_to_table(frame, nsys_reader.spec_schema(specs[key])), paths[key])
+        write_table_atomic(NCCL_API_CALLS_SCHEMA.empty_table(), paths["nccl_api_calls"])
         with atomic_output(paths["session"]) as tmp:
             tmp.write_text(json.dumps(self.session_info(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
         return paths

@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..tables import atomic_output
+from ..kernel_args import KERNEL_ARG_COLUMNS
+from ..tables import atomic_output, frame_to_table, parquet_writer, write_table_atomic
 
 __all__ = [
     "KERNEL_COLUMNS",
@@ -146,6 +147,15 @@ launching thread, numbered per process in time order) the launch was made in, nu
 captures. A launch during capture makes a graph node, not a kernel: it has no kernel record
 by design, and its kernel runs in the graph's replays."""
 PROCESS_COLUMNS: list[tuple[str, str]] = [("global_pid", "int64"), ("pid", "int64"), ("name", "object")]
+KERNEL_TABLE_COLUMNS: list[tuple[str, str]] = [*KERNEL_COLUMNS, *KERNEL_ARG_COLUMNS]
+"""Columns of every written ``kernels.parquet``, whatever the source: an nsys export records no
+call arguments, so its kernels have them null (one schema per table, whoever writes it)."""
+KERNEL_SOURCE_TABLES: dict[str, list[tuple[str, str]]] = {
+    "kernels": KERNEL_TABLE_COLUMNS, "nvtx": NVTX_COLUMNS, "processes": PROCESS_COLUMNS,
+    "launches_without_kernel": LAUNCH_COLUMNS,
+}  # fmt: skip
+"""The column specs of the tables a kernel source's parse writes beside ``nccl_api_calls``
+(nsys exports, profiler traces, their per-node merge): the one home of their schemas."""
 THREAD_COLUMNS: list[tuple[str, str]] = [
     ("global_tid", "Int64"), ("pid", "Int64"), ("tid", "Int64"), ("name", "object"), ("priority", "Int64"),
 ]
@@ -311,6 +321,11 @@ def _rows_to_columns(rows: list[tuple], names: Sequence[str]) -> dict[str, Seque
     if not rows:
         return {n: [] for n in names}
     return dict(zip(names, zip(*rows)))
+
+
+def _null_columns(spec: list[tuple[str, str]], n: int) -> dict[str, Any]:
+    """All-null columns of ``spec`` for a frame of ``n`` rows."""
+    return {name: pd.array([None] * n, dtype=kind if kind != "object" else object) for name, kind in spec}
 
 
 def spec_schema(spec: list[tuple[str, str]]):
@@ -1232,9 +1247,6 @@ class NsysExport:
         linked to their kernels, see :mod:`nccltrace.nsys.nccl_api`) and ``session.json`` into
         ``out_dir``; each file appears atomically (temp file + rename). Returns table name -> path.
         The summary of the NCCL API table is kept in :attr:`nccl_api_summary` and ``session.json``."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         from .nccl_api import NCCL_API_CALLS_SCHEMA, nccl_api_calls, nccl_kernels
 
         out = Path(out_dir)
@@ -1247,15 +1259,15 @@ class NsysExport:
             "nccl_api_calls": out / "nccl_api_calls.parquet",
             "session": out / "session.json",
         }
-        schema = spec_schema(KERNEL_COLUMNS)
+        schema = spec_schema(KERNEL_TABLE_COLUMNS)
         written = 0
         # The few columns linking NCCL kernels to their calls, kept while kernels stream to disk.
         link_cols = ["global_pid", "pid", "correlation_id", "stream_id", "launch_tid", "launch_start", "launch_end",
                      "short_name", "name"]  # fmt: skip
         links: list[pd.DataFrame] = []
-        with atomic_output(paths["kernels"]) as tmp, pq.ParquetWriter(tmp, schema) as pw:
+        with parquet_writer(paths["kernels"], schema) as pw:
             for batch in self.iter_kernels(kernel_name_like):
-                pw.write_table(pa.Table.from_pandas(batch, schema=schema, preserve_index=False))
+                pw.write_table(frame_to_table(batch.assign(**_null_columns(KERNEL_ARG_COLUMNS, len(batch))), schema))
                 written += len(batch)
                 links.append(nccl_kernels(batch[link_cols]))
         if not written:
@@ -1271,15 +1283,12 @@ class NsysExport:
         nvtx, lost = self.nvtx(), self.launches_without_kernel()
         for key, frame, spec in (("nvtx", nvtx, NVTX_COLUMNS), ("processes", self.processes(), PROCESS_COLUMNS),
                                  ("launches_without_kernel", lost, LAUNCH_COLUMNS)):
-            with atomic_output(paths[key]) as tmp:
-                s = spec_schema(spec)
-                pq.write_table(pa.Table.from_pandas(frame, schema=s, preserve_index=False), tmp)
+            write_table_atomic(frame_to_table(frame, spec_schema(spec)), paths[key])
         kernels = pd.concat(links, ignore_index=True) if links else self._kernel_frame([])[link_cols]
         api = nccl_api_calls(nvtx, kernels, lost_launches=lost, payload_schemas=self.payload_schema_entries(),
                              undecoded_payload_blobs=self.undecoded_payload_blobs)
         self.nccl_api_summary = api.summary()
-        with atomic_output(paths["nccl_api_calls"]) as tmp:
-            pq.write_table(pa.Table.from_pandas(api.calls, schema=NCCL_API_CALLS_SCHEMA, preserve_index=False), tmp)
+        write_table_atomic(frame_to_table(api.calls, NCCL_API_CALLS_SCHEMA), paths["nccl_api_calls"])
         with atomic_output(paths["session"]) as tmp:
             tmp.write_text(json.dumps(self.session_info(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
         return paths

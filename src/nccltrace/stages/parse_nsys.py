@@ -22,7 +22,7 @@ from ..acquisition.raw import (
     missing_export_problem,
 )
 from ..nsys import reader
-from ..nsys.nccl_api import NCCL_API_CALL_COLUMNS, format_summary
+from ..nsys.nccl_api import NCCL_API_CALLS_SCHEMA, format_summary
 from ..nsys.reader import NsysExport, NsysFormatError
 from ..provenance import write_manifest
 from ..tables import write_json_atomic, write_table_atomic
@@ -30,10 +30,10 @@ from . import StageResult
 
 __all__ = ["NSYS_TABLES", "run_parse_nsys"]
 
-# The reader's column specs of the tables ``NsysExport.export_tables`` writes (same names and types).
-_SPECS = {"kernels": reader.KERNEL_COLUMNS, "nvtx": reader.NVTX_COLUMNS, "processes": reader.PROCESS_COLUMNS,
-          "launches_without_kernel": reader.RUNTIME_COLUMNS, "nccl_api_calls": NCCL_API_CALL_COLUMNS}
-NSYS_TABLES: tuple[str, ...] = tuple(_SPECS)
+# The schemas of the tables ``NsysExport.export_tables`` writes (same names and types).
+_SCHEMAS = {**{name: reader.spec_schema(spec) for name, spec in reader.KERNEL_SOURCE_TABLES.items()},
+            "nccl_api_calls": NCCL_API_CALLS_SCHEMA}
+NSYS_TABLES: tuple[str, ...] = tuple(_SCHEMAS)
 """The tables of a parsed export (``<name>.parquet``), beside ``session.json``."""
 
 
@@ -41,9 +41,9 @@ def _unavailable(export_file: Path | None, out: Path, host: str, problem: str,
                  settings: Mapping[str, Any]) -> StageResult:  # fmt: skip
     """Empty tables and a session that says why: the node's ranks get no kernel times."""
     outputs = []
-    for name, spec in _SPECS.items():
+    for name, schema in _SCHEMAS.items():
         path = out / f"{name}.parquet"
-        write_table_atomic(reader.spec_schema(spec).empty_table(), path)
+        write_table_atomic(schema.empty_table(), path)
         outputs.append(path)
     name = export_file.name if export_file is not None else f"{host}.sqlite"
     write_json_atomic(out / "session.json", {"source_file": name, "hostname": host, "available": False,
