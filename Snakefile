@@ -24,6 +24,7 @@ report: "workflow/report/workflow.rst"
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/code_stamps.smk"
 include: "workflow/rules/acquire.smk"
 include: "workflow/rules/parse.smk"
 include: "workflow/rules/correlate.smk"

@@ -121,9 +121,12 @@ def test_snakemake_lint_is_clean_and_dry_run_shows_the_dag(tmp_path):
                           str(REPO / "Snakefile"), "--directory", str(tmp_path), "--configfile", str(EXAMPLE)],
                          cwd=REPO, capture_output=True, text=True)
     assert dry.returncode == 0, dry.stderr
-    # every run's acquisition is scheduled at once (not one run after another's)
+    # every run's acquisition is scheduled at once (not one run after another's); the campaign
+    # report's code stamp is made before it (the stages' stamps once their runs are acquired)
     runs = len(expand_campaign(load_campaign(EXAMPLE)))
-    assert scheduled_jobs(dry.stdout + dry.stderr) == {"acquire": runs, "campaign_report": 1, "all": 1}
+    assert scheduled_jobs(dry.stdout + dry.stderr) == {"acquire": runs, "code_stamp": 1, "campaign_report": 1,
+                                                       "all": 1}
+    assert not (tmp_path / "results").exists()  # a dry run writes nothing, the code stamps included
 
 
 def test_ci_runs_exactly_the_readme_test_command():

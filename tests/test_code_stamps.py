@@ -1,6 +1,8 @@
-"""The workflow's code stamps (provenance.refresh_code_stamp) and what counts as a code change
-(the stage hash reads Python modules by their syntax tree). The workflow-level acceptance, jobs
-counted from Snakemake's table on the example campaign, is in test_workflow.py."""
+"""The workflow's code stamps (provenance.code_stamp_is_current, read as the workflow's graph is
+built; rule code_stamp writes them) and what counts as a code change (the stage hash reads Python
+modules by their syntax tree). The workflow-level acceptance, jobs counted from Snakemake's table
+on the example campaign, and that reading the workflow (dry runs, --summary, ...) changes no file,
+are in test_workflow.py."""
 
 from __future__ import annotations
 
@@ -27,15 +29,19 @@ def test_a_templates_whitespace_counts(tmp_path):
     assert _digest(template, "<p>{{ x }}</p>\n") != _digest(template, "<p>{{ x }} </p>\n")
 
 
-def test_a_stamp_is_rewritten_only_when_the_code_it_holds_is_not_the_codes(tmp_path, monkeypatch):
-    code = {"ops": "aaaaaaaaaaaaaaaa"}
-    monkeypatch.setattr(provenance, "stage_code_hash", lambda stage: code[stage])
-    stamp = provenance.refresh_code_stamp(tmp_path / "stamps", "ops")
-    assert stamp.read_text().strip() == "aaaaaaaaaaaaaaaa"
-    os.utime(stamp, ns=(1_000_000_000, 1_000_000_000))  # made long ago
-    provenance.refresh_code_stamp(tmp_path / "stamps", "ops")
-    assert stamp.stat().st_mtime_ns == 1_000_000_000  # same code: untouched, older than the outputs
-    code["ops"] = "bbbbbbbbbbbbbbbb"
-    provenance.refresh_code_stamp(tmp_path / "stamps", "ops")
-    assert stamp.read_text().strip() == "bbbbbbbbbbbbbbbb" and stamp.stat().st_mtime_ns > 1_000_000_000
-    assert [p.name for p in stamp.parent.iterdir()] == ["ops.stamp"]  # written atomically, nothing left over
+def test_whether_a_stamp_is_current_is_read_without_writing_anything(tmp_path):
+    stamps = tmp_path / "stamps"
+    stamp = provenance.code_stamp_path(stamps, "ops")
+    assert stamp == stamps / "ops.stamp"
+    assert not provenance.code_stamp_is_current(stamp, "aaaaaaaaaaaaaaaa")  # none yet: out of date
+    assert not stamps.exists()  # and none made
+    stamps.mkdir()
+    stamp.write_text("aaaaaaaaaaaaaaaa\n")  # as rule code_stamp writes it
+    os.utime(stamp, ns=(1_000_000_000, 1_000_000_000))
+    assert provenance.code_stamp_is_current(stamp, "aaaaaaaaaaaaaaaa")
+    assert not provenance.code_stamp_is_current(stamp, "bbbbbbbbbbbbbbbb")
+    stamp.write_bytes(b"\xff\xfe")
+    os.utime(stamp, ns=(1_000_000_000, 1_000_000_000))
+    assert not provenance.code_stamp_is_current(stamp, "aaaaaaaaaaaaaaaa")  # unreadable: out of date
+    assert stamp.read_bytes() == b"\xff\xfe" and stamp.stat().st_mtime_ns == 1_000_000_000
+    assert [p.name for p in stamps.iterdir()] == ["ops.stamp"]

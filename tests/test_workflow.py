@@ -152,75 +152,162 @@ def _downstream(feeds: dict[str, set[str]], rules: set[str]) -> set[str]:
     return seen
 
 
-@pytest.mark.slow
-def test_a_code_change_schedules_exactly_its_stages_and_their_dependents_with_or_without_snakemakes_records(
-        tmp_path):
-    """The example campaign, done. Then, from that state each time, with Snakemake's records of
-    the jobs intact and removed (as a head killed before recording them, or results copied from
-    another machine, leave them): no change and a comment schedule nothing; a change to
-    nccl/versions.py schedules every job of the stages whose import closure holds it and of
-    every rule downstream of them, for every run, and no acquisition; a change to trace.py the
-    same for its stages. Counted from Snakemake's job table; the expected rules come from the
-    stages' import closures and the workflow's own rule graph."""
-    import shutil
+class FinishedExample:
+    """The example campaign, done, in a copy of the workflow and package (the tests edit its code),
+    with what its run left kept aside: the code stamps and Snakemake's records of the jobs (copied
+    with their times), the rule graph (rule -> the rules reading its outputs) and ``every``: what a
+    dry run schedules once every stamp is out of date and the records are lost (every analysis job
+    of the campaign; the first run's own table is printed before its checkpoints have said how many
+    nodes each run has)."""
 
-    from nccltrace.provenance import STAGE_ENTRIES, import_closure
+    def __init__(self, root: Path) -> None:
+        import shutil
 
-    repo = _repo_copy(tmp_path / "repo")
-    work = tmp_path / "work"
-    work.mkdir()
-    shutil.copy2(REPO / "config" / "config.yaml", work / "config.yaml")
+        self.repo = _repo_copy(root / "repo")
+        self.work = root / "work"
+        self.work.mkdir()
+        shutil.copy2(REPO / "config" / "config.yaml", self.work / "config.yaml")
+        self.saved = root
+        self.pkg = self.repo / "src" / "nccltrace"
+        self.stamps = self.work / "results" / ".code" / "example"
+        self.records = self.work / ".snakemake" / "metadata"
+        self._sources: dict[str, str] = {}
+        first = self.snakemake()
+        assert first.returncode == 0, first.stderr[-4000:]
+        graph = self.snakemake("--rulegraph")
+        assert graph.returncode == 0, graph.stderr[-3000:]
+        self.feeds = _rule_graph(graph.stdout)
+        shutil.copytree(self.stamps, root / "stamps")  # copy2: the stamps keep their times
+        shutil.copytree(self.records, root / "records")
+        for stamp in self.stamps.glob("*.stamp"):
+            stamp.write_text("0\n")
+        shutil.rmtree(self.records)
+        self.every = self.dry_run()
+        runs = len(list((self.work / "results" / "example").glob("*/raw")))
+        assert "acquire" not in self.every and self.every["ops"] == runs and self.every["parse_node"] >= runs, self.every
+        assert self.every["code_stamp"] == len(self.stamped_stages()), self.every
 
-    def snakemake(*args: str) -> subprocess.CompletedProcess:
-        return _snakemake(work, *args, snakefile=repo / "Snakefile")
+    def snakemake(self, *args: str) -> subprocess.CompletedProcess:
+        return _snakemake(self.work, *args, snakefile=self.repo / "Snakefile")
 
-    first = snakemake()
-    assert first.returncode == 0, first.stderr[-4000:]
-    graph = snakemake("--rulegraph")
-    assert graph.returncode == 0, graph.stderr[-3000:]
-    feeds = _rule_graph(graph.stdout)
-    pkg = repo / "src" / "nccltrace"
-    modules = {m: (pkg / m).read_text() for m in ("nccl/versions.py", "trace.py")}
-    stamps, records = work / "results" / ".code" / "example", work / ".snakemake" / "metadata"
-    shutil.copytree(stamps, tmp_path / "stamps")  # copy2: the stamps keep their times
-    shutil.copytree(records, tmp_path / "records")
-    # every analysis job of the campaign (the first run's own table is printed before its
-    # checkpoints have said how many nodes each run has): what every stamp out of date schedules
-    # without the records (with them, Snakemake compares a small input's checksum, not its time)
-    for stamp in stamps.glob("*.stamp"):
-        stamp.write_text("0\n")
-    shutil.rmtree(records)
-    everything = snakemake("-n")
-    assert everything.returncode == 0, everything.stderr[-3000:]
-    every = scheduled_jobs(everything.stdout + everything.stderr)
-    runs = len(list((work / "results" / "example").glob("*/raw")))
-    assert "acquire" not in every and every["ops"] == runs and every["parse_node"] >= runs, every
-
-    def dry_run(module: str | None, added: str, with_records: bool) -> dict[str, int]:
-        for m, text in modules.items():
-            (pkg / m).write_text(text)
-        shutil.rmtree(stamps)
-        shutil.copytree(tmp_path / "stamps", stamps)
-        shutil.rmtree(records, ignore_errors=True)
-        if with_records:
-            shutil.copytree(tmp_path / "records", records)
-        if module is not None:
-            (pkg / module).write_text(modules[module] + added)
-        dry = snakemake("-n")
+    def dry_run(self, *args: str) -> dict[str, int]:
+        dry = self.snakemake("-n", *args)
         assert dry.returncode == 0, dry.stderr[-3000:]
         return scheduled_jobs(dry.stdout + dry.stderr)
 
+    def edit(self, module: str, added: str) -> None:
+        """Adds ``added`` to a module of the package copy (``reset`` takes it back)."""
+        path = self.pkg / module
+        self._sources.setdefault(module, path.read_text())
+        path.write_text(self._sources[module] + added)
+
+    def revert(self, module: str) -> None:
+        (self.pkg / module).write_text(self._sources[module])
+
+    def reset(self, with_records: bool) -> None:
+        """The campaign as its run left it: the package's code, the stamps, and the records or none."""
+        import shutil
+
+        for module in self._sources:
+            self.revert(module)
+        shutil.rmtree(self.stamps)
+        shutil.copytree(self.saved / "stamps", self.stamps)
+        shutil.rmtree(self.records, ignore_errors=True)
+        if with_records:
+            shutil.copytree(self.saved / "records", self.records)
+
+    def stamped_stages(self) -> set[str]:
+        """The workflow's rules that have a code stamp: the stages of provenance.STAGE_ENTRIES that are rules."""
+        from nccltrace.provenance import STAGE_ENTRIES
+
+        return {s for s in STAGE_ENTRIES if s in self.feeds}
+
+    def expected(self, module: str) -> dict[str, int]:
+        """What a change to ``module`` schedules: the stamps of the stages whose import closure holds
+        it, every job of those stages and of every rule downstream of them, for every run."""
+        from nccltrace.provenance import STAGE_ENTRIES, import_closure
+
+        stages = {s for s in self.stamped_stages() if module in import_closure(STAGE_ENTRIES[s])}
+        assert stages, module
+        jobs = {rule: self.every[rule] for rule in _downstream(self.feeds, stages)}
+        assert "acquire" not in jobs
+        return {"code_stamp": len(stages), **jobs}
+
+
+@pytest.fixture(scope="module")
+def finished_example(tmp_path_factory) -> FinishedExample:
+    return FinishedExample(tmp_path_factory.mktemp("example"))
+
+
+@pytest.mark.slow
+def test_a_code_change_schedules_exactly_its_stages_and_their_dependents_with_or_without_snakemakes_records(
+        finished_example):
+    """The example campaign, done. Then, from that state each time, with Snakemake's records of
+    the jobs intact and removed (as a head killed before recording them, or results copied from
+    another machine, leave them): no change and a comment schedule nothing; a change to
+    nccl/versions.py schedules the stamps of the stages whose import closure holds it and every
+    job of those stages and of every rule downstream of them, for every run, and no acquisition;
+    a change to trace.py the same for its stages. Counted from Snakemake's job table; the expected
+    rules come from the stages' import closures and the workflow's own rule graph."""
+    example = finished_example
     for with_records in (True, False):
-        assert dry_run(None, "", with_records) == {}, with_records
+        example.reset(with_records)
+        assert example.dry_run() == {}, with_records
         if not with_records:  # with them, the code hash (a rule parameter) would say the same
-            comment = "\n# a comment changes nothing a module does\n"
-            assert dry_run("nccl/versions.py", comment, with_records) == {}
-        for module in modules:
-            stages = {s for s in STAGE_ENTRIES if s in feeds and module in import_closure(STAGE_ENTRIES[s])}
-            assert stages, module
-            expected = {rule: every[rule] for rule in _downstream(feeds, stages)}
-            assert "acquire" not in expected
-            assert dry_run(module, "\n_TOUCHED = 1\n", with_records) == expected, (module, with_records)
+            example.edit("nccl/versions.py", "\n# a comment changes nothing a module does\n")
+            assert example.dry_run() == {}
+        for module in ("nccl/versions.py", "trace.py"):
+            example.reset(with_records)
+            example.edit(module, "\n_TOUCHED = 1\n")
+            assert example.dry_run() == example.expected(module), (module, with_records)
+
+
+def _files(root: Path) -> dict[str, tuple[int, int, str]]:
+    """Every file and folder under ``root``: (modification time ns, size, SHA-256 of a file's bytes)."""
+    import hashlib
+
+    out = {}
+    for p in sorted(root.rglob("*")):
+        st = p.lstat()
+        digest = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else ""
+        out[str(p.relative_to(root))] = (st.st_mtime_ns, st.st_size if p.is_file() else 0, digest)
+    return out
+
+
+def _changed(before: dict, after: dict) -> list[str]:
+    return sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+
+
+@pytest.mark.slow
+def test_a_dry_run_changes_nothing_and_a_reverted_change_re_runs_nothing(finished_example):
+    """As a user would, on the finished example campaign, nothing restored between the steps:
+    nccl/versions.py changed, --summary, --list-changes code/input/params, --lint and --dag
+    (Snakemake's records at hand), then, the records lost, a dry run: what the change re-runs;
+    the change reverted, a dry run: nothing; trace.py changed, a dry run: trace's stamp and the
+    jobs of trace and of what follows it, nothing else. None of it changes a file of the
+    campaign's results or its code stamps, byte or time (the stamps used to be rewritten as the
+    workflow was read: the revert then left them out of date and everything was scheduled)."""
+    import shutil
+
+    example = finished_example
+    example.reset(with_records=True)
+    results = example.work / "results"
+    before = _files(results)
+    assert any(k.startswith(".code/example/") for k in before)
+    example.edit("nccl/versions.py", "\n_TOUCHED = 1\n")
+    for args in (["--summary"], ["--list-changes", "code"], ["--list-changes", "input"],
+                 ["--list-changes", "params"], ["--lint"], ["--dag"]):  # fmt: skip
+        done = example.snakemake(*args)
+        assert done.returncode == 0, (args, done.stderr[-3000:])
+        assert _changed(before, _files(results)) == [], args
+    shutil.rmtree(example.records)
+    assert example.dry_run() == example.expected("nccl/versions.py")
+    example.revert("nccl/versions.py")
+    assert example.dry_run() == {}
+    example.edit("trace.py", "\n_TOUCHED = 1\n")
+    assert example.dry_run() == example.expected("trace.py")
+    assert set(example.expected("trace.py")) == {"code_stamp", "trace", "report", "campaign_report", "all"}
+    assert _changed(before, _files(results)) == []
 
 
 @pytest.mark.slow

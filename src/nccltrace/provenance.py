@@ -178,29 +178,21 @@ def stage_code_hash(stage: str) -> str:
     return h.hexdigest()[:16]
 
 
-def refresh_code_stamp(directory: Path | str, stage: str) -> Path:
-    """The workflow's code stamp of ``stage`` in ``directory``: a file holding the stage's code
-    hash, rewritten (so newer than every output made before) when the hash it holds differs
-    from the code's now.
+def code_stamp_path(directory: Path | str, stage: str) -> Path:
+    """Where the workflow keeps the code stamp of ``stage``: a file holding the stage's code hash
+    (:func:`stage_code_hash`) as of the last run that started the stage's jobs."""
+    return Path(directory) / f"{stage}.stamp"
 
-    Snakemake re-runs a job whose input is newer than its outputs, also where its own records
-    of the jobs' parameters were lost; but it builds its graph lazily from the outputs asked
-    for, so a stamp that does not exist yet is never made for outputs that do. The stamp is
-    therefore refreshed when the workflow is read, before the graph is built. A code change
-    that is reverted before the stage re-ran still re-runs it once (the stamp records when the
-    code last changed, not which code made each output)."""
-    path = Path(directory) / f"{stage}.stamp"
-    code = stage_code_hash(stage)
+
+def code_stamp_is_current(path: Path | str, code: str) -> bool:
+    """True when the stamp at ``path`` holds ``code``; False when it holds another hash, is
+    missing or unreadable. Reads only: the workflow decides from this, as its graph is built,
+    whether the stamp's job (which writes it) must run (see ``code_stamp`` in
+    workflow/rules/common.smk), so that reading the workflow changes no file."""
     try:
-        held = path.read_text(encoding="utf-8").strip()
-    except (FileNotFoundError, UnicodeDecodeError):
-        held = None
-    if held != code:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(code + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-    return path
+        return Path(path).read_text(encoding="utf-8").strip() == code
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def tool_versions() -> dict[str, str]:

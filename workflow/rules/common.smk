@@ -8,7 +8,7 @@ from snakemake.exceptions import IncompleteCheckpointException
 from nccltrace.campaign import expand_campaign, validate_runs
 from nccltrace.job_memory import mem_mb, parquet_rows
 from nccltrace.metrics import part_calls
-from nccltrace.provenance import refresh_code_stamp, stage_code_hash
+from nccltrace.provenance import code_stamp_is_current, code_stamp_path, stage_code_hash
 from nccltrace.run_layout import METRIC_TABLES, RunLayout
 
 RUNS = {run.run_id: run for run in expand_campaign(config)}
@@ -118,12 +118,46 @@ def nsys_report(wildcards):
     return str(nsys_dir / f"{wildcards.host}.nsys-rep")
 
 
+# Code stamps. Each analysis rule has its stage's stamp as an input, results/.code/<campaign>/<stage>.stamp,
+# holding the stage's code hash (its import closure and data files: nccltrace.provenance.stage_code_hash):
+# the same hash is a rule parameter, but Snakemake compares parameters only with its records of the
+# jobs (.snakemake/metadata), and the stamp makes a code change re-run the stage also where those were
+# lost. The stamp is the output of a job of its own (code_stamps.smk), the only writer, when it runs;
+# reading the workflow writes nothing, so a dry run, --summary, --list-changes, --lint, --dag, --rulegraph
+# change no file and say what a run would do.
+STAMPED_CODE = {}  # stage -> its code hash now, for the stages that have a stamp (filled by code_stamp)
+
+
 def code_stamp(stage):
-    """The stage's code stamp, an input of each of its jobs: refreshed now, as the workflow is
-    read, when the stage's code hash (its import closure and data files) changed, so that it is
-    newer than every output made before and Snakemake re-runs them by modification time, even
-    where its records of the jobs were lost (nccltrace.provenance.refresh_code_stamp)."""
-    return str(refresh_code_stamp(CODE_STAMPS, stage))
+    """The stage's code stamp, an input of each of its jobs (made by rule code_stamp)."""
+    STAMPED_CODE.setdefault(stage, stage_code_hash(stage))
+    return str(code_stamp_path(CODE_STAMPS, stage))
+
+
+_FORCED_STAMPS = set()
+
+
+def _stamp_out_of_date(wildcards):
+    """The code_stamp job's input function (it has no input). When the stamp does not hold the
+    stage's code hash now (another code's, or none: missing), its job is marked to run (what
+    ``--forcerun`` does for a file), and so, by Snakemake's own rules, every job that reads it and
+    everything downstream. Snakemake cannot see this by itself where its records of the jobs were
+    lost: the stamp exists, and a job whose outputs exist is checked against its inputs' times only
+    (the graph is built from the outputs asked for: a missing or out-of-date input that no job needs
+    is never made). Nothing is written until the job runs; jobs that Snakemake itself starts for one
+    job (--mode subprocess or remote) run what the main process scheduled and change nothing."""
+    stamp = str(code_stamp_path(CODE_STAMPS, wildcards.stage))
+    dag = workflow.dag
+    if dag is None or not workflow.is_main_process:
+        return []
+    if not code_stamp_is_current(stamp, STAMPED_CODE[wildcards.stage]):
+        if stamp not in dag.forcefiles:
+            _FORCED_STAMPS.add(stamp)
+        dag.forcefiles.add(stamp)
+    elif stamp in _FORCED_STAMPS:  # written since (this run's job; the graph is updated after checkpoints)
+        dag.forcefiles.discard(stamp)
+        _FORCED_STAMPS.discard(stamp)
+    return []
 
 
 def _emulated_by_other_code():
