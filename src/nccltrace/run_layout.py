@@ -49,6 +49,12 @@ def process_key(log_stem: str) -> tuple[str, int]:
     return host, int(pid)
 
 
+def process_name(host: str, pid: int) -> str:
+    """The name of process (``host``, ``pid``) in a run's layout: ``nccl_<host>_<pid>`` (the
+    inverse of :func:`process_key`)."""
+    return f"nccl_{host}_{int(pid)}"
+
+
 def _host_or_none(name: str) -> str | None:
     try:
         return process_key(name)[0]

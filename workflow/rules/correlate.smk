@@ -9,6 +9,10 @@ rule align_node:
         parsed=RUN.parsed_nccl_node("{host}"),
         # the node's kernels, session, NVTX ranges and launches without a kernel
         export=RUN.parsed_nsys("{host}"),
+        # the run's communicator members and every node's parsed logs: a collective's TUNING
+        # line, printed on its communicator's rank 0 only, is evidence on every member
+        members=RUN.members,
+        rank0=per_log_node(lambda layout, host: layout.parsed_nccl_node(host)),
         # the acquired run, whose logs name the node's processes (params): a job running
         # remotely (SLURM) resolves checkpoint-dependent params only from a declared input
         raw=raw_dir,

@@ -8,6 +8,8 @@ one row per call line (``row_kind = 'call'``) and one per kernel no call was mat
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -26,6 +28,7 @@ from .sequences import (
     build_log_units,
     is_nccl_kernel,
 )
+from .tuning_carry import carry_tuning
 from .window import (
     locate_by_trace,
     log_unlocated,
@@ -248,6 +251,7 @@ def align_process(
     comms: pd.DataFrame | None = None,
     tuning: pd.DataFrame | None = None,
     iteration_marks: pd.DataFrame | None = None,
+    carried_tuning: Mapping[int, pd.DataFrame] | None = None,
 ) -> pd.DataFrame:
     """Correlate one process's call lines (``calls`` table) with its kernels (nsys ``kernels`` rows of
     the same pid). ``utc_offset_ns`` (the export's session UTC start) enables the time signal
@@ -261,15 +265,25 @@ def align_process(
     line (channels, algorithm) constrains its kernel where the run bears those facts out
     (:class:`~.default.TuningFacts`). ``iteration_marks``: Megatron's iteration lines in this
     log (:func:`~nccltrace.megatron.training_log.iteration_lines`); they number the log's training
-    steps for ``capture_steps``. Returns a table with ``ALIGNMENT_SCHEMA``."""
+    steps for ``capture_steps``. ``carried_tuning``: what rank 0's TUNING lines say of this
+    process's calls on the communicators it is not rank 0 of (communicator pointer ->
+    :func:`~.tuning_carry.donor_facts`), used as the process's own where the call is the same
+    one for certain (:mod:`.tuning_carry`). Returns a table with ``ALIGNMENT_SCHEMA``."""
     if mode not in MODES:
         raise ValueError(f"unknown alignment mode {mode!r}; use one of {', '.join(MODES)}")
     kernels = kernels[is_nccl_kernel(kernels["short_name"].astype(object))]
-    if tuning is not None:
+    carried = None
+    if tuning is not None or carried_tuning is not None:
         calls = attach_tuning(calls, tuning)
+    if carried_tuning is not None:
+        calls, carried = carry_tuning(calls, carried_tuning)
     if mode == "default":
-        return _align_default(calls, kernels, utc_offset_ns, params or AlignParams(), launches_without_kernel,
-                              _version_tuple(nccl_version), quality, capture_steps, nvtx, comms, iteration_marks)
+        table = _align_default(calls, kernels, utc_offset_ns, params or AlignParams(), launches_without_kernel,
+                               _version_tuple(nccl_version), quality, capture_steps, nvtx, comms, iteration_marks)
+        for check in (quality or {}).get("checks", []):
+            if check.get("check") == "tuning":
+                check["carried_from_rank0"] = carried  # calls whose TUNING facts came from rank 0's lines
+        return table
     if mode == "thesis":
         return _align_thesis(calls, kernels)
     return _align_exact(calls, kernels, nvtx, utc_offset_ns, _version_tuple(nccl_version), capture_steps, quality,
@@ -873,7 +887,8 @@ def _foreign_check(foreign: pd.DataFrame, process: str, pid: int) -> dict:
 def align_files(calls_path, kernels_path, session_path, out_path, *, mode: str = "default",
                 nvtx_path=None, launches_path=None, pid: int | None = None,
                 nccl_version: str | None = None, export_available: bool = True,
-                quality_path=None, capture_steps: tuple[int, int] | None = None) -> pd.DataFrame:  # fmt: skip
+                quality_path=None, capture_steps: tuple[int, int] | None = None,
+                carried_tuning: Mapping[int, pd.DataFrame] | None = None) -> pd.DataFrame:  # fmt: skip
     """Stage entry point: align one process's parsed calls with its node's parsed kernels and
     write the correlation table atomically. ``pid`` defaults to the pid of the calls; the NCCL
     version defaults to the process's version line (``versions.parquet`` beside the calls).
@@ -881,7 +896,8 @@ def align_files(calls_path, kernels_path, session_path, out_path, *, mode: str =
     then an empty table): every call that needed a kernel is unmatched with reason
     ``'no_export'``, the others keep reasons that need no export (duplicates, single-rank).
     ``quality_path``: where to write the process's alignment-quality record (default
-    ``alignment_quality.json`` beside ``out_path``); ``capture_steps``: see :func:`align_process`."""
+    ``alignment_quality.json`` beside ``out_path``); ``capture_steps``, ``carried_tuning``: see
+    :func:`align_process`."""
     import json
     from pathlib import Path
 
@@ -932,6 +948,7 @@ def align_files(calls_path, kernels_path, session_path, out_path, *, mode: str =
         table = align_process(calls, kernels, mode=mode, utc_offset_ns=utc, nvtx=nvtx,
                               launches_without_kernel=launches, nccl_version=nccl_version, quality=quality,
                               capture_steps=capture_steps, comms=comms, tuning=tuning,
+                              carried_tuning=carried_tuning,
                               iteration_marks=marks)  # fmt: skip
     if len(foreign):
         table = pd.concat([table, _foreign_rows(foreign, nccl_version)], ignore_index=True)

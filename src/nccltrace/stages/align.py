@@ -15,8 +15,10 @@ import pyarrow.parquet as pq
 
 from ..align.correlate import NO_EXPORT_REASON, align_files, process_key
 from ..align.quality import QUALITY_FILE, quality_findings, quality_problems, read_quality
+from ..align.tuning_carry import read_donor_facts, tuning_donors
 from ..provenance import write_manifest
-from ..run_layout import RunLayout
+from ..run_layout import RunLayout, process_name
+from ..tables import read_table
 from . import StageResult
 
 __all__ = ["alignment_summary", "run_align"]
@@ -52,7 +54,7 @@ def run_align(layout: RunLayout, proc: str, host: str, *, mode: str = "default",
                         nvtx_path=nsys / "nvtx.parquet" if available else None,
                         nccl_version=str(nccl_version) if nccl_version else None, pid=pid,
                         export_available=available, quality_path=out / QUALITY_FILE,
-                        capture_steps=capture_steps)  # fmt: skip
+                        capture_steps=capture_steps, carried_tuning=_rank0_tuning(layout, proc))  # fmt: skip
     summary = alignment_summary(table, mode)
     calls_tab = table[table["row_kind"] == "call"]
     # calls that launch a kernel: not duplicate lines, not calls on single-rank communicators
@@ -69,10 +71,27 @@ def run_align(layout: RunLayout, proc: str, host: str, *, mode: str = "default",
     record = read_quality(out / QUALITY_FILE)
     notes = _window_notes(proc, record) + quality_findings(proc, record)
     outputs = [out / "alignment.parquet", out / QUALITY_FILE]
-    write_manifest(layout.manifest(out), stage="align", inputs=[calls, nsys / "kernels.parquet", nsys / "session.json"],
+    inputs = [calls, nsys / "kernels.parquet", nsys / "session.json"]
+    inputs += [layout.members] if layout.members.exists() else []
+    write_manifest(layout.manifest(out), stage="align", inputs=inputs,
                    outputs=outputs, config={"mode": mode}, partial=bool(problems), reasons=problems,
                    extra={"summary": summary})
     return StageResult("align", outputs, bool(problems), problems, str(summary), notes, details={"summary": summary})
+
+
+def _rank0_tuning(layout: RunLayout, proc: str) -> dict[int, pd.DataFrame] | None:
+    """What the TUNING lines of rank 0 of each of the process's other communicators say of its
+    calls (:mod:`~nccltrace.align.tuning_carry`), from the run's members table (the
+    communicators stage) and rank 0's parsed log; None before the communicators stage ran."""
+    if not layout.members.exists():
+        return None
+    try:
+        host, pid = process_key(proc)
+    except ValueError:
+        return None
+    donors = tuning_donors(read_table(layout.members), host, pid)
+    parsed = {(h, p): layout.parsed_nccl(process_name(h, p)) for h, p, _ in donors.values()}
+    return read_donor_facts(parsed, donors, host)
 
 
 _LOCATED_BY = {"profiler_steps": "the trace's step markers", "trace_sequence": "the trace's kernel sequence",
