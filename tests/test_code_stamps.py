@@ -6,7 +6,9 @@ are in test_workflow.py."""
 
 from __future__ import annotations
 
+import ast
 import os
+from pathlib import Path
 
 from nccltrace import provenance
 
@@ -45,3 +47,47 @@ def test_whether_a_stamp_is_current_is_read_without_writing_anything(tmp_path):
     assert not provenance.code_stamp_is_current(stamp, "aaaaaaaaaaaaaaaa")  # unreadable: out of date
     assert stamp.read_bytes() == b"\xff\xfe" and stamp.stat().st_mtime_ns == 1_000_000_000
     assert [p.name for p in stamps.iterdir()] == ["ops.stamp"]
+
+
+def test_an_import_chain_says_how_a_module_comes_into_a_stages_code_hash():
+    entries = provenance.STAGE_ENTRIES["ops"]
+    closure = provenance.import_closure(entries)
+    chain = provenance.import_chain(entries, "nccl/versions.py")
+    assert chain[0][0] in entries and chain[0][1] == "entry" and chain[-1][0] == "nccl/versions.py"
+    for (before, _), (module, how) in zip(chain, chain[1:]):
+        assert module in closure or module == "provenance.py"  # the closure leaves provenance out, not its imports
+        assert how == "package" or how.startswith(("from ", "import ")), how
+        assert how == "package" or before.endswith(".py")
+    assert provenance.import_chain(entries, "tables_doc.py") == []  # in no stage's code
+    assert all(provenance.import_chain(entries, m) for m in closure)  # every module of the closure has one
+
+
+def test_every_package_module_a_rule_script_imports_is_in_its_stages_code_hash():
+    """A rule script (workflow/scripts/<stage>.py, and _bootstrap.py, which every one runs) may
+    import a package module beside its stage's: it runs it, so a change to it must re-run the
+    stage (align_node's script reads the capture window, every script sets up errors'
+    warnings). provenance.py is left out of every stage's code by design."""
+    scripts = Path(__file__).resolve().parents[1] / "workflow" / "scripts"
+    bootstrap = scripts / "_bootstrap.py"
+
+    def imports(path: Path) -> set[str]:
+        out = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            out.update(n for n in names if n.split(".")[0] == "nccltrace")
+        return out
+
+    checked = 0
+    for stage, entries in provenance.STAGE_ENTRIES.items():
+        script = scripts / f"{stage}.py"
+        if not script.is_file():
+            continue
+        closure = set(provenance.import_closure(entries))
+        for module in sorted(imports(script) | imports(bootstrap)):
+            rel = "/".join(module.split(".")[1:])
+            if rel == "provenance":
+                continue
+            assert f"{rel}.py" in closure or f"{rel}/__init__.py" in closure, (stage, module)
+            checked += 1
+    assert checked >= 20

@@ -80,10 +80,14 @@ def code_version() -> dict[str, Any]:
 # a hash of the entry points' import closure as a param: a change to any module a stage can
 # execute re-runs exactly the dependent rules, and a module added to the closure later is
 # covered without editing this table. (This module itself is left out: it only writes manifests.)
+# The rule scripts' own imports beside their stage (workflow/scripts/_bootstrap.py: errors, for
+# every rule; align_node.py: capture) count too; tests/test_code_stamps.py checks that every package
+# module a rule script imports is in its stage's closure.
+_RULE_SCRIPT_IMPORTS: dict[str, tuple[str, ...]] = {"align_node": ("capture.py",)}
 STAGE_ENTRIES: dict[str, tuple[str, ...]] = {
     "emulate": ("emulator/run.py",),
     # the workflow's rules (parse_node and align_node import the per-process stages they run)
-    **{stage: (f"stages/{stage}.py",) for stage in (
+    **{stage: (f"stages/{stage}.py", "errors.py", *_RULE_SCRIPT_IMPORTS.get(stage, ())) for stage in (
         "parse_node", "parse_summary", "communicators", "align_node", "ops", "metrics", "volume", "trace", "report",
         "campaign_report")},
 }
@@ -118,11 +122,12 @@ def _module_facts(path: Path, mtime_ns: int) -> tuple[tuple, bytes]:
     return tuple(imports), hashlib.sha256(ast.dump(tree).encode()).digest()
 
 
-def import_closure(entries: tuple[str, ...]) -> list[str]:
-    """Package modules (paths relative to the package) reachable from ``entries`` through
-    ``import`` statements anywhere in a module (function-level imports included: a stage may
-    run them), plus the ``__init__.py`` of every package on the way. Static, so the result
-    does not depend on what happens to be imported already."""
+def _import_graph(entries: tuple[str, ...]) -> dict[Path, tuple[Path | None, str]]:
+    """Every package file reachable from ``entries`` (see :func:`import_closure`): file -> (the
+    file that first pulls it in, breadth first, and how: the import statement, or "package" for
+    the ``__init__.py`` of a package a file is in); ``(None, "entry")`` for the entries."""
+    from collections import deque
+
     pkg = Path(__file__).resolve().parent
     name = pkg.name
 
@@ -134,17 +139,23 @@ def import_closure(entries: tuple[str, ...]) -> list[str]:
             return [base / "__init__.py"]
         return []
 
-    seen: set[Path] = set()
-    todo = [pkg / e for e in entries]
+    seen: dict[Path, tuple[Path | None, str]] = {}
+    todo: deque[Path] = deque()
+
+    def reach(f: Path, via: Path | None, how: str) -> None:
+        if f not in seen and f.is_file():
+            seen[f] = (via, how)
+            todo.append(f)
+
+    for e in entries:
+        reach(pkg / e, None, "entry")
     while todo:
-        f = todo.pop()
-        if f in seen or not f.is_file():
-            continue
-        seen.add(f)
+        f = todo.popleft()
         rel = f.relative_to(pkg).with_suffix("").parts
         here = list(rel[:-1])  # the package a relative import starts from (a package's own for __init__)
         for parent in range(1, len(here) + 1):  # packages on the way
-            todo += resolve(here[:parent])
+            for g in resolve(here[:parent]):
+                reach(g, f, "package")
         for level, module, names in _imports(f, f.stat().st_mtime_ns):
             if level:
                 up = here[: len(here) - (level - 1)] if level > 1 else here
@@ -153,10 +164,46 @@ def import_closure(entries: tuple[str, ...]) -> list[str]:
                 mod = module.split(".")[1:]
             else:
                 continue
-            todo += resolve(mod)
+            if names:
+                stmt = f"from {'.' * level}{module or ''} import {', '.join(names)}"
+            else:
+                stmt = f"import {module}"
+            for g in resolve(mod):
+                reach(g, f, stmt)
             for alias in names:  # `from . import x` may name a submodule
-                todo += resolve([*mod, alias])
-    return sorted(str(p.relative_to(pkg)) for p in seen if p.name not in _EXCLUDED or p.parent != pkg)
+                for g in resolve([*mod, alias]):
+                    reach(g, f, stmt)
+    return seen
+
+
+def import_closure(entries: tuple[str, ...]) -> list[str]:
+    """Package modules (paths relative to the package) reachable from ``entries`` through
+    ``import`` statements anywhere in a module (function-level imports included: a stage may
+    run them), plus the ``__init__.py`` of every package on the way. Static, so the result
+    does not depend on what happens to be imported already."""
+    pkg = Path(__file__).resolve().parent
+    return sorted(str(p.relative_to(pkg)) for p in _import_graph(entries)
+                  if p.name not in _EXCLUDED or p.parent != pkg)
+
+
+def import_chain(entries: tuple[str, ...], module: str) -> list[tuple[str, str]]:
+    """How ``module`` (a path relative to the package) comes into the import closure of
+    ``entries``: the shortest chain of files from an entry point to it, each with how the one
+    before pulls it in, ``[(entry, "entry"), (file, "from .x import y"), ..., (module, how)]``
+    ("package": the ``__init__.py`` of a package the previous file is in); empty when it is not
+    in the closure. What the stage's code hash covers is the whole closure, function-level
+    imports included: a module on such a chain is hashed whether or not the stage calls it."""
+    pkg = Path(__file__).resolve().parent
+    graph = _import_graph(entries)
+    f: Path | None = pkg / module
+    if f not in graph or (f.name in _EXCLUDED and f.parent == pkg):
+        return []
+    chain = []
+    while f is not None:
+        via, how = graph[f]
+        chain.append((str(f.relative_to(pkg)), how))
+        f = via
+    return chain[::-1]
 
 
 def stage_code_hash(stage: str) -> str:
