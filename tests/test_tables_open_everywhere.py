@@ -10,17 +10,16 @@ stored as ``bool`` (``steps_verified`` in exact mode) made ``pandas.read_parquet
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
-import duckdb
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from data_paths import CAPTURE, REPO
 from emulated_runs import SMALL_MODEL
+from parquet_checks import assert_every_table_opens
 
 from nccltrace.cli import main
 from nccltrace.emulator.run import emulate_run
@@ -36,31 +35,6 @@ PER_PROCESS = {**SMALL_MODEL, "model": "tiny", "tp": 2, "nodes": 1, "gpus_per_no
                "seed": 3}  # fmt: skip
 
 
-def _problems_of_file(path: Path, root: Path) -> list[str]:
-    """What keeps ``path`` from opening in every reader as documented (empty when nothing)."""
-    problems = []
-    for reader, read in (("pandas", pd.read_parquet), ("pyarrow", pq.read_table),
-                         ("duckdb", lambda p: duckdb.sql(f"SELECT * FROM read_parquet('{p}')").arrow())):
-        try:
-            read(path)
-        except Exception as exc:  # noqa: BLE001 - every failure is reported with the reader's words
-            problems.append(f"{reader}: {type(exc).__name__}: {exc}")
-    documented = documented_schema_of(path.relative_to(root))
-    if documented is None:
-        problems.append("no documented table (nccltrace tables-doc) for this file")
-    else:
-        problems += [f"as {documented[0]}: {p}" for p in schema_problems(pq.read_schema(path), documented[1])]
-    return problems
-
-
-def _assert_every_table_opens(out: Path) -> int:
-    files = sorted(out.rglob("*.parquet"))
-    assert files, f"no Parquet file under {out}"
-    bad = {str(f.relative_to(out)): p for f in files if (p := _problems_of_file(f, out))}
-    assert not bad, json.dumps(bad, indent=1)[:4000]
-    return len(files)
-
-
 @pytest.fixture(scope="module")
 def windowed_raw(tmp_path_factory) -> Path:
     raw = tmp_path_factory.mktemp("windowed") / "raw"
@@ -72,7 +46,7 @@ def windowed_raw(tmp_path_factory) -> Path:
 def test_every_table_of_a_windowed_run_opens_in_every_mode(windowed_raw, tmp_path, mode):
     out = tmp_path / "out"
     assert main(["analyze", str(windowed_raw), "-o", str(out), "-q", "--mode", mode]) == 0
-    n = _assert_every_table_opens(out)
+    n = assert_every_table_opens(out)
     assert n > 100  # per process, per node and per run tables through the report
     # The column the defect was found in reads back as its documented type.
     align = next(out.glob("aligned/*/*/alignment.parquet"))
@@ -83,13 +57,13 @@ def test_every_table_of_a_run_analysed_from_its_logs_alone_opens(windowed_raw, t
     logs = tmp_path / "logs"
     shutil.copytree(windowed_raw / "nccl", logs / "nccl")
     assert main(["analyze", str(logs), "-o", str(tmp_path / "out"), "-q"]) == 0
-    _assert_every_table_opens(tmp_path / "out")
+    assert_every_table_opens(tmp_path / "out")
 
 
 def test_every_table_of_a_run_with_per_process_exports_opens(tmp_path):
     emulate_run(PER_PROCESS, tmp_path / "raw")
     assert main(["analyze", str(tmp_path / "raw"), "-o", str(tmp_path / "out"), "-q"]) == 0
-    _assert_every_table_opens(tmp_path / "out")
+    assert_every_table_opens(tmp_path / "out")
 
 
 @pytest.mark.slow
@@ -99,7 +73,7 @@ def test_every_table_of_the_real_capture_opens(tmp_path):
     for part in ("nccl", "kineto", "flight_recorder"):
         shutil.copytree(CAPTURE / part, raw / part)
     assert main(["analyze", str(raw), "-o", str(tmp_path / "out"), "-q"]) == 0
-    _assert_every_table_opens(tmp_path / "out")
+    assert_every_table_opens(tmp_path / "out")
     kernels = pd.read_parquet(next((tmp_path / "out").glob("parsed/nsys/*/kernels.parquet")))
     assert kernels["coll_in_nelems"].notna().any()  # the profiler's call arguments, as documented
 

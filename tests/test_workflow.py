@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from parquet_checks import assert_every_table_opens
 from snakemake_jobs import scheduled_jobs
 
 from nccltrace.run_layout import RunLayout
@@ -112,6 +113,8 @@ def test_workflow_emulates_and_parses_every_run_then_has_nothing_to_do(tmp_path)
         comms = read_table(base / "communicators" / "communicators.parquet")
         assert len(comms) > 0 and comms.complete.all()
         assert (base / "logs" / "acquire.log").exists() and (base / "benchmarks" / "acquire.tsv").exists()
+    # every table of every run and of the campaign opens as documented (raw inputs: they open)
+    assert_every_table_opens(tmp_path / "results" / "small", undocumented=("raw",))
     again = _snakemake(tmp_path, "-n")
     assert again.returncode == 0 and scheduled_jobs(again.stdout + again.stderr) == {}
     _analyze_gives_the_workflows_tables(tmp_path / "results" / "small" / runs[1], tmp_path / "analyzed")
