@@ -1,7 +1,7 @@
 """PyTorch-profiler trace parsing: a large trace, and the readers compared on it.
 
-``write_trace(path, mb)`` tiles the events of the real capture's rank-0 trace (when
-``../shared/realdata`` is beside the checkout; else a synthetic trace of the same event mix) to
+``write_trace(path, mb)`` tiles the events of the real capture's rank-0 trace (in the repository's
+``tests/data/real``; a synthetic trace of the same event mix if it is absent) to
 ``mb`` MB of JSON, shifting each copy's times; ``run_reader(path, how)`` parses it in this
 interpreter with one of: ``json`` (``json.load`` of the whole document), ``msgspec-whole``
 (untyped decode of the whole document), ``nccltrace`` (``KinetoTrace.open``: streaming, typed,
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REAL_TRACE = (Path(__file__).resolve().parents[2] / "shared" / "realdata" / "torch_nccl228_h200_tp2pp2" / "kineto"
+REAL_TRACE = (Path(__file__).resolve().parents[1] / "tests" / "data" / "real" / "torch_nccl228_h200_tp2pp2" / "kineto"
               / "kineto_rank0.json.gz")
 
 

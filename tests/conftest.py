@@ -1,27 +1,23 @@
-"""Shared test fixtures: locations of the real reference material beside the project."""
+"""Shared test fixtures: the real reference material in ``tests/data/`` (paths in data_paths.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-FIXTURE_LOGS = SHARED / "fixtures" / "nccl-logs"
-NSYS_REFERENCE = SHARED / "reference" / "nsys"
+from data_paths import FIXTURE_LOGS, NSYS_REFERENCE
 
 
 @pytest.fixture(scope="session")
 def fixture_logs() -> Path:
-    """Real NCCL log excerpts from public bug reports (must exist: CI has them)."""
+    """Real NCCL log excerpts from public bug reports (tests/data/fixtures/nccl-logs)."""
     assert FIXTURE_LOGS.is_dir(), f"real NCCL log fixtures missing at {FIXTURE_LOGS}"
     return FIXTURE_LOGS
 
 
 @pytest.fixture(scope="session")
 def nsys_reference() -> Path:
-    """Real nsys DDL and sample export."""
+    """Real nsys DDL and sample export (tests/data/reference/nsys)."""
     assert NSYS_REFERENCE.is_dir(), f"nsys reference files missing at {NSYS_REFERENCE}"
     return NSYS_REFERENCE
 

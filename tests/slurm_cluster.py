@@ -1,7 +1,7 @@
 """A real one-node SLURM (22.05, Debian 12) on localhost for system tests, without systemd.
 
-Recipe: docs of the team (shared/reference/snakemake-slurm.md, section 3). The cluster has one
-node ``localhost`` in the partition ``local`` with the machine's CPUs and memory (from
+Recipe: the team's Snakemake/SLURM notes (snakemake-slurm.md, section 3; not in this repository).
+The cluster has one node ``localhost`` in the partition ``local`` with the machine's CPUs and memory (from
 ``slurmd -C``) and 4 fake GPUs (character devices 195:N under /run/fakegpu), so ``--gpus=N``
 gives real ``CUDA_VISIBLE_DEVICES`` plumbing but no CUDA. No slurmdbd: ``sacct`` does not work,
 jobs stay visible in ``squeue --states=all`` / ``scontrol show job`` for an hour (MinJobAge).

@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from data_paths import NSYS_SQLITE
 
 from nccltrace.emulator import ConfigError, EmulatorConfig, emulate_run
 from nccltrace.emulator.run import symmetric_kernel
@@ -28,7 +29,7 @@ BASE = {
     "sequence_parallel": True, "nccl_version": "2.28.9", "nsys_version": "2026.4",
 }  # fmt: skip
 GRAPHS = {"parallelism": ["tp"], "warmup_iterations": 1}
-REAL_EXPORT = Path("/work/shared/realdata/nsys_sqlite/nsysai_mfu_2gpu_before.sqlite")
+REAL_EXPORT = NSYS_SQLITE / "nsysai_mfu_2gpu_before.sqlite"
 
 
 def _files(root: Path) -> dict[str, str]:
@@ -171,10 +172,10 @@ def test_graphs_on_older_schema_and_real_export(tmp_path):
     assert len(graphed) > 0 and graphed.graph_node_id.notna().all()
     assert kernels.graph_id.isna().all()  # export schema 3.16.1 has no graphId column
     assert str(kernels.graph_id.dtype) == "Int64" and str(kernels.graph_node_id.dtype) == "Int64"
-    if REAL_EXPORT.exists():  # a real nsys 2026.2 export without CUDA graphs: columns present, all NULL
-        with NsysExport.open(REAL_EXPORT) as x:
-            real = x.kernels(None)
-        assert len(real) > 0 and real.graph_id.isna().all() and real.graph_node_id.isna().all()
+    # a real nsys 2026.2 export without CUDA graphs: columns present, all NULL
+    with NsysExport.open(REAL_EXPORT) as x:
+        real = x.kernels(None)
+    assert len(real) > 0 and real.graph_id.isna().all() and real.graph_node_id.isna().all()
 
 
 def test_reader_graph_columns_from_written_export(tmp_path):

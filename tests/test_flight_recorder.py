@@ -1,6 +1,6 @@
 """PyTorch Flight Recorder dumps as input: read safely, found by content, and ``infer-layout``
 on them with and without the groups' names (the four real 16-rank Megatron-Core jobs of
-``shared/realdata/flight_recorder_megatron16``, SOURCES.md section 3)."""
+``tests/data/real/flight_recorder_megatron16``, its README.md says where they come from)."""
 
 from __future__ import annotations
 
@@ -9,25 +9,21 @@ import os
 import pickle
 import shutil
 from collections import Counter
-from pathlib import Path
 
 import pytest
+from data_paths import CAPTURE, FR_MEGATRON16
 
 from nccltrace.cli import main
 from nccltrace.flight_recorder import FlightRecorderError, find_dumps, group_ops, layout_input, load_dump, op_of
 from nccltrace.megatron.behaviour import most_likely
 from nccltrace.megatron.infer import SIZE_NAMES, infer_layout
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "realdata"
-FR = SHARED / "flight_recorder_megatron16"
-CAPTURE_FR = SHARED / "torch_nccl228_h200_tp2pp2" / "flight_recorder"
+FR = FR_MEGATRON16
+CAPTURE_FR = CAPTURE / "flight_recorder"
 # the jobs' own group names (test_infer_layout.py reads them off pg_config)
 TP2 = {"tp": 2, "cp": 1, "dp": 2, "pp": 4, "ep": 4, "etp": 1}
 TP4 = {"tp": 4, "cp": 1, "dp": 2, "pp": 2, "ep": 8, "etp": 1}
 TRUTH = {"gpu_error_1st": TP2, "gpu_error_2nd": TP4, "lock_gil_1st": TP4, "lock_gil_2nd": TP2}
-
-needs_fr = pytest.mark.skipif(not (FR / "gpu_error_1st" / "_dump_0").exists(),
-                              reason="Flight Recorder dumps absent (shared/realdata/SOURCES.md section 3)")
 
 
 def _dump(pg_config: dict, entries: list | None = None) -> dict:
@@ -83,7 +79,6 @@ def test_profiling_names_of_every_spelling_decode_to_their_collective():
         "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "all_gather", "reduce_scatter", "all_reduce"]
 
 
-@needs_fr
 @pytest.mark.parametrize("scenario", sorted(TRUTH))
 def test_infer_layout_on_real_dumps_is_exact_with_names_and_most_likely_right_without(tmp_path, capsys, scenario):
     """With Megatron's group names every size is exact; without them member sets leave 20-59
@@ -101,7 +96,6 @@ def test_infer_layout_on_real_dumps_is_exact_with_names_and_most_likely_right_wi
     assert "most likely" in out.err and "names ignored" in out.err
 
 
-@needs_fr
 def test_without_behaviour_the_ranking_rests_on_the_defaults_and_says_it_is_tied():
     """Member sets of a 16-rank job and no recorded ops: only cp = 1 and etp = 1 rank, so several
     candidates tie, and the result says so instead of pretending one is more likely."""
@@ -114,7 +108,6 @@ def test_without_behaviour_the_ranking_rests_on_the_defaults_and_says_it_is_tied
     assert "tied" not in most_likely(world, res.candidates, group_ops(dumps))
 
 
-@pytest.mark.skipif(not CAPTURE_FR.is_dir(), reason="real capture absent")
 def test_the_real_captures_dumps_name_tp_and_pp_and_keep_pp_and_embedding_apart(tmp_path, capsys):
     """The 4-rank H200 capture's dumps (any file name): tp = 2 and pp = 2 exact from the names;
     the pipeline and embedding groups share their members and stay two groups."""

@@ -1,7 +1,7 @@
 """``nccltrace infer-layout``: Megatron parallel sizes from communicator member sets.
 
 Real check: PyTorch Flight Recorder dumps of a real 16-rank Megatron-Core MoE job
-(``shared/realdata/flight_recorder_megatron16``, SOURCES.md section 3). Every dump's
+(``tests/data/real/flight_recorder_megatron16``, its README.md gives the source). Every dump's
 ``pg_config`` lists the rank's process groups with Megatron's own names (``desc``) and member
 ranks; ``entries`` the recorded ops with their group.
 """
@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from data_paths import FR_MEGATRON16
 
 from nccltrace.campaign import expand_campaign, load_campaign
 from nccltrace.cli import main
@@ -33,11 +34,11 @@ from nccltrace.megatron.infer import KIND_LABEL, SIZE_NAMES, infer_layout, kind_
 from nccltrace.megatron.sizes import ParallelSizes
 
 REPO = Path(__file__).resolve().parents[1]
-FR = Path(__file__).resolve().parents[2] / "shared" / "realdata" / "flight_recorder_megatron16"
+FR = FR_MEGATRON16
 SCENARIOS = ("gpu_error_1st", "gpu_error_2nd", "lock_gil_1st", "lock_gil_2nd")
 
 # Read off Megatron's own group names in pg_config (test_truth_is_what_the_group_names_say).
-# SOURCES.md section 3 gives TP 2 x DP 2 x PP 4, EP 4 for the job; that holds for two scenarios
+# The data's source notes gave TP 2 x DP 2 x PP 4, EP 4 for the job; that holds for two scenarios
 # only: gpu_error_2nd and lock_gil_1st come from a TP 4 x DP 2 x PP 2, EP 8 run.
 TP2 = {"tp": 2, "cp": 1, "dp": 2, "pp": 4, "ep": 4, "etp": 1}
 TP4 = {"tp": 4, "cp": 1, "dp": 2, "pp": 2, "ep": 8, "etp": 1}
@@ -51,13 +52,11 @@ SETS_DETERMINE = {"gpu_error_1st": {"pp": 4}, "gpu_error_2nd": {}, "lock_gil_1st
 def _load(scenario: str) -> tuple[dict[str, tuple[list[int], str]], set[str]]:
     """pg name -> (member ranks, desc), union over the 16 dumps; names the entries ran on."""
     d = FR / scenario
-    if not (d / "_dump_0").exists():
-        pytest.skip(f"Flight Recorder dumps absent (expected in {d}, see shared/realdata/SOURCES.md)")
     groups: dict[str, tuple[list[int], str]] = {}
     used: set[str] = set()
     for rank in range(16):
         with open(d / f"_dump_{rank}", "rb") as fh:
-            dump = pickle.load(fh)  # plain dicts/lists/str/int (SOURCES.md)
+            dump = pickle.load(fh)  # plain dicts/lists/str/int (tests/data/real/flight_recorder_megatron16/README.md)
         for pg in dump["pg_config"].values():
             groups[pg["name"]] = (json.loads(pg["ranks"]), pg["desc"])
         used |= {e["process_group"][0] for e in dump["entries"]}

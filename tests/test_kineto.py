@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from data_paths import CAPTURE
 
 from nccltrace.cli import main
 from nccltrace.kernel_sources import source_kind, stage_traces, traces_of_hosts
 from nccltrace.kineto import KinetoFormatError, KinetoTrace, is_kineto_trace
 from nccltrace.nsys import NsysExport
 
-REAL = Path(__file__).resolve().parents[2] / "shared" / "realdata" / "torch_nccl228_h200_tp2pp2"
+REAL = CAPTURE  # tests/data/real/torch_nccl228_h200_tp2pp2
 TRACE0 = REAL / "kineto" / "kineto_rank0.json.gz"
-needs_real = pytest.mark.skipif(not TRACE0.is_file(), reason=f"real capture not present at {REAL}")
 
 
 def _events(path: Path) -> dict:
@@ -46,7 +46,6 @@ def _decimals(x):
             yield from _decimals(v)
 
 
-@needs_real
 def test_real_trace_gives_every_nccl_kernel_with_its_launch_exact_times_and_profiler_arguments():
     doc = _events(TRACE0)
     raw = [e for e in doc["traceEvents"] if e.get("cat") == "kernel" and e["name"].startswith("nccl")]
@@ -71,7 +70,6 @@ def test_real_trace_gives_every_nccl_kernel_with_its_launch_exact_times_and_prof
         "ProfilerStep#3", "ProfilerStep#4", "ProfilerStep#5"]
 
 
-@needs_real
 @pytest.mark.parametrize("block", [997, 4096, 65_537])
 def test_streaming_in_small_blocks_gives_the_same_tables(block):
     whole = KinetoTrace.open(TRACE0)
@@ -162,7 +160,6 @@ def test_cpu_only_and_foreign_traces_are_named_and_not_used(tmp_path):
     assert [t.path.name for t in by_host["nodeA"]] == ["other_job.json"] and not problems
 
 
-@needs_real
 def test_a_trace_converts_to_an_nsys_export_in_the_real_time_base(tmp_path):
     from nccltrace.kineto.to_nsys import write_nsys_export
 
@@ -176,7 +173,6 @@ def test_a_trace_converts_to_an_nsys_export_in_the_real_time_base(tmp_path):
             (t.kernels()["start"] + t.utc_offset_ns).tolist())
 
 
-@needs_real
 def test_parse_kineto_writes_the_tables_of_parse_nsys(tmp_path, capsys):
     assert main(["parse-kineto", str(TRACE0), "-o", str(tmp_path / "k")]) == 0
     assert main(["parse-nsys", str(REAL.parent / "nsys_sqlite" / "nsysai_mfu_2gpu_after.sqlite"), "-o",
@@ -191,7 +187,6 @@ def test_parse_kineto_writes_the_tables_of_parse_nsys(tmp_path, capsys):
     assert session["source_kind"] == "pytorch_profiler" and session["rank"] == 0
 
 
-@needs_real
 def test_a_trace_of_another_job_is_named_on_the_console_and_in_the_report(tmp_path, capsys):
     import shutil
 

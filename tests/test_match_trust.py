@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from data_paths import NSYS_SQLITE
 
 from nccltrace.align.correlate import align_process
 from nccltrace.align.quality import cross_rank_contradictions
@@ -368,11 +369,9 @@ def test_every_capture_family_has_no_wrong_match(tmp_path):
             assert row["stood_down"] == "", row
 
 
-REAL_EXPORTS = Path(__file__).resolve().parents[2] / "shared" / "realdata" / "nsys_sqlite"
+REAL_EXPORTS = NSYS_SQLITE  # tests/data/real/nsys_sqlite
 
 
-@pytest.mark.skipif(not (REAL_EXPORTS / "nsysai_mfu_2gpu_before.sqlite").exists(),
-                    reason="real nsys exports (shared/realdata/nsys_sqlite) not beside this checkout")
 def test_real_exports_link_every_kernel_launched_in_the_window_to_its_four_calls():
     from nccltrace.validation.families import real_export_links
 

@@ -2,7 +2,7 @@
 
 Unit behaviour of the line reader and the count of completed iterations; log discovery routing
 the lines of a combined stdout to the process that printed them; and, on the real H200 capture's
-NCCL logs (``../shared/realdata/torch_nccl228_h200_tp2pp2``) put into one ``srun --label`` stdout
+NCCL logs (``tests/data/real/torch_nccl228_h200_tp2pp2``) put into one ``srun --label`` stdout
 with Megatron's lines added where its last rank finished each iteration, declared steps located
 by those lines, including a job resumed from a checkpoint (Megatron's numbers start at 101),
 which the step structure alone cannot number."""
@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from data_paths import CAPTURE
 
 from nccltrace.log_discovery import discover_logs
 from nccltrace.megatron.training_log import (
@@ -25,7 +26,7 @@ from nccltrace.megatron.training_log import (
     iteration_lines,
 )
 
-REAL = Path(__file__).resolve().parents[2] / "shared" / "realdata" / "torch_nccl228_h200_tp2pp2"
+REAL = CAPTURE
 
 
 def _line(k: int, of: int, stamp: bool = True) -> str:
@@ -136,7 +137,6 @@ def _window(out: Path, pid: int) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not REAL.is_dir(), reason=f"real capture not present at {REAL}")
 @pytest.mark.parametrize(("first", "steps"), [(1, "4-6"), (101, "104-106")])
 def test_megatrons_iteration_lines_number_the_declared_steps_of_the_process_that_printed_them(
         tmp_path, capsys, first, steps):
@@ -168,7 +168,6 @@ def test_megatrons_iteration_lines_number_the_declared_steps_of_the_process_that
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not REAL.is_dir(), reason=f"real capture not present at {REAL}")
 def test_in_a_resumed_job_the_lines_tell_an_unverifiable_window_from_a_contradicted_one(tmp_path, capsys):
     """Markers removed, every kernel kept: the trace's sequence fits the log at five places one
     step apart. For the last rank the lines count 101-105 iterations before them, so the declared

@@ -1,5 +1,5 @@
 """NCCL API call ranges (legacy NCCL NVTX) linked to the kernels that executed them: real nsys
-exports from nsys-ai (../shared/realdata/SOURCES.md section 1) and synthetic exports written with
+exports from nsys-ai (tests/data/real/nsys_sqlite, its README.md) and synthetic exports written with
 the project's nsys writer, read back through the real reader (and once through the CLI)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from data_paths import NSYS_SQLITE
 
 from nccltrace.cli import main
 from nccltrace.nsys import NsysExport, NsysExportWriter
@@ -18,7 +19,7 @@ from nccltrace.nsys.nccl_api import NCCL_API_CALL_COLUMNS, STATUSES, nccl_range_
 from nccltrace.nsys.reader import NsysSchemaWarning
 from nccltrace.tables import read_table
 
-REALDATA = Path(__file__).resolve().parents[2] / "shared" / "realdata" / "nsys_sqlite"
+REALDATA = NSYS_SQLITE
 BEFORE = REALDATA / "nsysai_mfu_2gpu_before.sqlite"
 AFTER = REALDATA / "nsysai_mfu_2gpu_after.sqlite"
 H100 = REALDATA / "nsysai_h100_2gpu_1s.sqlite"
@@ -28,8 +29,7 @@ ALLREDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<40
 
 
 def _real(path: Path) -> Path:
-    if not path.is_file():
-        pytest.skip(f"real nsys export {path.name} absent (expected in {REALDATA}, see shared/realdata/SOURCES.md)")
+    assert path.is_file(), f"real nsys export {path.name} missing (expected in {REALDATA})"
     return path
 
 

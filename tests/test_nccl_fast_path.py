@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from data_paths import FIXTURE_LOGS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -21,7 +22,6 @@ from nccltrace.nccl import fast_scan
 from nccltrace.nccl.log_reader import TABLE_NAMES, parse_logs
 from nccltrace.nccl.log_writer import NcclLogWriter, TopoGpu, TopoNic, TopoSystem
 
-FIXTURE_LOGS = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "nccl-logs"
 VERSIONS = ["2.18.3", "2.21.5", "2.23.4", "2.24.3", "2.28.3"]
 T0 = 1_760_000_000_000_000_000
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from data_paths import NSYS_REFERENCE
 
 from nccltrace.acquisition.nsys_export import (
     ExportCapabilities,
@@ -23,7 +24,7 @@ from nccltrace.acquisition.nsys_export import (
     find_qdstrm_importer,
 )
 
-SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "nsys" / "nsys-2022.4.2.1-nvtx-sample.sqlite"
+SAMPLE = NSYS_REFERENCE / "nsys-2022.4.2.1-nvtx-sample.sqlite"
 
 VERSION_2022_4 = "NVIDIA Nsight Systems version 2022.4.2.1-df9881f\n"
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from data_paths import NSYS_REFERENCE
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -26,7 +27,7 @@ from nccltrace.nsys import (
     encode_global_tid,
 )
 
-REF = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "nsys"
+REF = NSYS_REFERENCE
 SAMPLE = REF / "nsys-2022.4.2.1-nvtx-sample.sqlite"
 UTC0 = 1795255331185646164
 NCCL_KERNEL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
@@ -34,7 +35,7 @@ NCCL_KERNEL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<
 
 @pytest.fixture(scope="module")
 def sample() -> NsysExport:
-    assert SAMPLE.is_file(), f"reference sample export missing (expected next to the repository): {SAMPLE}"
+    assert SAMPLE.is_file(), f"reference sample export missing (expected in tests/data/reference/nsys): {SAMPLE}"
     with NsysExport.open(SAMPLE) as x:
         yield x
 

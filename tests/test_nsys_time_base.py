@@ -8,6 +8,7 @@ import shutil
 import sqlite3
 
 import pytest
+from data_paths import NSYS_SQLITE
 from emulated_runs import SMALL_MODEL
 
 from nccltrace.cli import main
@@ -72,11 +73,8 @@ def test_reader_warnings_are_one_console_line(tmp_path):
     warning format (file, line, category, source line)."""
     import subprocess
     import sys
-    from pathlib import Path
 
-    real = Path(__file__).resolve().parents[2] / "shared" / "realdata" / "nsys_sqlite" / "nsysai_mfu_2gpu_after.sqlite"
-    if not real.is_file():
-        pytest.skip(f"real export not present at {real}")
+    real = NSYS_SQLITE / "nsysai_mfu_2gpu_after.sqlite"
     copy = tmp_path / "x.sqlite"
     shutil.copy(real, copy)
     db = sqlite3.connect(copy)

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from data_paths import NSYS_REFERENCE
 
 from nccltrace.nsys import NsysExport, NsysExportWriter, nccl_payload_schemas
 from nccltrace.nsys.writer import load_ddl
 
-REF = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "nsys"
+REF = NSYS_REFERENCE
 REAL_DDL = REF / "nsys-2022.4.2.1-schema-3.0.0.sql"
 SCHEMA_DOC = REF / "sqlite-schema.md"
 UTC0 = 1795255331185646164
@@ -27,7 +28,7 @@ COMM = 0xF1E2D3C4B5A69788  # > 2**63: exercises unsigned handling
 @pytest.fixture(scope="module", autouse=True)
 def _reference_files_present() -> None:
     missing = [p for p in (REAL_DDL, SCHEMA_DOC) if not p.is_file()]
-    assert not missing, f"reference files missing (expected next to the repository): {missing}"
+    assert not missing, f"reference files missing (expected in tests/data/reference/nsys): {missing}"
 
 
 def _real_creates() -> dict[str, str]:

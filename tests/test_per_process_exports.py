@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from data_paths import CAPTURE
 from emulated_runs import SMALL_MODEL
 
 from nccltrace.cli import main
@@ -128,9 +129,7 @@ def test_the_import_keeps_the_flight_recorder_dumps_it_finds_and_names_a_damaged
     in the import's warnings, not copied."""
     from nccltrace.acquisition.raw import import_raw
 
-    real = Path(__file__).resolve().parents[2] / "shared" / "realdata" / "torch_nccl228_h200_tp2pp2" / "flight_recorder"
-    if not real.is_dir():
-        pytest.skip(f"real Flight Recorder dumps not present at {real}")
+    real = CAPTURE / "flight_recorder"
     _, _, per = runs
     src = tmp_path / "job"
     shutil.copytree(per / "nccl", src / "logs")

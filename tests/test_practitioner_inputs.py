@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from data_paths import FIXTURE_LOGS
 
 from nccltrace.cli import main
 from nccltrace.emulator.run import emulate_run
@@ -182,10 +183,6 @@ def test_an_nsys_report_without_export_and_without_nsys_is_named_with_the_export
     assert "node001.nsys-rep" in err and "nsys export --type sqlite" in err
 
 
-FIXTURE_LOGS = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nccl-logs"
-
-
-@pytest.mark.skipif(not FIXTURE_LOGS.is_dir(), reason="real NCCL log excerpts (shared/fixtures) not beside this checkout")
 def test_finding_real_logs_by_content_loses_no_call_or_says_which_lines_it_could_not_attribute(tmp_path):
     """Real NCCL log excerpts of other projects (several processes per file, torn lines, lines
     whose prefix was cut): after discovery the log reader finds every call it finds in the

@@ -1,6 +1,6 @@
 """Property-based tests of the NCCL log reader on mutated real logs.
 
-Inputs are the real public log excerpts (``shared/fixtures/nccl-logs``) and one small emulated log
+Inputs are the real public log excerpts (``tests/data/fixtures/nccl-logs``) and one small emulated log
 with NCCL >= 2.26 timestamps. Hypothesis damages them the way logs get damaged in practice: cut at
 any byte (mid-line, mid-UTF-8 sequence), torn by a process sharing stdout (a line cut, another line
 spliced in, the tail on a later line), bytes inserted or overwritten (non-UTF-8, NUL, CR, LF), lines
@@ -30,13 +30,14 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from data_paths import FIXTURE_LOGS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nccltrace.emulator.run import emulate_run
 from nccltrace.nccl.log_reader import TABLE_NAMES, parse_logs
 
-FIXTURE_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "nccl-logs"
+FIXTURE_DIR = FIXTURE_LOGS
 FIXTURES = sorted(p.name for p in FIXTURE_DIR.glob("*.log"))
 EMULATED = "emulated-2.27.3-timestamps.log"
 SOURCES = FIXTURES + [EMULATED]

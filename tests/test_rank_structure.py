@@ -168,13 +168,11 @@ def test_real_megatron_core_groups_from_flight_recorder_dumps_give_the_true_rank
     TP4·DP2·PP2·EP8, ETP1), as their Flight Recorder dumps list them, without the groups of every
     rank: under the declared sizes every rank right, whether every group ran a collective or only
     those in the dumps' last entries; without the sizes never a wrong rank."""
-    from pathlib import Path
+    from data_paths import FR_MEGATRON16
 
     from nccltrace.flight_recorder import read_dump
 
-    base = Path(__file__).resolve().parents[2] / "shared" / "realdata" / "flight_recorder_megatron16"
-    if not base.is_dir():
-        pytest.skip(f"{base} absent (the shared real data)")
+    base = FR_MEGATRON16  # tests/data/real/flight_recorder_megatron16
     layouts = {"gpu_error_1st": {"tp": 2, "pp": 4, "ep": 4, "etp": 1}, "lock_gil_2nd": {"tp": 2, "pp": 4, "ep": 4, "etp": 1},
                "gpu_error_2nd": {"tp": 4, "pp": 2, "ep": 8, "etp": 1}, "lock_gil_1st": {"tp": 4, "pp": 2, "ep": 8, "etp": 1}}
     decided_free = 0

@@ -1,5 +1,5 @@
 """Acceptance on the real H200 capture (NCCL 2.28.9 logs + PyTorch-profiler traces of loop
-iterations 3-5, 4 ranks, TP2 x PP2; ``../shared/realdata/torch_nccl228_h200_tp2pp2``).
+iterations 3-5, 4 ranks, TP2 x PP2; ``tests/data/real/torch_nccl228_h200_tp2pp2``).
 
 Ground truth is the capture's own: per rank, call line k of the log is the workload's call k
 (``truth/truth_rank<r>.json``, with its loop iteration); the calls of iterations 3-5 pair with the
@@ -16,14 +16,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from data_paths import CAPTURE, REAL
 
 from nccltrace.cli import main
 from nccltrace.nsys import NsysExport
 
-REAL = Path(__file__).resolve().parents[2] / "shared" / "realdata"
-CAPTURE = REAL / "torch_nccl228_h200_tp2pp2"
 WINDOW = (3, 4, 5)  # the loop iterations the profiler captured
-pytestmark = pytest.mark.skipif(not CAPTURE.is_dir(), reason=f"real capture not present at {CAPTURE}")
 
 
 def _truth() -> dict[int, dict]:
