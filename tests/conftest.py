@@ -1,4 +1,5 @@
-"""Shared test fixtures: the real reference material in ``tests/data/`` (paths in data_paths.py)."""
+"""Shared test fixtures: the real reference material in ``tests/data/`` (paths in data_paths.py);
+the outside_reads plugin fails a test that opens a file outside the repository."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from pathlib import Path
 
 import pytest
 from data_paths import FIXTURE_LOGS, NSYS_REFERENCE
+
+pytest_plugins = ["outside_reads"]
 
 
 @pytest.fixture(scope="session")
