@@ -12,8 +12,8 @@ and ``sqlite3.connect`` events and records every path that lies outside
   caches and settings (``~/.cache``, ``~/.config``, ``~/.local``).
 
 The reads of a test (setup, call, teardown) turn its report into a failure naming the paths;
-those of a collection (a test module's import) make it a collection error. pytest-xdist workers
-load the plugin too. Subprocesses are not watched (an audit hook is per process). Paths are
+those of a collection (a test module's import) make it a collection error; any other (a plugin at
+the session's start or end) fails the run. pytest-xdist workers load the plugin too. Subprocesses are not watched (an audit hook is per process). Paths are
 compared as strings (made absolute and normalised, never resolved): cheap, but a symbolic link
 inside an allowed tree pointing out of it is not seen, nor are reads in C libraries that raise no
 audit event (pyarrow's Parquet reader, sqlite's own file access after ``connect``).
@@ -162,7 +162,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Reads outside any test or collection (a plugin at the session's start or end) fail the run:
+    an xdist worker hands them to the main process, which reports them."""
     found = READS.between | READS.take()
-    if found:
+    READS.between = {}
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if found and workeroutput is not None:
+        workeroutput["outside_reads"] = found
+    elif found:
         sys.stderr.write(f"\noutside_reads: outside any test, {_message(found)}\n")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:  # pytest-xdist, main process: a worker is done
+    READS.between.update(getattr(node, "workeroutput", {}).get("outside_reads", {}))

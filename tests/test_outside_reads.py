@@ -1,6 +1,7 @@
 """The outside-reads check (tests/outside_reads.py) fails a test that opens a file outside the
 repository, names the path and the test, and lets reads of the repository and the temp directory
-pass; shown on a small suite run by a pytest of its own, alone and under pytest-xdist."""
+pass; a read outside any test fails the run. Shown on small suites run by a pytest of their own,
+alone and under pytest-xdist."""
 
 from __future__ import annotations
 
@@ -50,30 +51,52 @@ def test_never_runs():
     pass
 '''
 
+SESSION_END = '''
+from pathlib import Path
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workerinput") == {worker!r}:
+        (Path({beside!r}) / "shared" / "README.md").read_text()
+'''
+
 
 def test_the_suites_own_process_is_watched():
     assert READS.active and READS.outside("/somewhere/beside/the/checkout")
     assert not READS.outside(str(TEST_DATA / "README.md")) and not READS.outside("tests/data")
 
 
-@pytest.mark.parametrize("xdist", [[], ["-n", "1"]], ids=["one-process", "xdist-worker"])
-def test_a_test_that_opens_a_file_outside_the_repository_fails_and_names_it(tmp_path, xdist):
-    temp = tmp_path / "tmp"  # the inner run's temp directory; the data beside it is outside
-    beside = tmp_path / "beside"
-    (beside / "shared").mkdir(parents=True)
-    (beside / "shared" / "README.md").write_text("not test data\n")
-    suite = temp / "suite"
-    suite.mkdir(parents=True)
+XDIST = pytest.mark.parametrize("xdist", [[], ["-n", "1"]], ids=["one-process", "xdist-worker"])
+
+
+def _inner_run(suite, temp, xdist: list[str]) -> tuple[int, str]:
+    """pytest on ``suite`` with this plugin, ``temp`` as its temp directory."""
     (suite / "pytest.ini").write_text("[pytest]\n")
-    (suite / "test_probe.py").write_text(PROBE.format(beside=str(beside), data=str(TEST_DATA)))
-    (suite / "test_probe_import.py").write_text(textwrap.dedent(IMPORTS.format(beside=str(beside))))
     env = {**os.environ, "TMPDIR": str(temp), "PYTHONPATH": str(REPO / "tests")}
     env.pop("PYTEST_XDIST_WORKER", None)
     done = subprocess.run([sys.executable, "-m", "pytest", "-p", "outside_reads", "-p", "no:cacheprovider", "-q", "-rfE",
                            "--continue-on-collection-errors", *xdist, str(suite)],
                           cwd=suite, env=env, capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
-    out = done.stdout + done.stderr
-    assert done.returncode == 1, out
+    return done.returncode, done.stdout + done.stderr
+
+
+def _beside(tmp_path):
+    """A temp directory for the inner run and, outside it, a folder like ../shared."""
+    temp, beside = tmp_path / "tmp", tmp_path / "beside"
+    (beside / "shared").mkdir(parents=True)
+    (beside / "shared" / "README.md").write_text("not test data\n")
+    (temp / "suite").mkdir(parents=True)
+    return temp, beside
+
+
+@XDIST
+def test_a_test_that_opens_a_file_outside_the_repository_fails_and_names_it(tmp_path, xdist):
+    temp, beside = _beside(tmp_path)
+    suite = temp / "suite"
+    (suite / "test_probe.py").write_text(PROBE.format(beside=str(beside), data=str(TEST_DATA)))
+    (suite / "test_probe_import.py").write_text(textwrap.dedent(IMPORTS.format(beside=str(beside))))
+    rc, out = _inner_run(suite, temp, xdist)
+    assert rc == 1, out
     assert "3 failed, 1 passed, 1 error" in out, out
     for test, path, event in (
         ("test_opens_a_file_beside_the_checkout", beside / "shared" / "README.md", "open"),
@@ -84,3 +107,16 @@ def test_a_test_that_opens_a_file_outside_the_repository_fails_and_names_it(tmp_
         assert f"{path} ({event})" in out, out
     assert "ERROR test_probe_import.py" in out and "opened outside the repository" in out, out
     assert "test_reads_the_repository_and_the_temp_directory" not in out.split("short test summary")[-1], out
+
+
+@XDIST
+def test_a_read_outside_any_test_fails_the_run(tmp_path, xdist):
+    """A plugin's read at the session's end (in the worker under xdist): every test passes, the
+    run fails and names the path."""
+    temp, beside = _beside(tmp_path)
+    suite = temp / "suite"
+    (suite / "test_fine.py").write_text("def test_fine():\n    pass\n")
+    (suite / "conftest.py").write_text(SESSION_END.format(beside=str(beside), worker=bool(xdist)))
+    rc, out = _inner_run(suite, temp, xdist)
+    assert rc == 1 and "1 passed" in out, out
+    assert "outside_reads: outside any test" in out and f"{beside / 'shared' / 'README.md'} (open)" in out, out
