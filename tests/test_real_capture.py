@@ -128,11 +128,46 @@ def test_the_real_capture_as_it_is_matches_every_window_call_to_its_true_kernel(
     assert window["located_by"] == "profiler_steps" and window["first_step"] == 3
     ops_table = pd.read_parquet(out / "ops" / "ops.parquet")
     assert ops_table.loc[ops_table["row_kind"] == "call", "steps_verified"].eq(True).all()
-    # each call's own TUNING line (ranks 0 and 2 print them) constrains its kernel: 207 matches
+    # each collective's TUNING line constrains its kernel on every member of its communicator:
+    # rank 0 of each communicator prints it (207 matches), and the opCount names the same call on
+    # the other members, which take rank 0's facts (213 more): 105 per rank, every one agreeing
     tuning = quality[quality["check"] == "tuning"]
-    assert int(tuning["confirmed"].sum()) == 207 and tuning["message"].isna().all()
+    assert tuning["confirmed"].tolist() == [105] * 4 and tuning["message"].isna().all()
     manifest = json.loads((out / "manifest.json").read_text())
     assert "kernel times from 4 PyTorch-profiler trace(s)" in manifest["summary"]["notes"]
+
+
+def _grid_against_rank0_tuning(out: Path) -> pd.DataFrame:
+    """Per matched collective kernel of a member: its grid beside the channel count rank 0's
+    TUNING line gives the same call (the same logical communicator and opCount)."""
+    from nccltrace.align.sequences import attach_tuning
+    from nccltrace.tables import read_table
+
+    ops = read_table(out / "ops" / "ops.parquet").query("row_kind == 'call' and status == 'matched'")
+    told = pd.concat([attach_tuning(read_table(d / "calls.parquet"), read_table(d / "tuning.parquet"))
+                      for d in sorted((out / "parsed" / "nccl").glob("*/*"))], ignore_index=True)  # fmt: skip
+    ops = ops.merge(told[["file", "line", "tuned_channels"]], on=["file", "line"], how="left")
+    rank0 = ops[(ops["rank_in_comm"] == 0) & ops["tuned_channels"].notna() & ops["instance"].notna()]
+    rank0 = rank0[["instance", "tuned_channels"]].rename(columns={"tuned_channels": "rank0_channels"})
+    kernels = read_table(next((out / "parsed" / "nsys").glob("*/kernels.parquet")),
+                         columns=["global_pid", "correlation_id", "grid_x"])  # fmt: skip
+    kernels = kernels.rename(columns={"global_pid": "kernel_global_pid", "correlation_id": "kernel_correlation_id"})
+    return ops.merge(rank0, on="instance").merge(kernels, on=["kernel_global_pid", "kernel_correlation_id"])
+
+
+@pytest.mark.slow
+def test_every_members_kernel_grid_is_rank0s_tuning_channel_count_for_the_same_call(as_is, capsys):
+    """The premise of carrying rank 0's TUNING facts to the members, on the real capture: per
+    communicator, every member's kernel grid equals the channel count of rank 0's line for the
+    same call (420 of 420 kernels of the window, 213 on ranks other than 0)."""
+    m = _grid_against_rank0_tuning(as_is[0])
+    same = m["grid_x"].astype("int64") == m["rank0_channels"].astype("int64")
+    per = m.assign(same=same).groupby(["logical_id", "rank_in_comm"])["same"].agg(["sum", "count"])
+    with capsys.disabled():
+        print(f"\n[real capture] member kernel grid = rank 0's TUNING channels: {int(same.sum())} of {len(m)}; "
+              f"per (communicator, rank in it): {per.to_dict('index')}")
+    assert len(m) == 420 and same.all()
+    assert int((m["rank_in_comm"] > 0).sum()) == 213
 
 
 @pytest.mark.slow
