@@ -182,15 +182,21 @@ class CudaGraphs:
     * ``capture_launch_records``: the kernel launch API calls NCCL makes while the stream is being
       captured appear in the CUDA API trace (with their own correlation ids and no kernel), as
       CUPTI traces every API call; false drops them.
+    * ``phases``: schedule phases (``RankProgram`` phase names such as ``step/grad-norm-max`` or
+      ``grad-sync/sequence-parallel``) whose calls are captured whatever their communicator: per
+      phase one graph holding the phase's calls of one iteration, replayed once per iteration
+      (a job that graphs one small piece of its step, e.g. with ``torch.cuda.graphs`` or
+      ``torch.compile(mode="reduce-overhead")``, while its other collectives stay eager).
     """
 
     parallelism: list[str] = field(default_factory=list)
     warmup_iterations: int = 1
     capture_launch_records: bool = True
+    phases: list[str] = field(default_factory=list)
 
     @property
     def active(self) -> bool:
-        return bool(self.parallelism)
+        return bool(self.parallelism or self.phases)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | "CudaGraphs" | None) -> "CudaGraphs":
@@ -204,10 +210,14 @@ class CudaGraphs:
         par = data.get("parallelism", [])
         if isinstance(par, str):
             par = [par]
+        phases = data.get("phases", [])
+        if isinstance(phases, str):
+            phases = [phases]
         return cls(parallelism=[str(x) for x in par],
                    warmup_iterations=_coerce("cuda_graphs.warmup_iterations", data.get("warmup_iterations", 1), "int"),
                    capture_launch_records=_coerce("cuda_graphs.capture_launch_records",
-                                                  data.get("capture_launch_records", True), "bool"))  # fmt: skip
+                                                  data.get("capture_launch_records", True), "bool"),
+                   phases=[str(x) for x in phases])  # fmt: skip
 
 
 # NCCL algorithms per collective and the first NCCL release whose device code runs them
@@ -406,6 +416,8 @@ class EmulatorConfig:
             del d["capture"]
         if not self.cuda_graphs.active:
             del d["cuda_graphs"]
+        elif not self.cuda_graphs.phases:
+            del d["cuda_graphs"]["phases"]  # the run.yaml of a run graphing layers only, as before
         if not self.kernel_naming.active:
             del d["kernel_naming"]
         return d
@@ -673,6 +685,9 @@ class EmulatorConfig:
         bad = [p for p in cg.parallelism if p not in CUDA_GRAPH_PARALLELISM]
         if bad:
             raise ConfigError("cuda_graphs.parallelism", f"{bad[0]!r} cannot be graphed; choose from {list(CUDA_GRAPH_PARALLELISM)}")
+        bad = [p for p in cg.phases if not p or "/" not in p]
+        if bad:
+            raise ConfigError("cuda_graphs.phases", f"{bad[0]!r} is not a schedule phase (e.g. 'step/grad-norm-max')")
         if cg.active:
             for p in cg.parallelism:
                 if getattr(self, p) <= 1:

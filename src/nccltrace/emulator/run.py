@@ -1088,9 +1088,11 @@ class _Process:
         eagerly: before the graphs exist, outside a layer's forward/backward pass, MoE
         dispatch/combine, or on a communicator kind not in ``cuda_graphs.parallelism``."""
         cg = self.ctx.graphs
-        if cg is None or u.graph_scope is None or u.iteration < cg.warmup_iterations:
+        if cg is None or u.iteration < cg.warmup_iterations:
             return None
-        if u.phase.rsplit("/", 1)[-1] not in _GRAPH_PHASES:
+        if cg.phases and u.phase in cg.phases:  # a graph of one phase's calls (cuda_graphs.phases)
+            return ("phase", u.phase) if all(o.comm.size >= 2 for o in u.ops) else None
+        if u.graph_scope is None or u.phase.rsplit("/", 1)[-1] not in _GRAPH_PHASES:
             return None
         kinds = cg.parallelism
         for o in u.ops:
@@ -1098,6 +1100,12 @@ class _Process:
             if o.comm.size < 2 or kind not in kinds:
                 return None
         return u.graph_scope[:3]
+
+    @staticmethod
+    def _graph_pass(u: Unit, key: tuple) -> int:
+        """The pass of ``u``'s graph it belongs to (one replay per pass): the layer runner's pass,
+        or for a graph of a phase (``cuda_graphs.phases``) the iteration."""
+        return u.iteration if key[0] == "phase" else u.graph_scope[3]  # type: ignore[index]
 
     def _plan_graphs(self) -> dict[tuple, list[Unit]]:
         """The units each graph captures: a graph's first pass in the capture iteration (from a
@@ -1113,7 +1121,7 @@ class _Process:
             if pu.iteration > cg.warmup_iterations:
                 break
             key = self._graph_key(pu)
-            if key is not None and first.setdefault(key, pu.graph_scope[3]) == pu.graph_scope[3]:  # type: ignore[index]
+            if key is not None and first.setdefault(key, self._graph_pass(pu, key)) == self._graph_pass(pu, key):
                 plan.setdefault(key, []).append(pu)
         return plan
 
@@ -1227,7 +1235,7 @@ class _Process:
         g = self.graphs.get(key)
         if g is None:
             raise RuntimeError(f"rank {self.rank}: CUDA graph {key} replayed but never captured")
-        p = u.graph_scope[3]  # type: ignore[index]
+        p = self._graph_pass(u, key)
         if g.pass_id != p:
             if g.pass_id is not None and g.pos != len(g.units):
                 raise RuntimeError(f"rank {self.rank}: CUDA graph {key} pass ended after {g.pos}/{len(g.units)} units")

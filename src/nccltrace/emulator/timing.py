@@ -15,7 +15,9 @@ Three layers, documented in ``docs/emulator.md``:
    members span stages (world barriers, model-parallel group, embedding group, pipeline
    P2P) synchronise the stages: a collective ends ``arrival_skew + duration`` after its last
    member arrived; a P2P transfer ends after both sides arrived. The stage's host issues each
-   unit (:func:`host_issue`): a plan arrives no earlier than its launch returned.
+   unit (:func:`host_issue`): a plan arrives no earlier than its launch returned. With
+   ``end_spread_ns_max`` a stage goes on, and a communicator's next plan starts, only that long
+   after a plan's end (the latest a member can end, see below).
 3. :class:`RankTimer` - per-rank realisation: the rank reaches each kernel at the stage time plus
    a per-rank arrival offset in ``[0, skew]`` (one member, the straggler, arrives last), all
    members' kernels end together (plus < 1 us jitter when skew is on, plus up to
@@ -299,6 +301,13 @@ class Skeleton:
         self.link = link
         self.tp = params or TimingParams()
         self.skew_max = int(cfg.imperfections.arrival_skew_ns_max)
+        # with end_spread_ns_max the members of a unit end up to that much after its end
+        # (RankTimer.times); the stage goes on, and the communicator's next unit starts, only after
+        # the latest could have: a time-shared GPU slows the whole run, and every member of a
+        # collective (both sides of a transfer) still starts before any of them ends, as its data
+        # flow requires (without this a late end pushed that rank's next kernel past its peers' ends)
+        spread = int(cfg.imperfections.end_spread_ns_max)
+        self.settle = spread + self.tp.end_jitter_ns + 200 if spread else 0
         pp = cfg.pp
         self.start: list[np.ndarray] = []
         self.end: list[np.ndarray] = []
@@ -358,6 +367,7 @@ class Skeleton:
         coll: dict[int, dict[int, int]] = {}
         coll_left: dict[int, int] = {}
         p2p_arr: dict[tuple[int, bool], int] = {}
+        settle = self.settle
 
         def p2p_end(eff: int, info: _Info) -> int | None:
             end = eff + info.dur
@@ -378,8 +388,8 @@ class Skeleton:
                     keep.append((idx, info, eff))
                     continue
                 ends[s][idx] = e
-                st.clock = max(st.clock, e)
-                st.comm_free[info.comm_uid] = max(st.comm_free.get(info.comm_uid, 0), e)
+                st.clock = max(st.clock, e + settle)
+                st.comm_free[info.comm_uid] = max(st.comm_free.get(info.comm_uid, 0), e + settle)
             st.pending = keep
             return ok
 
@@ -454,9 +464,11 @@ class Skeleton:
                     ends[s].append(end)
                     skews[s].append(info.skew)
                     inits[s].append(info.init)
+                    done = end
                     if info.kind != "none":
-                        st.comm_free[info.comm_uid] = end
-                    st.clock = end if blocking else eff + self.tp.issue_ns
+                        done = end + settle
+                        st.comm_free[info.comm_uid] = done
+                    st.clock = done if blocking else eff + self.tp.issue_ns
                     st.unit = None
                     progress = True
             if not progress:
