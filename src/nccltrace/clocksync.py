@@ -421,37 +421,52 @@ def estimate_clock_model(
     scale_t = scale_t or 1.0
     u = y / scale_t
 
-    rejected = np.zeros(len(df), dtype=bool)
     info: dict[str, Any] = {"n_rows": len(df), "n_ambiguous_instances": int(bad_inst.sum()),
                             "n_candidate_rows": int(rows.sum()), "time_scale_ns": scale_t}
-    theta_c = np.zeros(n_dom)
-    theta_k = np.zeros(n_dom)
-    fit: dict[str, Any] = {}
-    converged = False
-    for it in range(max(1, max_iter)):
-        active = spanning_mask(rows & ~rejected)
-        fit = _fit(row_cell[active], cell_inst, cell_dom, dom_codes[active], n_dom, ref, weight[active], u[active],
-                   y[active], drift, min_drift_span_ns / scale_t, min_drift_instances, solver, direct_budget)
-        theta_c, theta_k = fit["theta_c"], fit["theta_k"]
-        # Residuals against the per-instance median of the corrected times of all candidates:
-        # robust even when an instance holds a gross outlier, and lets rows come back.
-        z = y - theta_c[dom_codes] - theta_k[dom_codes] * u
-        zc = z[rows]
-        med = _group_median(inst_codes[rows], zc, n_inst)
-        res = zc - med[inst_codes[rows]]
-        keep = np.abs(res) <= reject_k * max(min_scale_ns, 1.4826 * float(np.median(np.abs(res))) if len(res) else 0)
-        new_rej = np.zeros(len(df), dtype=bool)
-        new_rej[np.flatnonzero(rows)[~keep]] = True
-        info["iterations"] = it + 1
-        if np.array_equal(new_rej, rejected):
-            converged = True
-            break
-        rejected = new_rej
-    info["converged"] = converged
-    active = spanning_mask(rows & ~rejected)
-    if not converged:  # the last rejection step changed the active set: fit it once more
-        fit = _fit(row_cell[active], cell_inst, cell_dom, dom_codes[active], n_dom, ref, weight[active], u[active],
-                   y[active], drift, min_drift_span_ns / scale_t, min_drift_instances, solver, direct_budget)
+
+    def robust_fit(no_drift: np.ndarray) -> tuple[dict[str, Any], np.ndarray]:
+        """The fit with iterated outlier rejection; ``no_drift``: domains fitted with an offset only."""
+        rejected = np.zeros(len(df), dtype=bool)
+        fit: dict[str, Any] = {}
+        converged = False
+        for it in range(max(1, max_iter)):
+            active = spanning_mask(rows & ~rejected)
+            fit = _fit(row_cell[active], cell_inst, cell_dom, dom_codes[active], n_dom, ref, weight[active],
+                       u[active], y[active], drift, min_drift_span_ns / scale_t, min_drift_instances, solver,
+                       direct_budget, no_drift)  # fmt: skip
+            theta_c, theta_k = fit["theta_c"], fit["theta_k"]
+            # Residuals against the per-instance median of the corrected times of all candidates:
+            # robust even when an instance holds a gross outlier, and lets rows come back.
+            z = y - theta_c[dom_codes] - theta_k[dom_codes] * u
+            zc = z[rows]
+            med = _group_median(inst_codes[rows], zc, n_inst)
+            res = zc - med[inst_codes[rows]]
+            keep = np.abs(res) <= reject_k * max(min_scale_ns,
+                                                 1.4826 * float(np.median(np.abs(res))) if len(res) else 0)
+            new_rej = np.zeros(len(df), dtype=bool)
+            new_rej[np.flatnonzero(rows)[~keep]] = True
+            info["iterations"] = it + 1
+            if np.array_equal(new_rej, rejected):
+                converged = True
+                break
+            rejected = new_rej
+        info["converged"] = converged
+        if not converged:  # the last rejection step changed the active set: fit it once more
+            active = spanning_mask(rows & ~rejected)
+            fit = _fit(row_cell[active], cell_inst, cell_dom, dom_codes[active], n_dom, ref, weight[active],
+                       u[active], y[active], drift, min_drift_span_ns / scale_t, min_drift_instances, solver,
+                       direct_budget, no_drift)  # fmt: skip
+        return fit, rejected
+
+    no_drift = np.zeros(n_dom, dtype=bool)
+    fit, rejected = robust_fit(no_drift)
+    # A drift no host clock has, or one the instances cannot tell from none, is the fit modelling
+    # something else (kernel ends that do not agree: ranks time-sharing a GPU end one collective
+    # milliseconds apart over a capture of a few hundred ms): those domains get an offset only.
+    implausible = _implausible_drift(fit, scale_t) if drift == "auto" else no_drift
+    if implausible.any():
+        info["drift_dropped"] = {str(dom_names[d]): _drift_ppm(fit, scale_t, d) for d in np.flatnonzero(implausible)}
+        fit, rejected = robust_fit(implausible)
     info.update({k: fit[k] for k in ("solver", "cg_iterations", "sigma_ns", "dof")})
     info["singular"] = bool(fit.get("singular", False))
     info["cg_converged"] = fit.get("cg_converged")
@@ -460,6 +475,11 @@ def estimate_clock_model(
 
     domains = _domain_table(dom_names, ref, comp, in_comp, fit, rejected, dom_codes, inst_per_dom, scale_t,
                             timestamp)
+    for name, (ppm, se) in info.get("drift_dropped", {}).items():
+        if domains.at[name, "status"] == "estimated":
+            domains.at[name, "reason"] = (f"offset only: a drift fit gave {ppm:.0f} ppm (standard error {se:.0f}), "
+                                          f"beyond what a host clock does ({MAX_DRIFT_PPM:.0f} ppm) or what the "
+                                          "instances determine; their kernel ends do not agree closely enough")
     return ClockModel(
         method=f"robust_wls_{timestamp}", domain_key="clock_domain", reference=dom_names[ref], t_ref_ns=t_ref,
         domains=domains, info=info,
@@ -477,9 +497,34 @@ def _star_edges(c_inst: np.ndarray, c_dom: np.ndarray) -> tuple[np.ndarray, np.n
     return first, c_dom
 
 
+MAX_DRIFT_PPM = 1000.0
+"""The largest clock drift a fitted model may have (ppm). Host clocks run within about 100 ppm of
+each other (quartz), NTP slews at most 500 ppm; a fit beyond this is following kernel ends that
+do not agree, not a clock."""
+MAX_DRIFT_SE_PPM = 100.0
+"""A drift whose standard error exceeds this (ppm) is not determined by the instances: offset only."""
+
+
+def _drift_ppm(fit: dict[str, Any], scale_t: float, d: int) -> tuple[float, float]:
+    """(drift, its standard error) in ppm of domain ``d`` of a fit (forward form, as reported)."""
+    k = float(fit["theta_k"][d]) / scale_t
+    return k / (1.0 - k) * 1e6, float(fit["se_k"][d]) / scale_t / (1.0 - k) ** 2 * 1e6
+
+
+def _implausible_drift(fit: dict[str, Any], scale_t: float) -> np.ndarray:
+    """Domains whose fitted drift exceeds :data:`MAX_DRIFT_PPM` or whose standard error exceeds
+    :data:`MAX_DRIFT_SE_PPM`."""
+    flags = np.zeros(len(fit["theta_k"]), dtype=bool)
+    for d in np.flatnonzero(fit["drift_fitted"]):
+        ppm, se = _drift_ppm(fit, scale_t, int(d))
+        flags[d] = not (abs(ppm) <= MAX_DRIFT_PPM and se <= MAX_DRIFT_SE_PPM)  # NaN: not determined either
+    return flags
+
+
 def _fit(rc, cell_inst, cell_dom, dom, n_dom, ref, w, u, y, drift, min_span_u, min_drift_inst, solver,
-         budget) -> dict[str, Any]:
-    """One weighted least-squares fit on the active rows (all in spanning instances)."""
+         budget, no_drift: np.ndarray | None = None) -> dict[str, Any]:
+    """One weighted least-squares fit on the active rows (all in spanning instances); domains in
+    ``no_drift`` get an offset only."""
     out: dict[str, Any] = {"theta_c": np.zeros(n_dom), "theta_k": np.zeros(n_dom), "se_c": np.full(n_dom, np.nan),
                            "se_k": np.full(n_dom, np.nan), "solver": None, "cg_iterations": 0, "sigma_ns": np.nan,
                            "dof": 0, "drift_fitted": np.zeros(n_dom, dtype=bool), "usable": np.zeros(n_dom, dtype=bool),
@@ -512,6 +557,8 @@ def _fit(rc, cell_inst, cell_dom, dom, n_dom, ref, w, u, y, drift, min_span_u, m
         want_k = ((umax - umin) >= min_span_u) & (n_inst_dom >= min_drift_inst)
     else:  # even when forced, a drift needs two instances at different times
         want_k = bool(drift) & ((umax - umin) > 0) & (n_inst_dom >= 2)
+    if no_drift is not None:
+        want_k = want_k & ~no_drift
     col_c = np.full(n_dom, -1, dtype=np.int64)
     col_k = np.full(n_dom, -1, dtype=np.int64)
     p = 0

@@ -307,6 +307,13 @@ def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kerne
     units, window = locate_capture(calls, ks, version, capture_steps, nvtx, marks)
     family_note = _borrowed_families(units, ks)
     res = align_units(units, ks, params)
+    graph_gaps = 0
+    if len(replayed) and units.placeholder.any():
+        keep = _not_graph_gaps(units, res.stream_map, replayed)
+        if not keep.all():  # opCount gaps of graph replays: no lost line, and no kernel left to take
+            graph_gaps = int((~keep).sum())
+            units = units.permuted(np.flatnonzero(keep))
+            res = align_units(units, ks, params)
     cu = units.call_unit
     has_unit = cu >= 0
     call_kernel = np.full(len(cu), -1, np.int64)
@@ -348,7 +355,9 @@ def _align_default(calls, kernels, utc_offset_ns, params, launches_without_kerne
                 f"{len(replayed)} NCCL kernels were launched by graph replays (cudaGraphLaunch: kernel rows with "
                 "reason 'graph_replay'); a captured call is logged once and runs on every replay, so no line is "
                 "matched to a replayed kernel and the graphed collectives have no times or bandwidths in the ops "
-                "table")})  # fmt: skip
+                "table" + (f"; {graph_gaps} gap(s) in the opCounts of communicators whose kernels graph replays run "
+                           "are those replays (NCCL counts each replay of a plan with network work), not lost lines"
+                           if graph_gaps else ""))})  # fmt: skip
         quality.update(mode="default", stream_map={f"0x{k:x}": v for k, v in res.stream_map.items()},
                        checks=checks, kernel_families=family_note,
                        process_groups=_process_groups(units.calls, call_kernel, ks))
@@ -444,6 +453,25 @@ def _kernel_args_check(units, ks, call_kernel: np.ndarray, cu: np.ndarray) -> di
     out.update(confirmed=int((both & (uk == kk)).sum()), contradicted=int((both & (uk != kk)).sum()),
                not_checkable=int((~both).sum()))
     return out
+
+
+def _not_graph_gaps(units, stream_map: dict[int, int], replayed: pd.DataFrame) -> np.ndarray:
+    """Units to keep: all but the opCount-gap placeholders that CUDA graph replays explain. A
+    replay of a captured plan with network work advances its communicator's opCount with no line
+    (src/enqueue.cc ``hostStreamPlanTask``), so the log shows a gap where the replay ran; its
+    kernel is a replay's (taken out of the alignment), so the placeholder has nothing to take but a
+    neighbour's kernel. A communicator's placeholders are the replays' when its calls' stream
+    (learned by the alignment) carries at least as many replayed kernels as it has gaps; else
+    all stay (lines may be lost there too)."""
+    keep = np.ones(units.n, bool)
+    ph = np.flatnonzero(units.placeholder)
+    per_stream = replayed["stream_id"].dropna().astype("int64").value_counts().to_dict()
+    for comm in np.unique(units.comm[ph]):
+        mine = ph[units.comm[ph] == comm]
+        stream = stream_map.get(int(units.streams[units.stream[mine[0]]]))
+        if stream is not None and len(mine) <= per_stream.get(int(stream), 0):
+            keep[mine] = False
+    return keep
 
 
 def _log_gaps(units, process: str) -> dict:

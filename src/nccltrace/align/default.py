@@ -24,6 +24,7 @@ O(window^2), independent of the sequence length.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numba as nb
@@ -1089,13 +1090,19 @@ def _relocate_placeholders(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, a
 
 
 def _opcount_fix(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, amb: np.ndarray, method: np.ndarray,
-                 smap: np.ndarray) -> None:  # fmt: skip
-    """Resolve ambiguous units by opCount arithmetic between confident neighbours.
+                 smap: np.ndarray, allowed: Callable[[int, int], bool] | None = None) -> None:  # fmt: skip
+    """Resolve ambiguous units, and units every alignment left without a kernel, by opCount
+    arithmetic between confident neighbours.
 
     On a communicator whose opCount is informative and whose kernels all run on one stream
     that carries nothing else, the k-th launch after a confident anchor is the k-th kernel
     after the anchor's kernel, provided the opCount and kernel-index differences between two
-    confident anchors agree (no kernel missing and none extra in between)."""
+    confident anchors agree (no kernel missing and none extra in between). A unit left without
+    a kernel takes that kernel only where ``allowed(unit, kernel)`` (everything the alignment
+    weighs but time: family, dtype, stream, grid, TUNING line, profiler arguments) admits the
+    pair: the alignment left it unmatched because the learned log-line -> launch window excluded
+    its kernel (a launch delayed far beyond the process's usual delay: a descheduled rank), which
+    the arithmetic does not need (the log-time check still requires the launch after the line)."""
     kstream_pos = np.full(ks.m, -1, np.int64)
     for s in range(len(ks.streams)):
         idx = np.flatnonzero(ks.stream == s)
@@ -1121,7 +1128,8 @@ def _opcount_fix(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, amb: np.nda
             continue
         a_opc = units.op_count[anchors]
         a_pos = kstream_pos[kernel[anchors]]
-        for u in us[amb[us] & ~units.placeholder[us]]:
+        gap = (kernel[us] < 0) & ~amb[us] & (allowed is not None)  # left unmatched by every alignment
+        for u in us[(amb[us] | gap) & ~units.placeholder[us]]:
             o = units.op_count[u]
             k = np.searchsorted(a_opc, o)
             if k == 0 or k >= len(anchors):
@@ -1139,6 +1147,8 @@ def _opcount_fix(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, amb: np.nda
                 continue
             kf = ks.family[j]
             if kf >= 0 and (units.fam_mask[u] >> kf) & 1 == 0:
+                continue
+            if not amb[u] and (ks.placeholder[j] or not allowed(u, j)):
                 continue
             kernel[u] = j
             amb[u] = False
@@ -1213,9 +1223,10 @@ def _align_units(units: LogUnits, ks: KernelSeq, params: AlignParams) -> UnitAli
         ugrid = np.full(units.n, -1, np.int64)
         kgrid = ks.grid
     method = np.where(kernel >= 0, "alignment", None).astype(object)
-    _opcount_fix(units, ks, kernel, amb, method, smap)
+    ucls, kcls, T = _class_table(units, ks, ugrid, kgrid, smap, usize, kcap, tuned)
+    _opcount_fix(units, ks, kernel, amb, method, smap, lambda u, j: T[ucls[u], kcls[j]] > NEG)
     contradicted = np.full(units.n, None, object)
-    checks = [_check_log_time(units, ks, kernel, tw, contradicted),
+    checks = [_check_log_time(units, ks, kernel, tw, contradicted, method),
               _check_stream(units, ks, kernel, smap, contradicted),
               _tuning_check(units, ks, kernel, tuned)]
     # Confidence: the share of the evidence available for the pair that confirmed it.
@@ -1223,7 +1234,6 @@ def _align_units(units: LogUnits, ks: KernelSeq, params: AlignParams) -> UnitAli
     us = np.flatnonzero(kernel >= 0)
     if len(us):
         js = kernel[us]
-        ucls, kcls, T = _class_table(units, ks, ugrid, kgrid, smap, usize, kcap, tuned)
         t_lo, t_hi = tw.per_unit(units)
         got = _match_scores(us, js, ucls, kcls, T, units.time, ks.time, t_lo, t_hi, np.int64(0))
         avail = np.full(len(us), BASE, np.int64)
@@ -1260,11 +1270,13 @@ def _tuning_check(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, tuned: Tun
 
 
 def _check_log_time(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, tw: TimeWindows,
-                    contradicted: np.ndarray) -> dict:  # fmt: skip
+                    contradicted: np.ndarray, method: np.ndarray | None = None) -> dict:  # fmt: skip
     """Check every match against the learned log-line -> launch windows; a match outside its
-    window (e.g. one made by opCount arithmetic, which does not look at time) is demoted in
-    place (``kernel`` -1, ``contradicted`` names the check). Where the windows fail for most of
-    a process, :func:`align_units` has already set time aside."""
+    window is demoted in place (``kernel`` -1, ``contradicted`` names the check). A match made
+    by opCount arithmetic (``method`` 'opcount'), which is exact where it applies, is held to
+    what the window stands on, not to its learned width: its launch must not precede the line
+    (less twice the timestamps' resolution). Where the windows fail for most of a process,
+    :func:`align_units` has already set time aside."""
     matched = (kernel >= 0) & ~units.placeholder
     out = {"check": "log_time", "applicable": bool(tw.active), "confirmed": 0, "contradicted": 0,
            "not_checkable": int(matched.sum()), "detail": tw.describe(units.streams)}
@@ -1276,6 +1288,11 @@ def _check_log_time(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, tw: Time
     timed = (units.time[us] != NO_TIME) & (ks.time[js] != NO_TIME) & (t_hi[us] >= t_lo[us]) & ~ks.placeholder[js]
     d = ks.time[js] - units.time[us]
     bad = timed & ((d < t_lo[us]) | (d > t_hi[us]))
+    if method is not None:
+        arith = method[us] == "opcount"
+        has_t = (units.time != NO_TIME) & ~units.placeholder
+        res = _timestamp_resolution(units.time[has_t]) if has_t.any() else 0
+        bad = np.where(arith, timed & (d < -2 * res), bad)
     kernel[us[bad]] = -1
     contradicted[us[bad]] = "contradicted_log_time"
     out.update(confirmed=int((timed & ~bad).sum()), contradicted=int(bad.sum()), not_checkable=int((~timed).sum()))

@@ -414,14 +414,22 @@ def _chain_through(inst: np.ndarray, clus: np.ndarray, w: np.ndarray, n_clusters
     return fwd + bwd - w
 
 
-def _end_clusters(member: np.ndarray, end: np.ndarray, tol: float, split_gap: float) -> np.ndarray:
+def _end_clusters(member: np.ndarray, end: np.ndarray, tol: float, split_gap: float,
+                  start: np.ndarray | None = None) -> np.ndarray:
     """Cluster ids (time order) of one communicator's kernel ends: a new cluster where
     consecutive ends are more than ``tol`` apart. A cluster holding two ends of one member
-    (two of its launches) is split at its widest gap while that gap exceeds ``split_gap`` (two
-    instances closer than the tolerance); a narrower one holds a claim shifted onto another
-    instance's end, which the order consensus then outweighs."""
+    (two of its launches) holds instances closer than the tolerance: it is cut into as many runs
+    as it holds ends of its most frequent member, none holding a member twice, at the widest gaps
+    that allow it (``_member_runs``: each member's launches on a communicator run one after
+    another), when every member's claimed kernels there do run one after another (``start``:
+    claims that overlap on one member's stream cannot both be right); otherwise at its widest gap while that gap exceeds ``split_gap``
+    (again for each part); a narrower one holds a claim shifted onto another instance's end, which
+    the order consensus then outweighs. (Where one collective's kernels end milliseconds apart,
+    ranks time-sharing a GPU, consecutive instances lie within the tolerance with no gap between
+    them wider than the spread; the runs still separate them.)"""
     order = np.argsort(end, kind="stable")
     e, m = end[order], member[order]
+    st = None if start is None else start[order]
     cuts: set[int] = set((np.flatnonzero(np.diff(e) > tol) + 1).tolist())
     bounds = sorted({0, len(e), *cuts})
     todo = list(itertools.pairwise(bounds))
@@ -430,6 +438,10 @@ def _end_clusters(member: np.ndarray, end: np.ndarray, tol: float, split_gap: fl
         if b - a < 2 or len(np.unique(m[a:b])) == b - a:
             continue
         gaps = np.diff(e[a:b])
+        runs = _member_runs(m[a:b], gaps) if st is not None and _one_after_another(m[a:b], st[a:b], e[a:b]) else None
+        if runs is not None:
+            cuts.update(a + c for c in runs)
+            continue
         if gaps.max() <= split_gap:
             continue
         cut = a + 1 + int(np.argmax(gaps))
@@ -438,6 +450,51 @@ def _end_clusters(member: np.ndarray, end: np.ndarray, tol: float, split_gap: fl
     out = np.empty(len(e), np.int64)
     out[order] = np.searchsorted(np.array(sorted(cuts), np.int64), np.arange(len(e)), side="right")
     return out
+
+
+def _one_after_another(members: np.ndarray, start: np.ndarray, end: np.ndarray) -> bool:
+    """Whether each member's claimed kernels (end order) start after its previous one ended, as
+    kernels of one stream do."""
+    order = np.lexsort((end, members))
+    m, s, e = members[order], start[order], end[order]
+    same = m[1:] == m[:-1]
+    return bool(np.all(s[1:][same] >= e[:-1][same]))
+
+
+def _member_runs(members: np.ndarray, gaps: np.ndarray) -> list[int] | None:
+    """Cut the ends of one cluster (time order; ``gaps[i]`` between ends i and i+1) into as many
+    consecutive runs as the cluster holds ends of its most frequent member, none holding a member
+    twice: the cut positions (a cut at i starts a run at end i), at the widest gaps that allow it
+    (largest sum); None when no such cut exists (the ends of its instances interleave)."""
+    codes = pd.factorize(members)[0]
+    n = len(codes)
+    d = int(np.bincount(codes).max())
+    lo = np.zeros(n, np.int64)  # lo[j]: first start of a run ending at j that holds no member twice
+    last: dict[int, int] = {}
+    start = 0
+    for j, c in enumerate(codes.tolist()):
+        if c in last and last[c] >= start:
+            start = last[c] + 1
+        last[c] = j
+        lo[j] = start
+    best = np.full((n + 1, d + 1), -np.inf)
+    best[0, 0] = 0.0
+    arg = np.full((n + 1, d + 1), -1, np.int64)
+    for j in range(1, n + 1):
+        for i in range(int(lo[j - 1]), j):  # the run [i, j)
+            gain = float(gaps[i - 1]) if i > 0 else 0.0
+            for k in range(1, d + 1):
+                v = best[i, k - 1] + gain
+                if v > best[j, k]:
+                    best[j, k], arg[j, k] = v, i
+    if not np.isfinite(best[n, d]):
+        return None
+    cuts, j = [], n
+    for k in range(d, 0, -1):
+        j = int(arg[j, k])
+        if j > 0:
+            cuts.append(j)
+    return sorted(cuts)
 
 
 def _order_consensus(t: pd.DataFrame, tol: float, split_gap: float) -> list[Any]:
@@ -453,7 +510,8 @@ def _order_consensus(t: pd.DataFrame, tol: float, split_gap: float) -> list[Any]
     out: list[Any] = []
     for _, c in t.groupby("comm", sort=False):
         c = c.sort_values("op_count", kind="stable")
-        clus = _end_clusters(c["member"].to_numpy(), c["end_sync"].to_numpy(np.float64), tol, split_gap)
+        clus = _end_clusters(c["member"].to_numpy(), c["end_sync"].to_numpy(np.float64), tol, split_gap,
+                             c["start_sync"].to_numpy(np.float64))
         pairs = pd.DataFrame({"k": c["op_count"].to_numpy(), "c": clus}).groupby(["k", "c"], sort=True).size()
         k = pd.factorize(pairs.index.get_level_values(0), sort=True)[0].astype(np.int64)
         cl = pairs.index.get_level_values(1).to_numpy(np.int64)
