@@ -26,6 +26,7 @@ from nccltrace.nsys import (
     decode_tid,
     encode_global_tid,
 )
+from nccltrace.nsys.reader import KERNEL_TABLE_COLUMNS
 
 REF = NSYS_REFERENCE
 SAMPLE = REF / "nsys-2022.4.2.1-nvtx-sample.sqlite"
@@ -149,7 +150,7 @@ def test_export_tables_writes_parquet_and_session_json(sample: NsysExport, tmp_p
     assert session["time_normalized"] is False
     nvtx = pd.read_parquet(paths["nvtx"])
     assert "ncclAllReduce" in nvtx["text"].tolist()
-    assert pd.read_parquet(paths["kernels"]).columns.tolist() == [c for c, _ in KERNEL_COLUMNS]
+    assert pd.read_parquet(paths["kernels"]).columns.tolist() == [c for c, _ in KERNEL_TABLE_COLUMNS]
 
 
 # --------------------------------------------------------------------------- bad inputs
