@@ -44,6 +44,15 @@ e2e        The Snakemake workflow end to end (``snakemake --cores N``, ``--direc
            time and RSS. Full: config/config.yaml, benchmarks/campaigns/scale-64.yaml,
            scale-256.yaml and scale-1024.yaml (missing files are skipped); quick: a 2-node x 4-GPU TP4 PP2,
            3-iteration campaign derived from scale-64.yaml.
+rerun      What a code change re-runs: on a finished campaign (full: the example campaign; quick:
+           e2e's bench-quick, or run here), each module of src/nccltrace in turn (quick: three)
+           gets a one-line change of its syntax tree (a new constant), a dry run counts the jobs
+           Snakemake schedules, per rule, with its records of the jobs (.snakemake/metadata)
+           and without, and the change is reverted; nothing else is restored between modules
+           (dry runs write nothing: checked on every file under results/ at the end). Beside
+           it, the analysis re-run under a call tracer says which of the rules a module's
+           change re-runs ever call its code, with the import chain that puts it in the
+           stage's code hash (provenance.import_chain).
 
 Full mode takes a long time and is run by hand; ``--quick`` is for CI. Prints figures only and
 asserts nothing about speed; exits non-zero only when a benchmark itself fails (the other
@@ -81,7 +90,7 @@ sys.path.insert(0, str(HERE))
 import bench_align
 import bench_parse
 
-SECTIONS = ("parse", "nsys", "kineto", "align", "clocksync", "ranks", "trace", "stages", "scaling", "e2e")
+SECTIONS = ("parse", "nsys", "kineto", "align", "clocksync", "ranks", "trace", "stages", "scaling", "e2e", "rerun")
 
 # --------------------------------------------------------------------------- figures
 
@@ -103,6 +112,10 @@ class Section:
     notes: list[str] = field(default_factory=list)
     error: str | None = None
     wall_s: float = 0.0
+    tables: list[dict[str, Any]] = field(default_factory=list)  # printed after the figures (title, header, rows)
+
+    def table(self, title: str, header: list[str], rows: list[list[str]]) -> None:
+        self.tables.append({"title": title, "header": header, "rows": rows})
 
     def add(self, case: str, figure: str, value: float, unit: str = "", *, show: bool = True) -> None:
         if isinstance(value, float) and not math.isfinite(value):
@@ -119,6 +132,8 @@ class Context:
     keep: bool = False  # keep e2e results (--workdir)
     campaigns: set[str] | None = None  # e2e full mode: only these (--campaigns)
     baseline: str | None = None  # scaling: git revision measured beside this checkout (--baseline)
+    sections: tuple[str, ...] = ()  # the sections this invocation runs
+    finished: dict[str, Path] = field(default_factory=dict)  # campaign -> its finished directory (e2e, for rerun)
 
 
 def _log(msg: str) -> None:
@@ -965,7 +980,7 @@ def _read_benchmarks(results: Path) -> list[dict[str, Any]]:
     return out
 
 
-def run_campaign(config: dict[str, Any], d: Path, cores: int) -> dict[str, Any]:
+def run_campaign(config: dict[str, Any], d: Path, cores: int, snakefile: Path = REPO / "Snakefile") -> dict[str, Any]:
     """``snakemake --cores N`` on ``config`` with ``--directory d``; wall time, exit status,
     peaks: head (polled), tree sum (polled), largest single process (wait4 of the head: the
     maximum over it and every descendant it reaped)."""
@@ -974,7 +989,7 @@ def run_campaign(config: dict[str, Any], d: Path, cores: int) -> dict[str, Any]:
     d.mkdir(parents=True, exist_ok=True)
     cfg_path = d / "config.yaml"
     cfg_path.write_text(yaml.safe_dump(config, sort_keys=False))
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(d),
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(snakefile), "--directory", str(d),
            "--configfile", str(cfg_path), "--cores", str(cores)]  # fmt: skip
     with open(d / "snakemake.stdout", "w") as out, open(d / "snakemake.stderr", "w") as err:
         t0 = time.perf_counter()
@@ -1067,7 +1082,9 @@ def section_e2e(sec: Section, ctx: Context) -> None:
                     sec.add(f"{case}: rule {rule}", "CPU per job", per.at[rule, "cpu"] / per.at[rule, "jobs"], "s")
                     sec.add(f"{case}: rule {rule}", "of which interpreter start + imports", start, "s")
                     sec.add(f"{case}: rule {rule}", "start-up share of its CPU", share, "")
-        if not ctx.keep:
+        if "rerun" in ctx.sections and label == rerun_campaign(ctx.quick)[0]:
+            ctx.finished[label] = d  # the rerun section starts from it (and removes it)
+        elif not ctx.keep:
             shutil.rmtree(d, ignore_errors=True)
     sec.notes.append("peaks: 'polled' samples the head and its descendants every 0.2 s (psutil); 'wait4' is "
                      "the kernel's maximum RSS over the head and every process it reaped; benchmark max_rss "
@@ -1077,9 +1094,318 @@ def section_e2e(sec: Section, ctx: Context) -> None:
         raise RuntimeError("\n\n".join(failures))
 
 
+# --------------------------------------------------------------------------- rerun
+
+# a one-line change of a module's syntax tree (a comment would not count: modules are hashed by it)
+RERUN_CHANGE = "\n\n_NCCLTRACE_BENCH_RERUN = 1  # benchmarks/run_benchmarks.py rerun: a new constant\n"
+# quick mode: a module in two stages' code (one of them only imports it), one in one stage's (which
+# calls it), one in none: the traced re-run is then of the metrics, ops and trace jobs only
+QUICK_RERUN_MODULES = ("spill.py", "trace.py", "tables_doc.py")
+
+
+def rerun_campaign(quick: bool) -> tuple[str, dict[str, Any]]:
+    """The finished campaign the rerun section starts from: (its e2e label, its config)."""
+    import yaml
+
+    if quick:
+        return "bench-quick", quick_campaign()
+    return "example", yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+
+
+def _workflow_copy(dest: Path) -> Path:
+    """A copy of the workflow and the package (with their caches: compiled modules, numba's): the
+    section edits the copy's modules, never the checkout's."""
+    dest.mkdir(parents=True)
+    for part in ("Snakefile", "workflow", "src", "config", "envs"):
+        src = REPO / part
+        if src.is_dir():
+            shutil.copytree(src, dest / part, ignore=shutil.ignore_patterns("*.egg-info"))
+        elif src.is_file():
+            shutil.copy2(src, dest / part)
+    return dest
+
+
+def job_table(output: str) -> dict[str, int]:
+    """Rule -> jobs from the first "Job stats" table Snakemake printed; {} when it said there was
+    nothing to be done. Raises on neither (an error, or output this no longer reads)."""
+    block = output.split("Job stats:", 1)
+    if len(block) < 2:
+        if "Nothing to be done" in output:
+            return {}
+        raise RuntimeError(f"no job table and no 'Nothing to be done' in Snakemake's output:\n{output[-3000:]}")
+    stats: dict[str, int] = {}
+    for line in block[1].splitlines()[1:]:
+        m = re.match(r"^(\w+)\s+(\d+)\s*$", line.strip())
+        if not m:
+            if stats:
+                break
+            continue
+        if m.group(1) != "total":
+            stats[m.group(1)] = int(m.group(2))
+    return stats
+
+
+def _tree_state(root: Path) -> dict[str, tuple[int, int, str]]:
+    """Every file and folder under ``root``: (modification time ns, size, SHA-256 of a file's bytes)."""
+    import hashlib
+
+    out = {}
+    for p in sorted(root.rglob("*")):
+        st = p.lstat()
+        digest = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else ""
+        out[str(p.relative_to(root))] = (st.st_mtime_ns, st.st_size if p.is_file() else 0, digest)
+    return out
+
+
+def _snakemake_cmd(snakefile: Path, d: Path, cores: int, *args: str) -> list[str]:
+    return [sys.executable, "-m", "snakemake", "--snakefile", str(snakefile), "--directory", str(d),
+            "--configfile", str(d / "config.yaml"), "--cores", str(cores), *args]  # fmt: skip
+
+
+def _dry_runs(snakefile: Path, dirs: list[Path], cores: int) -> list[tuple[dict[str, int], float]]:
+    """A dry run in each directory, side by side when there are cores for it: (job table, wall s)."""
+    results: list[tuple[dict[str, int], float]] = []
+    batch = max(1, min(len(dirs), cores))
+    for i in range(0, len(dirs), batch):
+        running = []
+        for d in dirs[i:i + batch]:
+            out = tempfile.TemporaryFile(mode="w+")
+            running.append((subprocess.Popen(_snakemake_cmd(snakefile, d, 1, "-n"), stdout=out,
+                                             stderr=subprocess.STDOUT, text=True), out, time.perf_counter()))
+        for proc, out, t0 in running:
+            proc.wait(timeout=900)
+            wall = time.perf_counter() - t0
+            out.seek(0)
+            text = out.read()
+            out.close()
+            if proc.returncode != 0:
+                raise RuntimeError(f"snakemake -n exited {proc.returncode}:\n{text[-3000:]}")
+            results.append((job_table(text), wall))
+    return results
+
+
+# sitecustomize.py of the traced re-run: in each rule script's process (a Snakemake script job runs
+# .snakemake/scripts/tmp*.<script>.py), which package files had a function called outside imports
+# (module and class bodies run as modules are imported; an import in progress is tracked through
+# importlib's _find_and_load), and which package modules were imported. numba-compiled functions
+# run without a Python call: a module is seen through its Python functions.
+CALL_TRACER = r'''
+import os
+import sys
+
+
+def _start(out, pkg):
+    import atexit
+    import json
+    import threading
+
+    called = set()
+    depth = [0]
+    boot = "<frozen importlib._bootstrap>"
+    n = len(pkg)
+
+    def in_import(frame, event, arg):
+        if event == "return":
+            depth[0] -= 1
+        return in_import
+
+    def tracer(frame, event, arg):
+        code = frame.f_code
+        name = code.co_filename
+        if name == boot:
+            if code.co_name == "_find_and_load":
+                depth[0] += 1
+                return in_import
+        elif not depth[0] and code.co_flags & 3 == 3 and name.startswith(pkg):
+            called.add(name[n:])
+        return None
+
+    def dump():
+        sys.settrace(None)
+        sm = getattr(sys.modules.get("__main__"), "snakemake", None)
+        rule = getattr(sm, "rule", None)
+        if rule is None:
+            return
+        files = (getattr(m, "__file__", None) or "" for m in list(sys.modules.values()))
+        imported = sorted({f[n:] for f in files if f.startswith(pkg)})
+        with open(os.path.join(out, f"{rule}.{os.getpid()}.json"), "w") as fh:
+            json.dump({"rule": rule, "called": sorted(called), "imported": imported}, fh)
+
+    atexit.register(dump)
+    threading.settrace(tracer)
+    sys.settrace(tracer)
+
+
+_out, _pkg = os.environ.get("NCCLTRACE_BENCH_CALLS"), os.environ.get("NCCLTRACE_BENCH_PKG")
+if _out and _pkg and sys.argv and "/.snakemake/scripts/" in os.path.abspath(sys.argv[0]):
+    _start(_out, os.path.join(_pkg, ""))
+'''
+
+
+def _traced_rerun(snakefile: Path, d: Path, pkg: Path, stages: list[str], cores: int) -> tuple[dict, float, int]:
+    """Every job of ``stages`` re-run (``--forcerun``) in ``d`` under the call tracer: (rule ->
+    {"called": files, "imported": files} over its jobs, wall s, jobs traced)."""
+    tracer, calls = d.parent / "tracer", d.parent / "calls"
+    tracer.mkdir(exist_ok=True)
+    calls.mkdir(exist_ok=True)
+    (tracer / "sitecustomize.py").write_text(CALL_TRACER)
+    env = {**os.environ, "NCCLTRACE_BENCH_CALLS": str(calls), "NCCLTRACE_BENCH_PKG": str(pkg.resolve()),
+           "PYTHONPATH": os.pathsep.join(p for p in (str(tracer), os.environ.get("PYTHONPATH", "")) if p)}
+    t0 = time.perf_counter()
+    # only the stages' jobs (what follows them would re-run too, and is not measured here)
+    cmd = _snakemake_cmd(snakefile, d, cores, "--allowed-rules", *stages, "--forcerun", *stages)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=7200, check=False)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"the traced re-run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    per_rule: dict[str, dict[str, set[str]]] = {}
+    jobs = 0
+    for f in sorted(calls.glob("*.json")):
+        rec = json.loads(f.read_text())
+        seen = per_rule.setdefault(rec["rule"], {"called": set(), "imported": set()})
+        seen["called"].update(rec["called"])
+        seen["imported"].update(rec["imported"])
+        jobs += 1
+    return per_rule, wall, jobs
+
+
+def _chain_text(chain: list[tuple[str, str]]) -> str:
+    """stages/x.py -> a.py (from .a import f) -> m.py (package)"""
+    return " -> ".join(f if how == "entry" else f"{f} ({how})" for f, how in chain)
+
+
+def _rules_text(jobs: dict[str, int]) -> str:
+    return ", ".join(f"{rule} {n}" for rule, n in jobs.items()) or "-"
+
+
+def section_rerun(sec: Section, ctx: Context) -> None:
+    from nccltrace.provenance import STAGE_ENTRIES, import_chain, import_closure
+
+    label, config = rerun_campaign(ctx.quick)
+    d = ctx.work / "rerun"
+    shutil.rmtree(d, ignore_errors=True)
+    repo = _workflow_copy(d / "repo")
+    snakefile, pkg = repo / "Snakefile", repo / "src" / "nccltrace"
+    with_records, without, traced = d / "with-records", d / "without-records", d / "traced"
+    finished = ctx.finished.pop(label, None)
+    if finished is not None:
+        shutil.move(str(finished), with_records)
+        sec.notes.append(f"campaign {label}: the one the e2e section finished (run with the checkout's Snakefile)")
+    else:
+        _log(f"rerun: {label} (snakemake --cores {ctx.cores} in {with_records})")
+        r = run_campaign(config, with_records, ctx.cores, snakefile)
+        if r["returncode"] != 0:
+            raise RuntimeError(f"{label}: snakemake exited {r['returncode']}:\n{r['stderr_tail']}")
+        sec.add(label, "campaign run wall time", r["wall_s"], "s")
+    shutil.copytree(with_records, without, symlinks=True)
+    shutil.rmtree(without / ".snakemake" / "metadata", ignore_errors=True)
+    shutil.copytree(with_records, traced, symlinks=True)
+    stamps = with_records / "results" / ".code" / str(config["campaign"])
+    stages = sorted(p.stem for p in stamps.glob("*.stamp") if p.stem in STAGE_ENTRIES)  # the stages with a stamp
+    closures = {s: set(import_closure(STAGE_ENTRIES[s])) for s in stages}
+    modules = list(QUICK_RERUN_MODULES) if ctx.quick else sorted(str(p.relative_to(pkg)) for p in pkg.rglob("*.py"))
+    before = {k: _tree_state(k / "results") for k in (with_records, without)}
+    walls: list[float] = []
+
+    (base_with, t1), (base_without, t2) = _dry_runs(snakefile, [with_records, without], ctx.cores)
+    walls += [t1, t2]
+    if base_with or base_without:
+        sec.notes.append(f"WARNING: with no change the dry runs schedule {_rules_text(base_with)} (records) and "
+                         f"{_rules_text(base_without)} (none); the counts below include them")  # fmt: skip
+    _log(f"rerun: {len(modules)} modules, 2 dry runs each, in {with_records.parent}")
+    measured: dict[str, dict[str, Any]] = {}
+    for i, module in enumerate(modules):
+        if i and i % 10 == 0:
+            _log(f"rerun: {i} of {len(modules)} modules")
+        path = pkg / module
+        text = path.read_text()
+        path.write_text(text + RERUN_CHANGE)
+        try:
+            (jw, tw), (jn, tn) = _dry_runs(snakefile, [with_records, without], ctx.cores)
+        finally:
+            path.write_text(text)
+        walls += [tw, tn]
+        measured[module] = {"records": jw, "none": jn, "stages": [s for s in stages if module in closures[s]]}
+        for how, jobs in (("records", jw), ("no records", jn)):
+            if sum(jobs.values()):
+                sec.add(module, f"jobs scheduled ({how})", sum(jobs.values()), "jobs", show=False)
+    after = {k: _tree_state(k / "results") for k in (with_records, without)}
+    changed = sorted(f"{k.name}/results/{f}" for k in before for f in before[k].keys() | after[k].keys()
+                     if before[k].get(f) != after[k].get(f))  # fmt: skip
+    compared = sum(len(v) for v in before.values())
+    sec.add(label, "dry runs", len(walls), "runs")
+    sec.add(label, "dry run wall time (median)", sorted(walls)[len(walls) // 2], "s")
+    sec.add(label, "modules changed, one at a time", len(modules), "modules")
+    for how, key in (("records", "records"), ("no records", "none")):
+        n = sum(1 for m in measured.values() if m[key])
+        if n:
+            sec.add(label, f"modules whose change re-runs jobs ({how})", n, "modules")
+        most = max((sum(m[key].values()) for m in measured.values()), default=0)
+        if most:
+            sec.add(label, f"most jobs one module's change re-runs ({how})", most, "jobs")
+    sec.add(label, "files and folders under results/ compared before and after the dry runs", compared, "entries")
+    if changed:
+        sec.notes.append(f"WARNING: the dry runs changed {len(changed)} file(s) or folder(s) under results/: "
+                         + ", ".join(changed[:10]) + (" ..." if len(changed) > 10 else ""))
+    else:
+        sec.notes.append(f"the {len(walls)} dry runs changed no file under results/ (stamps included): {compared} "
+                         "entries, times, sizes and bytes, compared; nothing was restored between modules")
+    rows = []
+    for module, m in measured.items():
+        rules = _rules_text(m["none"])
+        if set(m["records"]) != set(m["none"]) or m["records"] != m["none"]:
+            rules += f" (with records: {_rules_text(m['records'])})"
+        rows.append([module, str(sum(m["records"].values())), str(sum(m["none"].values())),
+                     ", ".join(m["stages"]) or "-", rules])  # fmt: skip
+    sec.table(f"what a one-line change of each module re-runs on {label} (dry runs; stages: those whose code hash "
+              "holds the module)", ["module", "jobs (records)", "jobs (no records)", "stages", "rules (no records)"],
+              rows)  # fmt: skip
+
+    # which of the stages a module's change re-runs ever call its code
+    rerun_stages = sorted({s for m in measured.values() for s in m["stages"]}) if ctx.quick else stages
+    _log(f"rerun: every job of {len(rerun_stages)} stages again, under the call tracer, in {traced}")
+    per_rule, wall, traced_jobs = _traced_rerun(snakefile, traced, pkg, rerun_stages, ctx.cores)
+    sec.add(label, "traced re-run of the stages' jobs: wall time", wall, "s")
+    sec.add(label, "traced re-run: jobs traced", traced_jobs, "jobs")
+    missing = [s for s in rerun_stages if s not in per_rule]
+    if missing:
+        sec.notes.append(f"no trace from the jobs of {', '.join(missing)}")
+    status_rows, counts = [], {"calls it": 0, "imports it only": 0, "never imports it": 0}
+    for module, m in measured.items():
+        for stage in m["stages"]:
+            seen = per_rule.get(stage)
+            if seen is None:
+                continue
+            if module in seen["called"]:
+                counts["calls it"] += 1
+                continue
+            status = "imports it only" if module in seen["imported"] else "never imports it"
+            counts[status] += 1
+            status_rows.append([module, stage, status, _chain_text(import_chain(STAGE_ENTRIES[stage], module))])
+    for status, n in counts.items():
+        if n:
+            sec.add(label, f"(module, stage) pairs re-run where the stage {status}", n, "pairs")
+    sec.table("modules whose change re-runs a stage whose jobs never call them: the import chain that puts the "
+              "module in the stage's code hash ('imports it only': imported, none of its functions called; a "
+              "package's __init__ or a module of constants and classes read by others is used that way)",
+              ["module", "stage", "the stage's jobs", "import chain"], status_rows)  # fmt: skip
+    outside = []
+    for stage in rerun_stages:
+        for f in sorted(per_rule.get(stage, {}).get("called", ())):
+            if f.endswith(".py") and f not in closures[stage] and f != "provenance.py":  # templates: data files
+                outside.append([f, stage])
+    if outside:
+        sec.table("package modules a stage's jobs call that are not in its code hash (a change to them re-runs "
+                  "nothing there; provenance.py is left out by design)", ["module", "stage"], outside)
+        sec.add(label, "(module, stage) pairs called but outside the stage's code hash", len(outside), "pairs")
+    if not ctx.keep:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 RUNNERS: dict[str, Callable[[Section, Context], None]] = {
     "parse": section_parse, "nsys": section_nsys, "kineto": section_kineto, "align": section_align, "clocksync": section_clocksync,
     "ranks": section_ranks, "trace": section_trace, "stages": section_stages, "scaling": section_scaling, "e2e": section_e2e,
+    "rerun": section_rerun,
 }  # fmt: skip
 
 
@@ -1169,6 +1495,15 @@ def print_report(machine: dict[str, Any], sections: list[Section], mode: str, wa
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for r in rows:
         print(line(r))
+    for s in sections:
+        for t in s.tables:
+            print()
+            print(f"{s.name}: {t['title']}")
+            tw = [max(len(str(r[i])) for r in [t["header"], *t["rows"]]) for i in range(len(t["header"]))]
+            print("| " + " | ".join(str(c).ljust(w) for c, w in zip(t["header"], tw)) + " |")
+            print("|" + "|".join("-" * (w + 2) for w in tw) + "|")
+            for r in t["rows"]:
+                print("| " + " | ".join(str(c).ljust(w) for c, w in zip(r, tw)) + " |")
     notes = [(s.name, n) for s in sections for n in s.notes]
     if notes:
         print()
@@ -1210,7 +1545,8 @@ def main(argv: list[str] | None = None) -> int:
         tmp = tempfile.TemporaryDirectory(prefix="nccltrace-bench-")
         work = Path(tmp.name)
     ctx = Context(quick=args.quick, work=work, cores=max(1, args.cores), keep=bool(args.workdir),
-                  campaigns=set(args.campaigns.split(",")) if args.campaigns else None, baseline=args.baseline)
+                  campaigns=set(args.campaigns.split(",")) if args.campaigns else None, baseline=args.baseline,
+                  sections=tuple(names))
     sections: list[Section] = []
     t_start = time.perf_counter()
     try:
@@ -1233,7 +1569,7 @@ def main(argv: list[str] | None = None) -> int:
     print_report(machine, sections, "quick" if args.quick else "full", wall)
     if args.json:
         doc = {"mode": "quick" if args.quick else "full", "wall_s": wall, "machine": machine,
-               "sections": {s.name: {"wall_s": s.wall_s, "error": s.error, "notes": s.notes,
+               "sections": {s.name: {"wall_s": s.wall_s, "error": s.error, "notes": s.notes, "tables": s.tables,
                                      "figures": [{k: v for k, v in asdict(f).items() if k != "section"}
                                                  for f in s.figures]} for s in sections}}  # fmt: skip
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SECTIONS = ("parse", "nsys", "align", "clocksync", "ranks", "trace", "scaling", "e2e")
+SECTIONS = ("parse", "nsys", "align", "clocksync", "ranks", "trace", "scaling", "e2e", "rerun")
 
 
 @pytest.mark.slow
@@ -49,6 +49,16 @@ def test_quick_benchmarks_report_positive_figures_for_every_section(tmp_path):
     # every run-level stage's peak at two rank counts (same shape, same work per rank)
     for stage in ("ops", "metrics", "volume", "trace", "report"):
         assert {c for s, c, fig in figures if s == "scaling" and fig == f"{stage} peak RSS"} == {"4 ranks", "8 ranks"}
+    # rerun: on e2e's finished campaign, each quick module changed and dry-run with and without
+    # Snakemake's records; the dry runs left results/ as it was; the traced re-run saw who calls what
+    assert figures[("rerun", "bench-quick", "modules changed, one at a time")] == 3
+    assert figures[("rerun", "bench-quick", "dry runs")] == 2 + 2 * 3
+    assert figures[("rerun", "bench-quick", "modules whose change re-runs jobs (no records)")] == 2  # not tables_doc.py
+    assert figures[("rerun", "bench-quick", "(module, stage) pairs re-run where the stage calls it")] >= 1
+    rerun = doc["sections"]["rerun"]
+    assert not any(n.startswith("WARNING") for n in rerun["notes"]), rerun["notes"]
+    assert [t["header"][0] for t in rerun["tables"]][:2] == ["module", "module"]
+    assert "| spill.py " in proc.stdout  # a row of the per-module table
     # the e2e run worked in a scratch directory, not in the repository's results/
     assert not (REPO / "results" / "bench-quick").exists()
     assert "machine:" in proc.stdout and "| section" in proc.stdout
