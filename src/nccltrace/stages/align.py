@@ -71,8 +71,9 @@ def run_align(layout: RunLayout, proc: str, host: str, *, mode: str = "default",
     record = read_quality(out / QUALITY_FILE)
     notes = _window_notes(proc, record) + quality_findings(proc, record)
     outputs = [out / "alignment.parquet", out / QUALITY_FILE]
+    # the members table is read too (rank 0's TUNING lines), but not listed: a manifest takes
+    # its inputs' partial flags, and another node's missing export must not mark this one partial
     inputs = [calls, nsys / "kernels.parquet", nsys / "session.json"]
-    inputs += [layout.members] if layout.members.exists() else []
     write_manifest(layout.manifest(out), stage="align", inputs=inputs,
                    outputs=outputs, config={"mode": mode}, partial=bool(problems), reasons=problems,
                    extra={"summary": summary})
