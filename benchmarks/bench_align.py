@@ -444,7 +444,7 @@ def make_clock_frame(n_rows: int, *, n_domains: int = 8, gpus: int = 8,
 def child_clock(cfg: dict[str, Any]) -> dict[str, Any]:
     """One measured ``estimate_clock_model`` call (in its own interpreter unless ``--in-process``).
     ``cfg``: rows, and optionally domains (clock domains = nodes, default 8) and gpus (ranks per node, 8)."""
-    from nccltrace.clocksync import estimate_clock_model
+    from nccltrace.ops.clock_sync import estimate_clock_model
 
     w, _ = make_clock_frame(5_000, seed=9)
     estimate_clock_model(w)  # warm-up (compiled kernels)

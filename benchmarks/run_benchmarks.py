@@ -52,7 +52,7 @@ rerun      What a code change re-runs: on a finished campaign (full: the example
            (dry runs write nothing: checked on every file under results/ at the end). Beside
            it, the analysis re-run under a call tracer says which of the rules a module's
            change re-runs ever call its code, with the import chain that puts it in the
-           stage's code hash (provenance.import_chain).
+           stage's code hash (code_stamps.import_chain).
 
 Full mode takes a long time and is run by hand; ``--quick`` is for CI. Prints figures only and
 asserts nothing about speed; exits non-zero only when a benchmark itself fails (the other
@@ -240,7 +240,7 @@ def _gunzipped_size(path: Path) -> int:
 def child_trace(cfg: dict[str, Any]) -> dict[str, Any]:
     """``write_run_traces`` on a run directory: every op uncapped (``workflow: false``), or as
     workflow/scripts/trace.py calls it with the default config (capped trace + summary)."""
-    from nccltrace.trace import write_run_traces
+    from nccltrace.outputs.perfetto import write_run_traces
 
     run_dir = Path(cfg["run_dir"])
     kw = {"max_events": 500_000, "summary": True, "summary_max_events": 200_000} if cfg.get("workflow") else {}
@@ -261,7 +261,7 @@ def child_stage(cfg: dict[str, Any]) -> dict[str, Any]:
     """One run-level stage of ``nccltrace.stages`` (what its rule runs) on a run directory."""
     import yaml
 
-    from nccltrace.run_layout import RunLayout
+    from nccltrace.core.layout import RunLayout
     from nccltrace.stages.metrics import run_metrics
     from nccltrace.stages.ops import run_ops
     from nccltrace.stages.report import run_report
@@ -601,11 +601,11 @@ def section_ranks(sec: Section, ctx: Context) -> None:
 def _seed_run(d: Path) -> Path:
     """An emulated 8-rank run (2 nodes x 4 GPUs, TP2 PP2 DP2, distributed optimizer), analysed
     like the workflow does (parse, align, communicators, ops, metrics); returns its run dir."""
+    from nccltrace.analyze import analyze_run
+    from nccltrace.core.layout import RunLayout
+    from nccltrace.core.tables import read_table
     from nccltrace.emulator.run import emulate_run
-    from nccltrace.metrics import compute_run_metrics, write_run_metrics
-    from nccltrace.pipeline import analyze_run
-    from nccltrace.run_layout import RunLayout
-    from nccltrace.tables import read_table
+    from nccltrace.metrics.compute import compute_run_metrics, write_run_metrics
 
     cfg = {"model": "bench", "num_layers": 4, "hidden_size": 256, "num_attention_heads": 8, "seq_length": 512,
            "micro_batch_size": 1, "global_batch_size": 8, "iterations": 2, "nodes": 2, "gpus_per_node": 4, "tp": 2,
@@ -685,7 +685,7 @@ def tile_run(seed: Path, dest: Path, n_ops: int) -> int:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from nccltrace.run_layout import RunLayout
+    from nccltrace.core.layout import RunLayout
 
     ops_t = pq.read_table(seed / "ops" / "ops.parquet")
     n_call = int(pc.sum(pc.equal(ops_t["row_kind"], "call")).as_py())
@@ -808,8 +808,8 @@ def section_stages(sec: Section, ctx: Context) -> None:
 
 def _scaling_run(d: Path, nodes: int, quick: bool) -> Path:
     """Emulate and analyse (through the ops table) one run of the scaling shape; its run dir."""
+    from nccltrace.analyze import analyze_run
     from nccltrace.emulator.run import emulate_run
-    from nccltrace.pipeline import analyze_run
 
     if quick:
         shape = {"tp": 2, "pp": 2, "vpp": 2, "gpus_per_node": 4, "num_layers": 4, "hidden_size": 256,
@@ -840,7 +840,7 @@ def _per_process_view(run: Path, dest: Path) -> Path:
     """``run`` (per-node layout: parsed/nccl/<host>/<proc>/, aligned/<host>/<proc>/) seen in the
     per-process layout of revisions before it, through symbolic links; the run-level stages'
     output directories are the view's own. For a --baseline revision's stages."""
-    from nccltrace.run_layout import RunLayout
+    from nccltrace.core.layout import RunLayout
 
     layout = RunLayout(run)
     shutil.rmtree(dest, ignore_errors=True)
@@ -866,7 +866,7 @@ def _per_process_view(run: Path, dest: Path) -> Path:
 
 def section_scaling(sec: Section, ctx: Context) -> None:
     """Peak RSS of each run-level stage at 64, 256 and 1024 ranks (constant work per rank)."""
-    from nccltrace.run_layout import RunLayout
+    from nccltrace.core.layout import RunLayout
 
     nodes = [1, 2] if ctx.quick else [8, 32, 128]
     d = ctx.work / "scaling"
@@ -1279,7 +1279,11 @@ def _rules_text(jobs: dict[str, int]) -> str:
 
 
 def section_rerun(sec: Section, ctx: Context) -> None:
-    from nccltrace.provenance import STAGE_ENTRIES, import_chain, import_closure
+    from nccltrace.campaign.code_stamps import (
+        STAGE_ENTRIES,
+        import_chain,
+        import_closure,
+    )
 
     label, config = rerun_campaign(ctx.quick)
     d = ctx.work / "rerun"

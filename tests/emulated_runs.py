@@ -7,8 +7,8 @@ from typing import Any
 
 import pandas as pd
 
-from nccltrace.metrics import TABLE_SCHEMAS
-from nccltrace.tables import read_table
+from nccltrace.core.tables import read_table
+from nccltrace.metrics.compute import TABLE_SCHEMAS
 
 # a 4-layer model whose runs emulate and analyse in seconds
 SMALL_MODEL = {"num_layers": 4, "hidden_size": 128, "num_attention_heads": 4, "seq_length": 256, "micro_batch_size": 1,

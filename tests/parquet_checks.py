@@ -10,8 +10,8 @@ import duckdb
 import pandas as pd
 import pyarrow.parquet as pq
 
-from nccltrace.tables import schema_problems
-from nccltrace.tables_doc import documented_schema_of
+from nccltrace.core.tables import schema_problems
+from nccltrace.outputs.tables_doc import documented_schema_of
 
 
 def problems_of_file(path: Path, root: Path, *, documented: bool = True) -> list[str]:

@@ -16,10 +16,10 @@ from nccltrace.align.exact import (
     exact_correlation,
     has_nccl_payloads,
 )
+from nccltrace.core.tables import read_table
 from nccltrace.emulator.run import emulate_run
 from nccltrace.nccl.log_reader import parse_logs
 from nccltrace.nsys.reader import NsysExport
-from nccltrace.tables import read_table
 
 # tp=2, pp=2 on 2 nodes x 2 GPUs: dp=1, so Megatron's data-parallel calls go to single-rank
 # communicators; the pipeline's batched Send/Recv are NCCL groups.

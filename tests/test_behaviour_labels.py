@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 
 from nccltrace.cli import main
+from nccltrace.communicators.labels import communicator_behaviour
 from nccltrace.emulator.run import emulate_run
 from nccltrace.megatron.behaviour import GroupDid, most_likely
 from nccltrace.megatron.infer import infer_layout
-from nccltrace.parallelism import communicator_behaviour
 from nccltrace.validation.labels import behaviour_vs_declared
 
 

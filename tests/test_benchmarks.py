@@ -69,8 +69,8 @@ def test_engine_benchmark_compares_every_installed_engine_with_pandas(tmp_path):
     (not dependencies) either give the same tables or are reported as not run."""
     from emulated_runs import SMALL_MODEL
 
+    from nccltrace.analyze import analyze_run
     from nccltrace.emulator.run import emulate_run
-    from nccltrace.pipeline import analyze_run
 
     emulate_run({**SMALL_MODEL, "name": "engines", "tp": 2, "pp": 2, "nodes": 2, "gpus_per_node": 2, "seed": 3},
                 tmp_path / "raw")  # fmt: skip

@@ -11,10 +11,10 @@ import pytest
 import yaml
 from snakemake_jobs import scheduled_jobs
 
-from nccltrace.campaign import CampaignError, expand_campaign, load_campaign
+from nccltrace.campaign.matrix import CampaignError, expand_campaign, load_campaign
 from nccltrace.cli import build_parser, main
-from nccltrace.tables import TABLES
-from nccltrace.tables_doc import tables_markdown
+from nccltrace.core.tables import TABLES
+from nccltrace.outputs.tables_doc import tables_markdown
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "config" / "config.yaml"
@@ -139,7 +139,7 @@ def test_ci_runs_exactly_the_readme_test_command():
 
 
 def test_emulated_hardware_needs_a_known_node_model():
-    from nccltrace.campaign import EMULATOR_PRESETS
+    from nccltrace.campaign.matrix import EMULATOR_PRESETS
     from nccltrace.emulator.config import HARDWARE_PRESETS
 
     assert set(EMULATOR_PRESETS) == set(HARDWARE_PRESETS)

@@ -1,4 +1,4 @@
-"""Step-window and rank-subset captures (``capture`` run setting, nccltrace.capture): config
+"""Step-window and rank-subset captures (``capture`` run setting, nccltrace.core.capture_window): config
 checks, the Megatron/nsys arguments, and the emulator's capture-range exports against ground
 truth (docs/emulator.md §3.1)."""
 
@@ -15,9 +15,23 @@ import pytest
 import yaml
 
 from nccltrace.acquisition.launch import LaunchError, render_node_script, run_training
-from nccltrace.acquisition.megatron import launch_problems, megatron_arguments, parse_megatron_arguments
-from nccltrace.campaign import CampaignError, expand_campaign, load_campaign, validate_runs
-from nccltrace.capture import NSYS_CAPTURE_RANGE_ARGS, CaptureError, CaptureWindow, capture_problems
+from nccltrace.acquisition.megatron import (
+    launch_problems,
+    megatron_arguments,
+    parse_megatron_arguments,
+)
+from nccltrace.campaign.matrix import (
+    CampaignError,
+    expand_campaign,
+    load_campaign,
+    validate_runs,
+)
+from nccltrace.core.capture_window import (
+    NSYS_CAPTURE_RANGE_ARGS,
+    CaptureError,
+    CaptureWindow,
+    capture_problems,
+)
 from nccltrace.emulator import emulate_run
 from nccltrace.emulator.config import ConfigError, EmulatorConfig
 
@@ -152,7 +166,6 @@ def test_the_example_campaign_has_a_step_window_and_a_rank_subset_run():
 
 # the launch tests' training setup: the torchrun and nsys test doubles
 from test_launch import _setup  # noqa: E402
-
 
 TINY = dict(model="dense", num_layers=4, hidden_size=128, num_attention_heads=4, seq_length=256,
             micro_batch_size=2, global_batch_size=8, iterations=3, nodes=1, gpus_per_node=4, precision="fp16")

@@ -12,11 +12,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from nccltrace.analyze import NO_EXPORT_REASON
 from nccltrace.cli import main
+from nccltrace.core.layout import RunLayout
+from nccltrace.core.tables import read_table
 from nccltrace.emulator.run import emulate_run
-from nccltrace.pipeline import NO_EXPORT_REASON
-from nccltrace.run_layout import RunLayout
-from nccltrace.tables import read_table
 
 # TP=2 x PP=2 over 2 nodes of 2 GPUs, one iteration: two exports, grouped P2P, single-rank
 # data-parallel communicators (dp = 1) - small, but every stage has something to do.

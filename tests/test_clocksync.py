@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nccltrace.clocksync import (
+from nccltrace.ops.clock_sync import (
     ClockModel,
     add_sync_columns,
     apply_clock_correction,

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from nccltrace.communicators import infer_communicators, infer_run_communicators
+from nccltrace.communicators.infer import infer_communicators, infer_run_communicators
+from nccltrace.core.tables import read_table
 from nccltrace.emulator.run import emulate_run
 from nccltrace.nccl.log_reader import parse_logs
-from nccltrace.tables import read_table
 
 BASE = {"model": "t", "num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 64,
         "vocab_size": 512, "micro_batch_size": 1, "global_batch_size": 8, "iterations": 1, "nodes": 2,

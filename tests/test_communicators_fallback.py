@@ -7,10 +7,18 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from nccltrace.communicators import COMMUNICATOR_SCHEMA, MEMBER_SCHEMA
-from nccltrace.communicators_fallback import global_ranks, infer_communicators_from_calls
-from nccltrace.parallelism import label_communicators
-from nccltrace.validation.communicators import LOST_LINES, emulate_config, fallback_accuracy, fallback_scores
+from nccltrace.communicators.from_calls import (
+    global_ranks,
+    infer_communicators_from_calls,
+)
+from nccltrace.communicators.infer import COMMUNICATOR_SCHEMA, MEMBER_SCHEMA
+from nccltrace.communicators.labels import label_communicators
+from nccltrace.validation.communicators import (
+    LOST_LINES,
+    emulate_config,
+    fallback_accuracy,
+    fallback_scores,
+)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,11 @@ from nccltrace.emulator.layout import layout_of
 from nccltrace.emulator.params import chunk_params
 from nccltrace.emulator.schedule import RankProgram, count_kernels, kernel_op_of_unit
 from nccltrace.emulator.thesis import (
-    THESIS_COUNTS, THESIS_TABLE_4_1, THESIS_TABLE_4_2, comparison_table, thesis_config,
+    THESIS_COUNTS,
+    THESIS_TABLE_4_1,
+    THESIS_TABLE_4_2,
+    comparison_table,
+    thesis_config,
 )  # fmt: skip
 
 # Emulated kernel counts derived from Megatron-LM core_r0.13 (docs/emulator.md). They equal the

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from nccltrace.core.tables import read_table
 from nccltrace.emulator.run import emulate_run
 from nccltrace.nccl.log_reader import parse_logs
-from nccltrace.tables import read_table
 
 
 def test_each_comm_init_dumps_its_own_gpus_with_their_rank_in_that_comm(tmp_path):

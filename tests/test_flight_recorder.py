@@ -14,9 +14,16 @@ import pytest
 from data_paths import CAPTURE, FR_MEGATRON16
 
 from nccltrace.cli import main
-from nccltrace.flight_recorder import FlightRecorderError, find_dumps, group_ops, layout_input, load_dump, op_of
 from nccltrace.megatron.behaviour import most_likely
 from nccltrace.megatron.infer import SIZE_NAMES, infer_layout
+from nccltrace.pytorch.flight_recorder import (
+    FlightRecorderError,
+    find_dumps,
+    group_ops,
+    layout_input,
+    load_dump,
+    op_of,
+)
 
 FR = FR_MEGATRON16
 CAPTURE_FR = CAPTURE / "flight_recorder"
@@ -134,8 +141,8 @@ def test_a_dump_names_the_one_communicator_whose_calls_end_as_its_entries_and_no
     which no process has, names nothing and says so."""
     import pandas as pd
 
-    from nccltrace.flight_recorder import FlightRecorderDump
-    from nccltrace.process_groups import name_by_flight_recorder
+    from nccltrace.communicators.names import name_by_flight_recorder
+    from nccltrace.pytorch.flight_recorder import FlightRecorderDump
 
     comms = pd.DataFrame({"logical_id": [0, 1], "members": [[0, 1], [0, 1]]})
     members = pd.DataFrame({"logical_id": [0, 1, 0, 1], "host": "h", "pid": [10, 10, 11, 11],
@@ -163,8 +170,8 @@ def test_a_group_that_agrees_with_its_communicator_but_for_one_call_names_it_yet
     so no call gets a sequence number."""
     import pandas as pd
 
-    from nccltrace.flight_recorder import FlightRecorderDump
-    from nccltrace.process_groups import name_by_flight_recorder
+    from nccltrace.communicators.names import name_by_flight_recorder
+    from nccltrace.pytorch.flight_recorder import FlightRecorderDump
 
     comms = pd.DataFrame({"logical_id": [0], "members": [[0, 1]]})
     members = pd.DataFrame({"logical_id": [0, 0], "host": "h", "pid": [10, 11], "comm": [0xA, 0xC],

@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 
 from nccltrace.cli import main
+from nccltrace.core.tables import read_table
 from nccltrace.emulator.run import emulate_run
-from nccltrace.tables import read_table
 
 LAZY = {
     "model": "tiny", "num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 64,
@@ -138,7 +138,11 @@ def test_an_import_whose_log_names_carry_the_rank_names_every_rank_and_the_world
     communicators stage reads the rank from the name: world size 8 and every rank right. A
     pattern without {rank} is refused with the reason, and the ranks stay unknown."""
     from nccltrace.acquisition.raw import import_raw
-    from nccltrace.communicators import RANK_NAME_SETTING, communicator_problems, infer_run_communicators
+    from nccltrace.communicators.infer import (
+        RANK_NAME_SETTING,
+        communicator_problems,
+        infer_run_communicators,
+    )
     from nccltrace.stages.parse_nccl import run_parse_nccl
 
     ranks = _lazy_logs_by_rank(lazy_raw, tmp_path / "elsewhere", "rank{rank}/nccl.log")
@@ -227,7 +231,11 @@ def test_a_pattern_that_matches_local_ranks_names_each_rank_twice_and_is_reporte
     given as if it were global, every number is claimed by one process on each node. Every such
     claim is dropped and reported; the ranks stay unknown."""
     from nccltrace.acquisition.raw import import_raw
-    from nccltrace.communicators import RANK_NAME_SETTING, communicator_problems, infer_run_communicators
+    from nccltrace.communicators.infer import (
+        RANK_NAME_SETTING,
+        communicator_problems,
+        infer_run_communicators,
+    )
     from nccltrace.stages.parse_nccl import run_parse_nccl
 
     ranks = _true_ranks(lazy_raw)

@@ -23,12 +23,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nccltrace.clocksync import MAX_DRIFT_PPM, estimate_clock_model
+from nccltrace.analyze import analyze_run
+from nccltrace.core.tables import read_table
 from nccltrace.emulator.run import emulate_run
-from nccltrace.pipeline import analyze_run
-from nccltrace.tables import read_table
+from nccltrace.ops.clock_sync import MAX_DRIFT_PPM, estimate_clock_model
 from nccltrace.validation.alignment import score_alignment
-from nccltrace.validation.families import FAMILIES, GRAPH_TIME_SHARED, _settings, _strip_launches_and_nvtx
+from nccltrace.validation.families import (
+    FAMILIES,
+    GRAPH_TIME_SHARED,
+    _settings,
+    _strip_launches_and_nvtx,
+)
 
 FAMILY = next(f for f in FAMILIES if f.name == GRAPH_TIME_SHARED)
 # the family's shape, smaller: 4 steps (the graph captured in step 2, steps 3-4 profiled), one

@@ -11,15 +11,14 @@ import dataclasses
 from pathlib import Path
 
 import nccltrace
-from nccltrace.provenance import import_closure
+from nccltrace.campaign.code_stamps import import_closure
 
 PKG = Path(nccltrace.__file__).resolve().parent
 
 # Modules that need the emulator, and why. Everything else is analysis.
 EMULATOR_USERS = {
     "cli.py": "the `nccltrace emulate` command",
-    "campaign.py": "validates emulated runs with the emulator's config",
-    "pipeline.py": "acquires emulated runs",
+    "campaign/": "validates emulated runs with the emulator's config",
     "validation/": "scores the analysis against emulated ground truth",
 }
 

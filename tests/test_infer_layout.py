@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from data_paths import FR_MEGATRON16
 
-from nccltrace.campaign import expand_campaign, load_campaign
+from nccltrace.campaign.matrix import expand_campaign, load_campaign
 from nccltrace.cli import main
 from nccltrace.emulator.config import EmulatorConfig
 from nccltrace.emulator.layout import layout_of

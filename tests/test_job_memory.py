@@ -1,10 +1,10 @@
-"""Memory requests of the workflow's jobs (nccltrace.job_memory) against measured peaks."""
+"""Memory requests of the workflow's jobs (nccltrace.campaign.job_resources) against measured peaks."""
 
 from __future__ import annotations
 
 import pytest
 
-from nccltrace.job_memory import COSTS, mem_mb, parquet_rows
+from nccltrace.campaign.job_resources import COSTS, mem_mb, parquet_rows
 
 # (stage, driving rows, measured peak RSS in MiB) from benchmarks/run_benchmarks.py on the
 # 2-core VM of the README (stages: tiled 8-rank run; align: bench_align; nsys: 284 MB export; the

@@ -14,7 +14,7 @@ import pytest
 from data_paths import CAPTURE
 
 from nccltrace.cli import main
-from nccltrace.kernel_sources import source_kind, stage_traces, traces_of_hosts
+from nccltrace.inputs.kernel_sources import source_kind, stage_traces, traces_of_hosts
 from nccltrace.kineto import KinetoFormatError, KinetoTrace, is_kineto_trace
 from nccltrace.nsys import NsysExport
 

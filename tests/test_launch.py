@@ -13,11 +13,25 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nccltrace.acquisition.launch import TrainingSetup, parse_minutes, render_node_script, run_training
-from nccltrace.acquisition.megatron import launch_problems, megatron_arguments, parse_megatron_arguments
-from nccltrace.acquisition.raw import RawImportError, assemble_raw, import_raw, read_status
-from nccltrace.campaign import CampaignError, expand_campaign, validate_runs
-from nccltrace.pipeline import find_raw_inputs
+from nccltrace.acquisition.launch import (
+    TrainingSetup,
+    parse_minutes,
+    render_node_script,
+    run_training,
+)
+from nccltrace.acquisition.megatron import (
+    launch_problems,
+    megatron_arguments,
+    parse_megatron_arguments,
+)
+from nccltrace.acquisition.raw import (
+    RawImportError,
+    assemble_raw,
+    import_raw,
+    read_status,
+)
+from nccltrace.analyze import find_raw_inputs
+from nccltrace.campaign.matrix import CampaignError, expand_campaign, validate_runs
 
 REPO = Path(__file__).resolve().parents[1]
 DOUBLES = REPO / "tests" / "doubles"
@@ -183,7 +197,7 @@ def test_a_megatron_checkout_at_another_commit_than_pinned_fails_with_the_fix(tm
 
 
 def test_the_thesis_chapter5_campaign_is_sixteen_valid_slurm_runs():
-    from nccltrace.campaign import load_campaign
+    from nccltrace.campaign.matrix import load_campaign
 
     runs = expand_campaign(load_campaign(REPO / "config" / "thesis-chapter5.yaml"))
     validate_runs(runs)

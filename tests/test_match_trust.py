@@ -17,8 +17,8 @@ from nccltrace.align.correlate import align_process
 from nccltrace.align.quality import cross_rank_contradictions
 from nccltrace.align.window import log_unlocated, step_lines, window_unlocated
 from nccltrace.cli import main
+from nccltrace.core.tables import read_table
 from nccltrace.emulator.run import emulate_run
-from nccltrace.tables import read_table
 from nccltrace.validation.alignment import SCENARIO_BASE, score_alignment
 from nccltrace.validation.families import FAMILIES, GRAPH_TIME_SHARED, run_family
 
@@ -390,7 +390,7 @@ def test_exact_mode_works_on_a_step_window_export(tmp_path, nccl, timestamps):
     """The windowed export has no communicator-init ranges and holds two of four steps; the
     window is located by log time (2.26.2) or the run's declared steps (2.25.1), then every
     captured call gets its kernel from the NVTX payload ranges."""
-    from nccltrace.pipeline import analyze_run
+    from nccltrace.analyze import analyze_run
 
     raw = tmp_path / "raw"
     emulate_run({**SCENARIO_BASE, "nodes": 2, "tp": 2, "pp": 2, "iterations": 4, "seed": 3, "nccl_version": nccl,

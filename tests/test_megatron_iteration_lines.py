@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 from data_paths import CAPTURE
 
-from nccltrace.log_discovery import discover_logs
+from nccltrace.inputs.logs import discover_logs
 from nccltrace.megatron.training_log import (
     completed_before,
     is_iteration_line,

@@ -12,7 +12,14 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from nccltrace.metrics import (
+from nccltrace.core.layout import RunLayout
+from nccltrace.core.tables import (
+    TABLES,
+    coerce_to_schema,
+    read_table,
+    write_table_atomic,
+)
+from nccltrace.metrics.compute import (
     ALGORITHM_SCHEMA,
     INSTANCE_SCHEMA,
     LIMIT_SCHEMA,
@@ -22,9 +29,7 @@ from nccltrace.metrics import (
     compute_run_metrics,
     write_run_metrics,
 )
-from nccltrace.ops import OPS_SCHEMA
-from nccltrace.run_layout import RunLayout
-from nccltrace.tables import TABLES, coerce_to_schema, read_table, write_table_atomic
+from nccltrace.ops.build import OPS_SCHEMA
 
 T0 = 1_760_000_000_000_000_000  # an epoch in ns: arithmetic must stay exact at this magnitude
 

@@ -12,15 +12,15 @@ import pyarrow.parquet as pq
 import pytest
 from emulated_runs import SMALL_MODEL, assert_metrics_tables_equal
 
+from nccltrace.analyze import analyze_run
+from nccltrace.core.layout import RunLayout
+from nccltrace.core.tables import read_table
 from nccltrace.emulator.run import emulate_run
-from nccltrace.metrics import (
+from nccltrace.metrics.compute import (
     compute_run_metrics,
     part_calls,
     write_run_metrics_out_of_core,
 )
-from nccltrace.pipeline import analyze_run
-from nccltrace.run_layout import RunLayout
-from nccltrace.tables import read_table
 
 _SMALL = {**SMALL_MODEL, "compute_kernels": False}
 RUNS = {

@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from nccltrace.core.tables import read_table
 from nccltrace.nccl.log_reader import parse_logs
-from nccltrace.tables import read_table
 
 
 @pytest.fixture(scope="module")

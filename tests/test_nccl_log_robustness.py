@@ -5,9 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from nccltrace.core.tables import read_table
 from nccltrace.emulator.run import emulate_run
 from nccltrace.nccl.log_reader import parse_logs
-from nccltrace.tables import read_table
 
 CALL = ("AllReduce: opCount 1f sendbuff 0x7f00 recvbuff 0x7f00 count 64 datatype 7 op 0 root 0 comm 0x55aa00 "
         "[nranks=4] stream 0x99")

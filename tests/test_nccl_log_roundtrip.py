@@ -9,9 +9,9 @@ import json
 import pandas as pd
 import pytest
 
+from nccltrace.core.tables import read_table
 from nccltrace.nccl.log_reader import parse_logs
 from nccltrace.nccl.log_writer import NcclLogWriter, TopoGpu, TopoNic, TopoSystem
-from nccltrace.tables import read_table
 
 VERSIONS = ["2.18.3", "2.21.5", "2.23.4", "2.24.3", "2.28.3", "2.29.2"]
 

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from nccltrace.core.layout import RunLayout, process_key
+from nccltrace.core.tables import read_table
 from nccltrace.emulator.run import emulate_run
-from nccltrace.run_layout import RunLayout, process_key
 from nccltrace.stages import NodeStageError, StageResult
 from nccltrace.stages import align_node as align_node_mod
 from nccltrace.stages import parse_node as parse_node_mod
 from nccltrace.stages.align_node import run_align_node
 from nccltrace.stages.parse_node import run_parse_node
-from nccltrace.tables import read_table
 
 # 2 nodes x 2 GPUs, TP=2, one iteration: two processes per node
 CFG = {"model": "tiny", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 64,
@@ -148,7 +148,7 @@ def test_align_node_aligns_each_process_of_the_node(raw, tmp_path, monkeypatch):
 def test_analyze_into_an_earlier_output_drops_what_this_run_does_not_have(raw, tmp_path):
     """Directories of an earlier analysis (another run, or the layout before per-node
     directories) are removed; this run's are rewritten."""
-    from nccltrace.pipeline import analyze_run
+    from nccltrace.analyze import analyze_run
 
     out = tmp_path / "out"
     layout = RunLayout(out)

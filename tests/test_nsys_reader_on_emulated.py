@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from nccltrace.core.tables import read_table
 from nccltrace.emulator.run import emulate_run
 from nccltrace.nsys.reader import NsysExport
-from nccltrace.tables import read_table
 
 BASE = {"model": "tiny", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 64,
         "vocab_size": 512, "micro_batch_size": 1, "global_batch_size": 4, "iterations": 2, "nodes": 2,
@@ -54,9 +54,9 @@ def test_emulated_export_reads_back_kernels_launches_and_nccl_ranges(tmp_path, n
 
 def test_launches_whose_kernel_record_is_missing_are_listed(tmp_path):
     """A dropped kernel record leaves its launch call: the reader lists exactly those launches."""
+    from nccltrace.core.tables import read_table
     from nccltrace.emulator.run import emulate_run
     from nccltrace.nsys.reader import NsysExport
-    from nccltrace.tables import read_table
 
     res = emulate_run({"model": "t", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 64,
                        "vocab_size": 512, "micro_batch_size": 1, "global_batch_size": 4, "iterations": 1,

@@ -26,11 +26,11 @@ from nccltrace.align.quality import (
     cross_rank_scales,
     end_deviations,
 )
+from nccltrace.analyze import analyze_run
+from nccltrace.core.layout import RunLayout
+from nccltrace.core.tables import read_table, write_table_atomic
 from nccltrace.emulator.run import emulate_run
-from nccltrace.ops import stream_run_ops
-from nccltrace.pipeline import analyze_run
-from nccltrace.run_layout import RunLayout
-from nccltrace.tables import read_table, write_table_atomic
+from nccltrace.ops.build import stream_run_ops
 
 _SMALL = {**SMALL_MODEL, "compute_kernels": False}
 RUNS = {
@@ -161,7 +161,7 @@ def test_scales_of_the_whole_run_decide_a_part_the_way_the_whole_run_does():
 def test_the_ops_stage_checks_each_part_with_the_scales_of_the_whole_run(tmp_path):
     """The scenario above through the ops stage's spilled parts: communicators 1 and 2 in parts
     of their own decide as the whole run in one part does."""
-    from nccltrace.ops import _CheckRows, _run_checks, instance_parts
+    from nccltrace.ops.build import _CheckRows, _run_checks, instance_parts
 
     rows = _instances("1", 40, 4, 100, 2_000) + _instances("2", 10, 4, 100, 40)
     rows[-1][6] += 5_000

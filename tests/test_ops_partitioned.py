@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from nccltrace.cli import main
+from nccltrace.core.layout import RunLayout
 from nccltrace.emulator.run import emulate_run
-from nccltrace.run_layout import RunLayout
 
 CFG = {"model": "tiny", "num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 64,
        "vocab_size": 512, "micro_batch_size": 1, "global_batch_size": 8, "iterations": 2, "nodes": 2,

@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from nccltrace.cli import main
+from nccltrace.core.layout import RunLayout
+from nccltrace.core.tables import read_table
 from nccltrace.emulator.run import emulate_run
-from nccltrace.ops import stream_run_ops
-from nccltrace.run_layout import RunLayout
-from nccltrace.tables import read_table
+from nccltrace.ops.build import stream_run_ops
 
 CFG = {
     "model": "tiny", "num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 64,
@@ -79,7 +79,9 @@ def test_mismatched_input_lists_are_rejected(analysed, tmp_path):
 def test_stages_reading_only_their_declared_ops_columns_give_the_same_tables(analysed):
     """Metrics, volume and the summary tables read only OPS_COLUMNS of the ops table; a column
     used but not declared would change a result (or raise) here."""
-    from nccltrace import metrics, summary, volume
+    from nccltrace.metrics import compute as metrics
+    from nccltrace.metrics import volume
+    from nccltrace.outputs import summary
 
     out = analysed / "out"
     ops_path = out / "ops" / "ops.parquet"

@@ -13,13 +13,13 @@ import yaml
 from emulated_runs import SMALL_MODEL, assert_metrics_tables_equal
 
 from nccltrace.align.quality import QUALITY_FILE
-from nccltrace.campaign import expand_campaign, load_campaign
+from nccltrace.analyze import analyze_run
+from nccltrace.campaign.matrix import expand_campaign, load_campaign
+from nccltrace.core.layout import RunLayout
+from nccltrace.core.tables import read_table
 from nccltrace.emulator.run import emulate_run
-from nccltrace.metrics import compute_run_metrics, write_run_metrics_out_of_core
-from nccltrace.ops import stream_run_ops
-from nccltrace.pipeline import analyze_run
-from nccltrace.run_layout import RunLayout
-from nccltrace.tables import read_table
+from nccltrace.metrics.compute import compute_run_metrics, write_run_metrics_out_of_core
+from nccltrace.ops.build import stream_run_ops
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = {r.run_id: r.settings for r in expand_campaign(load_campaign(REPO / "config" / "config.yaml"))

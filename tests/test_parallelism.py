@@ -7,8 +7,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from nccltrace.communicators import COMMUNICATOR_SCHEMA, MEMBER_SCHEMA
-from nccltrace.parallelism import (
+from nccltrace.communicators.infer import COMMUNICATOR_SCHEMA, MEMBER_SCHEMA
+from nccltrace.communicators.labels import (
     LABEL_SCHEMA,
     ParallelSizes,
     label_communicators,
@@ -16,7 +16,11 @@ from nccltrace.parallelism import (
     pair_kinds,
     truth_label,
 )
-from nccltrace.validation.communicators import emulate_config, label_accuracy, label_details
+from nccltrace.validation.communicators import (
+    emulate_config,
+    label_accuracy,
+    label_details,
+)
 
 
 @pytest.fixture(scope="module")

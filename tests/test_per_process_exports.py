@@ -18,9 +18,9 @@ from data_paths import CAPTURE
 from emulated_runs import SMALL_MODEL
 
 from nccltrace.cli import main
+from nccltrace.core.layout import RunLayout
+from nccltrace.core.tables import read_table
 from nccltrace.emulator.run import emulate_run
-from nccltrace.run_layout import RunLayout
-from nccltrace.tables import read_table
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = {**SMALL_MODEL, "name": "pp", "tp": 2, "pp": 2, "nodes": 2, "gpus_per_node": 2, "iterations": 2,

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from nccltrace.plots import (
+from nccltrace.outputs.plots import (
     _plot_bandwidth,
     _plot_op_counts,
     _plot_timeline,
@@ -18,7 +18,7 @@ from nccltrace.plots import (
     run_plots,
     sequence_period,
 )
-from nccltrace.summary import campaign_tables, run_tables
+from nccltrace.outputs.summary import campaign_tables, run_tables
 
 MS = 1_000_000
 ITERATIONS = 6

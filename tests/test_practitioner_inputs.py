@@ -11,8 +11,8 @@ import pytest
 from data_paths import FIXTURE_LOGS
 
 from nccltrace.cli import main
+from nccltrace.core.tables import read_table
 from nccltrace.emulator.run import emulate_run
-from nccltrace.tables import read_table
 from nccltrace.validation.alignment import SCENARIO_BASE
 
 CALL = re.compile(rb"NCCL INFO \w+: opCount")
@@ -187,7 +187,7 @@ def test_finding_real_logs_by_content_loses_no_call_or_says_which_lines_it_could
     """Real NCCL log excerpts of other projects (several processes per file, torn lines, lines
     whose prefix was cut): after discovery the log reader finds every call it finds in the
     original file, or discovery names the NCCL lines it could not give to a process."""
-    from nccltrace.log_discovery import discover_logs
+    from nccltrace.inputs.logs import discover_logs
     from nccltrace.nccl.log_reader import parse_logs
 
     checked = 0

@@ -1,4 +1,4 @@
-"""Naming communicators by their PyTorch process groups (nccltrace.process_groups): exact from
+"""Naming communicators by their PyTorch process groups (nccltrace.communicators.names): exact from
 the kernels' records, by elimination among groups of the same members, refused with the reason
 otherwise."""
 
@@ -8,8 +8,8 @@ import json
 
 import pandas as pd
 
-from nccltrace.parallelism import apply_names
-from nccltrace.process_groups import name_communicators, pg_config_of_sessions
+from nccltrace.communicators.labels import apply_names
+from nccltrace.communicators.names import name_communicators, pg_config_of_sessions
 
 PG = {"0": ((0, 1, 2, 3), "default_pg"), "1": ((0, 1), "TENSOR_MODEL_PARALLEL_GROUP"),
       "3": ((0, 2), "PIPELINE_MODEL_PARALLEL_GROUP"), "5": ((0, 2), "EMBEDDING_GROUP")}
@@ -66,7 +66,7 @@ def test_pg_config_is_read_from_every_source_of_a_nodes_session(tmp_path):
 
 
 def test_pytorchs_process_group_line_is_read_in_its_old_and_new_spellings():
-    from nccltrace.pytorch_log import PG_COMM_LINE, is_pg_comm_line
+    from nccltrace.pytorch.log_lines import PG_COMM_LINE, is_pg_comm_line
 
     old = ("I0527 15:16:57.738664 58629 ProcessGroupNCCL.cpp:2183] [PG 0 (default_pg) Rank 5] ProcessGroupNCCL "
            "created ncclComm_ 0x555b8d27b370 on CUDA device: ")

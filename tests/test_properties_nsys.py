@@ -32,7 +32,13 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from nccltrace.emulator.run import emulate_run
-from nccltrace.nsys.reader import KERNEL_COLUMNS, NsysDataWarning, NsysExport, NsysFormatError, NsysSchemaWarning
+from nccltrace.nsys.reader import (
+    KERNEL_COLUMNS,
+    NsysDataWarning,
+    NsysExport,
+    NsysFormatError,
+    NsysSchemaWarning,
+)
 
 K = "CUPTI_ACTIVITY_KIND_KERNEL"
 RT = "CUPTI_ACTIVITY_KIND_RUNTIME"

@@ -8,7 +8,11 @@ import random
 import pytest
 
 from nccltrace.megatron.groups import megatron_groups
-from nccltrace.megatron.rank_structure import ORDER_SETTING, candidate_layouts, solve_global_ranks
+from nccltrace.megatron.rank_structure import (
+    ORDER_SETTING,
+    candidate_layouts,
+    solve_global_ranks,
+)
 from nccltrace.megatron.sizes import ParallelSizes
 
 LAZY_KINDS = ("tp", "pp", "dp", "cp", "ep")  # what a lazily initialised job runs collectives on
@@ -170,7 +174,7 @@ def test_real_megatron_core_groups_from_flight_recorder_dumps_give_the_true_rank
     those in the dumps' last entries; without the sizes never a wrong rank."""
     from data_paths import FR_MEGATRON16
 
-    from nccltrace.flight_recorder import read_dump
+    from nccltrace.pytorch.flight_recorder import read_dump
 
     base = FR_MEGATRON16  # tests/data/real/flight_recorder_megatron16
     layouts = {"gpu_error_1st": {"tp": 2, "pp": 4, "ep": 4, "etp": 1}, "lock_gil_2nd": {"tp": 2, "pp": 4, "ep": 4, "etp": 1},

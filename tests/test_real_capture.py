@@ -141,7 +141,7 @@ def _grid_against_rank0_tuning(out: Path) -> pd.DataFrame:
     """Per matched collective kernel of a member: its grid beside the channel count rank 0's
     TUNING line gives the same call (the same logical communicator and opCount)."""
     from nccltrace.align.sequences import attach_tuning
-    from nccltrace.tables import read_table
+    from nccltrace.core.tables import read_table
 
     ops = read_table(out / "ops" / "ops.parquet").query("row_kind == 'call' and status == 'matched'")
     told = pd.concat([attach_tuning(read_table(d / "calls.parquet"), read_table(d / "tuning.parquet"))
@@ -545,7 +545,7 @@ def test_with_a_rank_log_missing_the_world_communicator_still_gives_the_world_si
     """Rank 3's log left out: the world communicator is a member short (incomplete), but its size
     is the world's, so the layout inference still runs on the complete groups (no sizes
     declared). The world size is the world communicator's, recorded in communicators.parquet."""
-    from nccltrace.communicators import run_world_size
+    from nccltrace.communicators.infer import run_world_size
 
     (tmp_path / "run" / "nccl").mkdir(parents=True)
     for log in (CAPTURE / "nccl").glob("*.log"):

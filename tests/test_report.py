@@ -20,11 +20,11 @@ import pytest
 from PIL import Image
 
 from nccltrace.cli import main
+from nccltrace.core.tables import read_table
 from nccltrace.emulator.run import emulate_run
-from nccltrace.plots import campaign_plots, iteration_window, run_plots
-from nccltrace.report import render_campaign_report, render_run_report
-from nccltrace.summary import campaign_tables, run_tables, write_tables
-from nccltrace.tables import read_table
+from nccltrace.outputs.plots import campaign_plots, iteration_window, run_plots
+from nccltrace.outputs.report import render_campaign_report, render_run_report
+from nccltrace.outputs.summary import campaign_tables, run_tables, write_tables
 
 # PP=2 x DP=2 over two nodes, 4 iterations: P2P, collectives, single-rank communicators, a clock
 # per node and a few kernels missing from the export, so every report section has something.

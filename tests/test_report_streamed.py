@@ -16,13 +16,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from nccltrace.batches import FirstSeen, median_of_counts
 from nccltrace.cli import main
+from nccltrace.core.batch_stats import FirstSeen, median_of_counts
+from nccltrace.core.layout import RunLayout
+from nccltrace.core.tables import iter_record_batches, read_table
 from nccltrace.emulator.run import emulate_run
-from nccltrace.plots import TIMELINE_COLUMNS, run_plots, timeline_of
-from nccltrace.run_layout import RunLayout
-from nccltrace.stages.report import report_data
-from nccltrace.summary import (
+from nccltrace.outputs.plots import TIMELINE_COLUMNS, run_plots, timeline_of
+from nccltrace.outputs.summary import (
     OP_METRICS_COLUMNS,
     OPS_COLUMNS,
     RunTablesBuilder,
@@ -30,7 +30,7 @@ from nccltrace.summary import (
     run_tables,
     write_tables,
 )
-from nccltrace.tables import iter_record_batches, read_table
+from nccltrace.stages.report import report_data
 
 # PP2 x DP4 on two nodes: fused Send/Recv groups, single-rank (TP=1) communicators, duplicate and
 # lost log lines, lost kernel records, kernels of no call, arrival skew and a clock per node.

@@ -12,8 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from nccltrace.cli import main
+from nccltrace.core.tables import read_table
 from nccltrace.emulator.run import emulate_run
-from nccltrace.summary import (
+from nccltrace.outputs.summary import (
     CAMPAIGN_RUNS_SCHEMA,
     RUN_SCHEMAS,
     campaign_tables,
@@ -22,7 +23,6 @@ from nccltrace.summary import (
     size_bucket,
     write_tables,
 )
-from nccltrace.tables import read_table
 
 
 def _row(**kw) -> dict:

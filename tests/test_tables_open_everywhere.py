@@ -22,9 +22,18 @@ from emulated_runs import SMALL_MODEL
 from parquet_checks import assert_every_table_opens
 
 from nccltrace.cli import main
+from nccltrace.core.tables import (
+    file_schema,
+    frame_to_table,
+    schema_problems,
+    write_table_atomic,
+)
 from nccltrace.emulator.run import emulate_run
-from nccltrace.tables import file_schema, frame_to_table, schema_problems, write_table_atomic
-from nccltrace.tables_doc import documented_schema_of, documented_schemas, tables_markdown
+from nccltrace.outputs.tables_doc import (
+    documented_schema_of,
+    documented_schemas,
+    tables_markdown,
+)
 
 # An 8-rank TP2·PP2·DP2 run on two nodes, NCCL 2.28 with log timestamps and NVTX payloads, of
 # which nsys captured steps 2-3: the shape the exact-mode defect was found on.

@@ -1,4 +1,4 @@
-"""Chrome trace export (`nccltrace.trace`).
+"""Chrome trace export (`nccltrace.outputs.perfetto`).
 
 Three kinds of checks:
 
@@ -28,8 +28,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nccltrace import trace as trace_mod
-from nccltrace.trace import UNKNOWN_RANK_PID_BASE, write_chrome_trace, write_run_traces, write_summary_trace
+from nccltrace.outputs import perfetto as trace_mod
+from nccltrace.outputs.perfetto import (
+    UNKNOWN_RANK_PID_BASE,
+    write_chrome_trace,
+    write_run_traces,
+    write_summary_trace,
+)
 
 B = 1_760_000_000_000_000_000  # UTC ns of the synthetic run's reference
 OFF0, OFF1 = B, B + 7  # session UTC offsets of the two synthetic nsys exports

@@ -9,7 +9,12 @@ import pandas as pd
 
 from nccltrace.align.correlate import align_process
 from nccltrace.align.sequences import attach_tuning
-from nccltrace.align.tuning_carry import carry_tuning, donor_facts, time_pairs, tuning_donors
+from nccltrace.align.tuning_carry import (
+    carry_tuning,
+    donor_facts,
+    time_pairs,
+    tuning_donors,
+)
 
 N = 10
 LOST_KERNEL, LOST_LINE = 4, 5  # on the member: call 4's kernel record and call 5's line are lost

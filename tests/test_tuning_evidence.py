@@ -8,7 +8,11 @@ import numpy as np
 import pandas as pd
 
 from nccltrace.align.correlate import align_process
-from nccltrace.align.sequences import attach_tuning, kernel_algorithm, normalise_algorithm
+from nccltrace.align.sequences import (
+    attach_tuning,
+    kernel_algorithm,
+    normalise_algorithm,
+)
 
 N = 10
 LOST_KERNEL, LOST_LINE = 4, 5  # call 4's kernel record and call 5's line are lost

@@ -11,13 +11,13 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
+from nccltrace.analyze import analyze_run, resolve_settings
+from nccltrace.core.tables import read_table
 from nccltrace.emulator.layout import layout_of
 from nccltrace.emulator.run import emulate_run
 from nccltrace.emulator.schedule import RankProgram
 from nccltrace.emulator.thesis import thesis_config
-from nccltrace.pipeline import analyze_run, resolve_settings
-from nccltrace.tables import read_table
-from nccltrace.volume import (
+from nccltrace.metrics.volume import (
     VOLUME_SCHEMA,
     call_volumes,
     campaign_volume_validation,

@@ -13,8 +13,8 @@ import yaml
 from parquet_checks import assert_every_table_opens
 from snakemake_jobs import scheduled_jobs
 
-from nccltrace.run_layout import RunLayout
-from nccltrace.tables import read_table
+from nccltrace.core.layout import RunLayout
+from nccltrace.core.tables import read_table
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -62,7 +62,7 @@ def _analyze_gives_the_workflows_tables(run_dir: Path, out: Path) -> None:
     import pandas as pd
 
     from nccltrace.cli import main
-    from nccltrace.run_layout import METRIC_TABLES, RunLayout
+    from nccltrace.core.layout import METRIC_TABLES, RunLayout
 
     assert main(["analyze", str(run_dir / "raw"), "-o", str(out), "-q"]) == 0
     wf, cli = RunLayout(run_dir), RunLayout(out)
@@ -220,15 +220,15 @@ class FinishedExample:
             shutil.copytree(self.saved / "records", self.records)
 
     def stamped_stages(self) -> set[str]:
-        """The workflow's rules that have a code stamp: the stages of provenance.STAGE_ENTRIES that are rules."""
-        from nccltrace.provenance import STAGE_ENTRIES
+        """The workflow's rules that have a code stamp: the stages of code_stamps.STAGE_ENTRIES that are rules."""
+        from nccltrace.campaign.code_stamps import STAGE_ENTRIES
 
         return {s for s in STAGE_ENTRIES if s in self.feeds}
 
     def expected(self, module: str) -> dict[str, int]:
         """What a change to ``module`` schedules: the stamps of the stages whose import closure holds
         it, every job of those stages and of every rule downstream of them, for every run."""
-        from nccltrace.provenance import STAGE_ENTRIES, import_closure
+        from nccltrace.campaign.code_stamps import STAGE_ENTRIES, import_closure
 
         stages = {s for s in self.stamped_stages() if module in import_closure(STAGE_ENTRIES[s])}
         assert stages, module
@@ -331,7 +331,7 @@ def test_a_run_is_parsed_and_aligned_in_one_job_per_node_not_per_process(tmp_pat
     per_run = {rule: n for rule, n in stats.items() if rule not in ("parse_node", "align_node", "code_stamp")}
     assert per_run and set(per_run.values()) == {1}, stats  # parse_summary, communicators, ops, ..., all
     # a node job runs its processes one after another: it asks for the larger peak, not the sum
-    from nccltrace.job_memory import mem_mb
+    from nccltrace.campaign.job_resources import mem_mb
 
     asked = dict(re.findall(r"rule parse_node:.*?host=(\w+).*?mem_mb=(\d+)", dry.stdout + dry.stderr, re.DOTALL))
     assert sorted(asked) == ["node000", "node001"], (dry.stdout + dry.stderr)[-3000:]

@@ -28,11 +28,11 @@ import yaml
 from snakemake_jobs import scheduled_jobs
 
 from nccltrace.acquisition.raw import RawImportError, import_raw, read_status
-from nccltrace.campaign import expand_campaign
+from nccltrace.campaign.matrix import expand_campaign
+from nccltrace.core.layout import RunLayout
+from nccltrace.core.provenance import write_manifest
+from nccltrace.core.tables import read_table
 from nccltrace.emulator.run import emulate_run
-from nccltrace.provenance import write_manifest
-from nccltrace.run_layout import RunLayout
-from nccltrace.tables import read_table
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {"num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 128, "vocab_size": 1024,

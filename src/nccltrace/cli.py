@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from . import __version__
-from .stages import STAGES, NodeStageError
+from nccltrace import __version__
+from nccltrace.stages import STAGES, NodeStageError
 
 
 def _progress_bar(total: int, desc: str, enabled: bool):
@@ -18,8 +18,8 @@ def _progress_bar(total: int, desc: str, enabled: bool):
 
 
 def cmd_parse_nccl(args: argparse.Namespace) -> int:
-    from .nccl.log_reader import find_log_files, parse_logs
-    from .provenance import write_manifest
+    from nccltrace.core.provenance import write_manifest
+    from nccltrace.nccl.log_reader import find_log_files, parse_logs
 
     files = find_log_files(Path(p) for p in args.paths)
     if not files:
@@ -42,9 +42,9 @@ def cmd_parse_nccl(args: argparse.Namespace) -> int:
 
 
 def cmd_parse_nsys(args: argparse.Namespace) -> int:
-    from .nsys.nccl_api import format_summary
-    from .nsys.reader import NsysExport
-    from .provenance import write_manifest
+    from nccltrace.core.provenance import write_manifest
+    from nccltrace.nsys.nccl_api import format_summary
+    from nccltrace.nsys.reader import NsysExport
 
     for path in args.exports:
         out = Path(args.out) if len(args.exports) == 1 else Path(args.out) / Path(path).stem
@@ -62,8 +62,8 @@ def cmd_parse_nsys(args: argparse.Namespace) -> int:
 def cmd_parse_kineto(args: argparse.Namespace) -> int:
     import pyarrow.parquet as pq
 
-    from .kineto import KinetoTrace, iter_kineto_files
-    from .provenance import write_manifest
+    from nccltrace.core.provenance import write_manifest
+    from nccltrace.kineto import KinetoTrace, iter_kineto_files
 
     paths = list(iter_kineto_files([Path(p) for p in args.traces]))
     if not paths:
@@ -91,10 +91,10 @@ def cmd_parse_kineto(args: argparse.Namespace) -> int:
 def cmd_emulate(args: argparse.Namespace) -> int:
     import yaml
 
-    from .emulator.run import emulate_run
+    from nccltrace.emulator.run import emulate_run
 
     if args.campaign:
-        from .campaign import expand_campaign, load_campaign
+        from nccltrace.campaign.matrix import expand_campaign, load_campaign
 
         runs = {r.run_id: r for r in expand_campaign(load_campaign(args.campaign))}
         if args.config not in runs:
@@ -112,7 +112,10 @@ def cmd_emulate(args: argparse.Namespace) -> int:
 
 
 def cmd_communicators(args: argparse.Namespace) -> int:
-    from .communicators import communicator_problems, infer_run_communicators
+    from nccltrace.communicators.infer import (
+        communicator_problems,
+        infer_run_communicators,
+    )
 
     dirs = [Path(p) for p in args.parsed]
     for d in dirs:
@@ -130,7 +133,12 @@ def cmd_communicators(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from .campaign import CampaignError, expand_campaign, load_campaign, validate_runs
+    from nccltrace.campaign.matrix import (
+        CampaignError,
+        expand_campaign,
+        load_campaign,
+        validate_runs,
+    )
 
     runs = expand_campaign(load_campaign(args.config))
     try:
@@ -145,7 +153,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_tables_doc(args: argparse.Namespace) -> int:
-    from .tables_doc import tables_markdown
+    from nccltrace.outputs.tables_doc import tables_markdown
 
     text = tables_markdown()
     if args.out:
@@ -176,7 +184,7 @@ def _declared_settings(args: argparse.Namespace) -> dict:
     if getattr(args, "distributed_optimizer", False):
         settings["distributed_optimizer"] = True
     if getattr(args, "rank_in_log_name", None):
-        from .communicators import RANK_NAME_SETTING
+        from nccltrace.communicators.infer import RANK_NAME_SETTING
 
         settings[RANK_NAME_SETTING] = args.rank_in_log_name
     return settings
@@ -195,7 +203,7 @@ def _step_range(text: str) -> tuple[int, int]:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from .pipeline import analyze_run
+    from nccltrace.analyze import analyze_run
 
     res = analyze_run(Path(args.raw_dir), Path(args.out), settings=_declared_settings(args) or None, mode=args.mode,
                       progress=not args.quiet, capture_steps=args.capture_steps, until=args.until)
@@ -229,9 +237,9 @@ def cmd_align(args: argparse.Namespace) -> int:
 
     import pyarrow.parquet as pq
 
-    from .align.correlate import align_files
-    from .provenance import write_manifest
-    from .stages.align import alignment_summary
+    from nccltrace.align.correlate import align_files
+    from nccltrace.core.provenance import write_manifest
+    from nccltrace.stages.align import alignment_summary
 
     calls = _table_in(args.calls, "calls.parquet")
     kernels = _table_in(args.kernels, "kernels.parquet")
@@ -309,7 +317,7 @@ def _print_table(title: str, df, file=None) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .pipeline import VALIDATION_SECTIONS, validation_tables
+    from nccltrace.validation.tables import VALIDATION_SECTIONS, validation_tables
 
     only = tuple(s.strip() for s in args.only.split(",") if s.strip()) if args.only else VALIDATION_SECTIONS
     tables = validation_tables(only, quick=args.quick, workdir=args.workdir, campaign=args.campaign,
@@ -341,7 +349,7 @@ def _rank_list(text: str) -> list[int]:
 
 def cmd_trace(args: argparse.Namespace) -> int:
     """Chrome traces of one analysed run."""
-    from .trace import write_run_traces
+    from nccltrace.outputs.perfetto import write_run_traces
 
     summaries = write_run_traces(
         args.run_dir, args.out, name=args.name, split_per_rank=args.split_per_rank,
@@ -412,7 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_communicators)
 
     # A light module: numpy loads only when the subcommand runs.
-    from .megatron import command as infer_layout
+    from nccltrace.megatron import command as infer_layout
 
     s = sub.add_parser("infer-layout", help=infer_layout.HELP, description=infer_layout.DESCRIPTION,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -529,7 +537,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``nccltrace`` command."""
-    from .errors import console_warnings
+    from nccltrace.core.errors import console_warnings
 
     console_warnings()
     args = build_parser().parse_args(argv)

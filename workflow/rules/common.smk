@@ -5,11 +5,11 @@ from pathlib import Path
 
 from snakemake.exceptions import IncompleteCheckpointException
 
-from nccltrace.campaign import expand_campaign, validate_runs
-from nccltrace.job_memory import mem_mb, parquet_rows
-from nccltrace.metrics import part_calls
-from nccltrace.provenance import code_stamp_is_current, code_stamp_path, stage_code_hash
-from nccltrace.run_layout import METRIC_TABLES, RunLayout
+from nccltrace.campaign.matrix import expand_campaign, validate_runs
+from nccltrace.campaign.job_resources import mem_mb, parquet_rows
+from nccltrace.metrics.compute import part_calls
+from nccltrace.campaign.code_stamps import code_stamp_is_current, code_stamp_path, stage_code_hash
+from nccltrace.core.layout import METRIC_TABLES, RunLayout
 
 RUNS = {run.run_id: run for run in expand_campaign(config)}
 # Every run is checked before anything is queued (divisibility, experts, VPP, batch sizes, ...).
@@ -119,7 +119,7 @@ def nsys_report(wildcards):
 
 
 # Code stamps. Each analysis rule has its stage's stamp as an input, results/.code/<campaign>/<stage>.stamp,
-# holding the stage's code hash (its import closure and data files: nccltrace.provenance.stage_code_hash):
+# holding the stage's code hash (its import closure and data files: nccltrace.campaign.code_stamps.stage_code_hash):
 # the same hash is a rule parameter, but Snakemake compares parameters only with its records of the
 # jobs (.snakemake/metadata), and the stamp makes a code change re-run the stage also where those were
 # lost. The stamp is the output of a job of its own (code_stamps.smk), the only writer, when it runs;
@@ -306,7 +306,7 @@ def nsys_hosts(wildcards):
 
 
 def job_mem(stage, rows=None):
-    """Resource function: the stage's measured memory (nccltrace.job_memory) for the rows that
+    """Resource function: the stage's measured memory (nccltrace.campaign.job_resources) for the rows that
     drive its peak, ``rows(wildcards, input)``: a count, or (rows, run rows)."""
 
     def mem(wc, input):

@@ -14,7 +14,7 @@ rule metrics:
     params:
         code=stage_code_hash("metrics"),
         processes=nccl_processes,
-    # measured per call of its largest part and of the run (nccltrace.job_memory)
+    # measured per call of its largest part and of the run (nccltrace.campaign.job_resources)
     resources:
         mem_mb=job_mem("metrics", metrics_part_calls),
     log:

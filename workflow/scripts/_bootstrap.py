@@ -16,6 +16,6 @@ def setup(snakemake) -> None:
         sys.path.insert(0, str(src))
     log = open(snakemake.log[0], "w", buffering=1)
     sys.stdout = sys.stderr = log
-    from nccltrace.errors import console_warnings
+    from nccltrace.core.errors import console_warnings
 
     console_warnings()

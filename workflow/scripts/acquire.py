@@ -19,7 +19,8 @@ from nccltrace.acquisition.raw import (  # noqa: E402
     record_failed_import,
     write_status,
 )
-from nccltrace.provenance import stage_code_hash, write_manifest  # noqa: E402
+from nccltrace.campaign.code_stamps import stage_code_hash  # noqa: E402
+from nccltrace.core.provenance import write_manifest  # noqa: E402
 
 sm = snakemake  # noqa: F821
 run = sm.wildcards.run

@@ -8,8 +8,8 @@ sys.path.insert(0, str(Path(snakemake.scriptdir)))  # noqa: F821
 from _bootstrap import setup
 
 setup(snakemake)  # noqa: F821
-from nccltrace.capture import CaptureWindow
-from nccltrace.run_layout import RunLayout
+from nccltrace.core.capture_window import CaptureWindow
+from nccltrace.core.layout import RunLayout
 from nccltrace.stages.align_node import run_align_node
 
 sm = snakemake  # noqa: F821

@@ -9,7 +9,7 @@ from _bootstrap import setup
 
 setup(snakemake)  # noqa: F821
 from nccltrace.acquisition.raw import read_status
-from nccltrace.run_layout import RunLayout
+from nccltrace.core.layout import RunLayout
 from nccltrace.stages.parse_node import run_parse_node
 
 sm = snakemake  # noqa: F821

@@ -8,7 +8,7 @@ from _bootstrap import setup  # noqa: E402
 
 setup(snakemake)  # noqa: F821
 from nccltrace.acquisition.raw import read_status  # noqa: E402
-from nccltrace.run_layout import RunLayout  # noqa: E402
+from nccltrace.core.layout import RunLayout  # noqa: E402
 from nccltrace.stages.parse_summary import run_parse_summary  # noqa: E402
 
 sm = snakemake  # noqa: F821

@@ -8,7 +8,7 @@ sys.path.insert(0, str(Path(snakemake.scriptdir)))  # noqa: F821
 from _bootstrap import setup  # noqa: E402
 
 setup(snakemake)  # noqa: F821
-from nccltrace.run_layout import RunLayout  # noqa: E402
+from nccltrace.core.layout import RunLayout  # noqa: E402
 from nccltrace.stages.report import run_report  # noqa: E402
 
 sm = snakemake  # noqa: F821

@@ -41,9 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
-from ..capture import NSYS_CAPTURE_RANGE_ARGS, CaptureWindow
-from .megatron import launch_problems, megatron_arguments
+from nccltrace import __version__
+from nccltrace.acquisition.megatron import launch_problems, megatron_arguments
+from nccltrace.core.capture_window import NSYS_CAPTURE_RANGE_ARGS, CaptureWindow
 
 MIN_TRAINING_BUDGET_S = 60.0  # never give a training run less, whatever the margin
 DEFAULT_NCCL_SUBSYS = "INIT,COLL,P2P,TUNING,GRAPH,ENV"
@@ -125,7 +125,7 @@ def render_node_script(run_id: str, settings: Mapping[str, Any], setup: Training
     """The bash script every node of the run executes (see the module docstring)."""
     import jinja2
 
-    env = jinja2.Environment(loader=jinja2.PackageLoader("nccltrace", "templates"), keep_trailing_newline=True,
+    env = jinja2.Environment(loader=jinja2.PackageLoader("nccltrace.acquisition", "templates"), keep_trailing_newline=True,
                              undefined=jinja2.StrictUndefined, autoescape=False)  # fmt: skip
     env.filters["q"] = _q
     env.filters["dq"] = _dq

@@ -6,7 +6,7 @@ the GPT-3 recipe, fp16 (bf16 for MoE), sequence parallelism whenever TP > 1 unle
 otherwise, MoE with aux-loss balancing and grouped GEMM, and ``--mock-data`` unless a dataset is
 configured. They are written for Megatron-Core r0.13 (the thesis's pinned commit) and later; the
 flags used here exist unchanged in both. A ``capture`` setting adds ``--profile
---profile-step-start/-end --profile-ranks`` (mapping and step semantics: :mod:`nccltrace.capture`).
+--profile-step-start/-end --profile-ranks`` (mapping and step semantics: :mod:`nccltrace.core.capture_window`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..capture import CaptureWindow, capture_problems
+from nccltrace.core.capture_window import CaptureWindow, capture_problems
 
 DEFAULT_VOCAB_SIZE = 50257  # GPT-2 BPE; NullTokenizer with --mock-data needs an explicit size
 

@@ -30,8 +30,7 @@ from typing import Any
 
 import yaml
 
-from .. import __version__
-
+from nccltrace import __version__
 
 
 class RawImportError(ValueError):
@@ -107,7 +106,7 @@ _LEFTOVER = re.compile(r"\.sqlite(?:-journal|-wal|-shm|\.tmp|\.part|\.partial|\.
 def _inspect_export(path: Path) -> tuple[str | None, str | None]:
     """(host the export was captured on or None, why it is unusable or None). A leftover
     ``-journal``/``-wal`` beside it means it was being written when the writer stopped."""
-    from ..nsys.reader import NsysExport, NsysFormatError
+    from nccltrace.nsys.reader import NsysExport, NsysFormatError
 
     for side in ("-journal", "-wal"):
         leftover = path.with_name(path.name + side)
@@ -127,7 +126,7 @@ def export_pids(path: Path) -> set[int]:
     tells one export per process from the same capture twice."""
     import sqlite3
 
-    from ..nsys.reader import NsysExport, NsysFormatError
+    from nccltrace.nsys.reader import NsysExport, NsysFormatError
 
     try:
         with NsysExport.open(path) as export:
@@ -182,7 +181,7 @@ def missing_export_problem(host: str, remedy: Remedy = WORKFLOW_REMEDY) -> str:
     """The message of a node that has NCCL logs but no export (one text wherever said). ``nccltrace
     analyze`` also reads PyTorch-profiler traces, so its message names both kinds of kernel trace."""
     if remedy == ANALYZE_REMEDY:
-        from ..kernel_sources import CAPTURE_HINT
+        from nccltrace.inputs.kernel_sources import CAPTURE_HINT
 
         return (f"node {host}: no kernel trace for its rank log(s) (no nsys export {host}.sqlite, no PyTorch-profiler "
                 f"trace of its processes): the calls of its ranks have no kernel times (reason 'no_export'); to get "
@@ -282,7 +281,7 @@ def import_raw(source: Path | str, raw: Path | str, *, run_id: str, settings: Ma
     partial = _fresh(raw)
     # Logs by content, as `nccltrace analyze` finds them: any name, .gz, one per process or one
     # combined stdout of all ranks (split per process into the raw directory).
-    from ..log_discovery import discover_logs
+    from nccltrace.inputs.logs import discover_logs
 
     try:
         found = discover_logs([source], partial / "nccl")
@@ -312,7 +311,11 @@ def import_raw(source: Path | str, raw: Path | str, *, run_id: str, settings: Ma
         if p.suffix == ".xml":
             link_or_copy(p, partial / "nccl" / p.name)
     # Flight Recorder dumps (any name, found by content): the ops stage names process groups from them
-    from ..flight_recorder import FlightRecorderError, pickle_files, read_dump
+    from nccltrace.pytorch.flight_recorder import (
+        FlightRecorderError,
+        pickle_files,
+        read_dump,
+    )
 
     for i, p in enumerate(pickle_files(source)):
         try:
@@ -326,7 +329,7 @@ def import_raw(source: Path | str, raw: Path | str, *, run_id: str, settings: Ma
     for rep in reports:
         link_or_copy(rep, partial / "nsys" / rep.name)
         if rep.stem not in exported:
-            from .nsys_export import export_report
+            from nccltrace.acquisition.nsys_export import export_report
 
             out = partial / "nsys" / f"{rep.stem}.sqlite"
             records.append(export_report(rep, out, nsys=nsys).to_dict())

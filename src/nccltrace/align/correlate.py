@@ -14,12 +14,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from ..nccl.versions import NcclVersion
-from ..run_layout import process_key
-from ..tables import _NULLABLE_DTYPES, frame_to_table
-from ..tables import documented_field as _f
-from .default import AlignParams, align_units
-from .sequences import (
+from nccltrace.align.default import AlignParams, align_units
+from nccltrace.align.sequences import (
     FAMILIES,
     GENERIC,
     NO_TIME,
@@ -28,8 +24,8 @@ from .sequences import (
     build_log_units,
     is_nccl_kernel,
 )
-from .tuning_carry import carry_tuning
-from .window import (
+from nccltrace.align.tuning_carry import carry_tuning
+from nccltrace.align.window import (
     locate_by_trace,
     log_unlocated,
     step_lines,
@@ -39,6 +35,10 @@ from .window import (
     unlocated_message,
     window_unlocated,
 )
+from nccltrace.core.layout import process_key
+from nccltrace.core.tables import _NULLABLE_DTYPES, frame_to_table
+from nccltrace.core.tables import documented_field as _f
+from nccltrace.nccl.versions import NcclVersion
 
 MODES = ("default", "thesis", "exact")
 NO_EXPORT_REASON = "no_export"
@@ -412,7 +412,7 @@ def _steps_verified(window: dict, table: pd.DataFrame) -> pd.arrays.BooleanArray
 def _process_groups(calls: pd.DataFrame, call_kernel: np.ndarray, ks) -> list[dict]:
     """Per communicator of the process: the PyTorch process groups its matched calls' kernels
     name (a profiler trace records each NCCL kernel's ``pg_name``/``pg_desc``) with how many
-    calls name each; the run joins them into communicator names (:mod:`nccltrace.process_groups`)."""
+    calls name each; the run joins them into communicator names (:mod:`nccltrace.communicators.names`)."""
     k = ks.kernels
     if "pg_name" not in k or not len(calls):
         return []
@@ -439,7 +439,7 @@ def _kernel_args_check(units, ks, call_kernel: np.ndarray, cu: np.ndarray) -> di
     each match: the alignment never pairs a unit with a kernel whose record names another count,
     so this counts the matches that record confirms and those it cannot test (no record: a
     batched Send/Recv, an nsys export)."""
-    from .default import kernel_count_key, unit_count_key
+    from nccltrace.align.default import kernel_count_key, unit_count_key
 
     kkey = kernel_count_key(ks)
     out = {"check": "kernel_args", "applicable": bool((kkey >= 0).any()), "confirmed": 0, "contradicted": 0,
@@ -519,7 +519,7 @@ def _borrowed_families(units, ks) -> list[dict]:
     family at all, and there are more SendRecv kernels than P2P launches to explain, those
     launches may match SendRecv kernels (in place, on the units' family masks). The stream,
     time and size evidence then decide; the finding is recorded in the quality record."""
-    from .sequences import FAMILY_CODE
+    from nccltrace.align.sequences import FAMILY_CODE
 
     sr = FAMILY_CODE["SendRecv"]
     real = ~units.placeholder
@@ -623,7 +623,7 @@ def _nvtx_window(calls: pd.DataFrame, located: np.ndarray, nvtx: pd.DataFrame, u
     """Reasons per call with the capture narrowed to the span of the export's NCCL call ranges
     when the log has timestamps: the range matcher explains lines by ranges one for one, so
     its window must be exact, and NCCL writes a call's line during the call, inside its range."""
-    from ..nsys.nccl_api import nccl_range_mask
+    from nccltrace.nsys.nccl_api import nccl_range_mask
 
     located = located.copy()
     if window.get("located_by") != "log_time" or utc_offset_ns is None or "wall_time_ns" not in calls:
@@ -650,8 +650,8 @@ def _apply_nvtx(units, ks, kernels, nvtx, launches, call_kernel, reason, conf, m
     matches it confirms stay; ones it contradicts are replaced by its answer and counted;
     lines it leaves undecided keep the alignment's answer."""
     out = {"check": "nvtx_range", "applicable": False, "confirmed": 0, "contradicted": 0, "not_checkable": 0}
-    from ..nsys.nccl_api import nccl_range_mask
-    from .exact import ExactCorrelationError, exact_correlation
+    from nccltrace.align.exact import ExactCorrelationError, exact_correlation
+    from nccltrace.nsys.nccl_api import nccl_range_mask
 
     if nvtx is None or len(nvtx) == 0 or not nccl_range_mask(nvtx).any() or ks.m == 0:
         out["not_checkable"] = int((call_kernel >= 0).sum())
@@ -809,7 +809,7 @@ def _locate_steps(units, calls, version, steps: tuple[int, int], window: dict, m
 
 
 def _align_thesis(calls, kernels) -> pd.DataFrame:
-    from .thesis import align_thesis
+    from nccltrace.align.thesis import align_thesis
 
     calls = calls.sort_values(["file", "line"], kind="stable").reset_index(drop=True)
     k = kernels.sort_values(["start", "correlation_id"], kind="stable").reset_index(drop=True)  # GPU start order
@@ -830,7 +830,7 @@ def _align_exact(calls, kernels, nvtx, utc_offset_ns=None, version=None, capture
                  marks: pd.DataFrame | None = None) -> pd.DataFrame:  # fmt: skip
     """Exact mode: NVTX payload ranges, on the lines the capture can hold (``locate_capture``:
     a windowed export explains only its window's lines)."""
-    from .exact import exact_correlation
+    from nccltrace.align.exact import exact_correlation
 
     if nvtx is None:
         raise ValueError("exact mode needs the export's NVTX ranges with NCCL payloads (nvtx table)")
@@ -931,8 +931,8 @@ def align_files(calls_path, kernels_path, session_path, out_path, *, mode: str =
 
     import pyarrow.parquet as pq
 
-    from ..megatron.training_log import read_iteration_lines
-    from ..tables import nullable_types, read_table, write_table_atomic
+    from nccltrace.core.tables import nullable_types, read_table, write_table_atomic
+    from nccltrace.megatron.training_log import read_iteration_lines
 
     calls = read_table(calls_path)
     foreign = calls.iloc[0:0]
@@ -981,7 +981,7 @@ def align_files(calls_path, kernels_path, session_path, out_path, *, mode: str =
     if len(foreign):
         table = pd.concat([table, _foreign_rows(foreign, nccl_version)], ignore_index=True)
         quality["checks"].append(_foreign_check(foreign, Path(calls_path).parent.name, pid))
-    from .quality import QUALITY_FILE, write_quality
+    from nccltrace.align.quality import QUALITY_FILE, write_quality
 
     out_path = Path(out_path)
     write_table_atomic(frame_to_table(table, ALIGNMENT_SCHEMA), out_path)

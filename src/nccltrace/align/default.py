@@ -31,7 +31,15 @@ import numba as nb
 import numpy as np
 import pandas as pd
 
-from .sequences import ALGORITHM_CODE, NO_TIME, PLACEHOLDER, KernelSeq, LogUnits, _runs, kernel_algorithm
+from nccltrace.align.sequences import (
+    ALGORITHM_CODE,
+    NO_TIME,
+    PLACEHOLDER,
+    KernelSeq,
+    LogUnits,
+    _runs,
+    kernel_algorithm,
+)
 
 NEG = -(10**8)  # forbidden pair
 GAP_LOG = -4  # a unit without kernel
@@ -657,7 +665,7 @@ def kernel_count_key(ks: KernelSeq) -> np.ndarray:
     (``coll_*`` columns; -1 without one): AllGather's input, ReduceScatter's output, an
     all-reduce/broadcast/reduce's input, an all-to-all's input per peer (NCCL logs the count
     per peer)."""
-    from .sequences import FAMILY_CODE
+    from nccltrace.align.sequences import FAMILY_CODE
 
     k = ks.kernels
     key = np.full(ks.m, -1, np.int64)
@@ -764,7 +772,7 @@ def _learn_rate(units: LogUnits, ks: KernelSeq, kernel: np.ndarray, min_obs: int
     # kernel without a line; a collective's kernels are kept apart by opCount, order and the
     # cross-rank check, and bounding them wrongly refused fast ones (on ranks time-sharing a GPU,
     # 5 AllGathers of 142 us among ones of 8.2 ms on the real H200 capture)
-    from .sequences import FAMILY_CODE
+    from nccltrace.align.sequences import FAMILY_CODE
 
     kcap = np.where((kernel_count_key(ks) >= 0) | (ks.family != FAMILY_CODE["SendRecv"]), -1, kcap)
     return usize, kcap
@@ -1164,7 +1172,7 @@ def align_units(units: LogUnits, ks: KernelSeq, params: AlignParams = AlignParam
     certainty, its assumption failed (a log clock that stepped or drifted against the export's
     mid-run), not the matches: the alignment without time is kept and the check record says so
     (``stood_down`` of the ``log_time`` record)."""
-    from .quality import contradicts_most
+    from nccltrace.align.quality import contradicts_most
 
     res = _align_units(units, ks, params)
     if not (units.time != NO_TIME).any() or not (ks.time != NO_TIME).any():

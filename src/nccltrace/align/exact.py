@@ -67,9 +67,16 @@ import pandas as pd
 
 # Which NVTX ranges are NCCL's, their group structure and the kernels launched inside them have
 # one home, shared with the nccl_api_calls table of parse-nsys.
-from ..nsys.nccl_api import CALL_OPS as _CALL_OPS
-from ..nsys.nccl_api import _codes, _int, _kernel_launch_ranges, _link_units, nccl_kernels, nccl_range_mask
-from ..nsys.nccl_api import _prepare_ranges as _nccl_ranges
+from nccltrace.nsys.nccl_api import CALL_OPS as _CALL_OPS
+from nccltrace.nsys.nccl_api import (
+    _codes,
+    _int,
+    _kernel_launch_ranges,
+    _link_units,
+    nccl_kernels,
+    nccl_range_mask,
+)
+from nccltrace.nsys.nccl_api import _prepare_ranges as _nccl_ranges
 
 __all__ = [
     "REASONS",

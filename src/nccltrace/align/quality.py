@@ -46,9 +46,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from ..run_layout import ALIGNMENT_QUALITY_FILE
-from ..tables import documented_field as _f
-from ..tables import write_json_atomic
+from nccltrace.core.layout import ALIGNMENT_QUALITY_FILE
+from nccltrace.core.tables import documented_field as _f
+from nccltrace.core.tables import write_json_atomic
 
 __all__ = [
     "CHECKS",

@@ -40,8 +40,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..nccl.enums import P2P_OPS
-from .sequences import attach_tuning
+from nccltrace.align.sequences import attach_tuning
+from nccltrace.nccl.enums import P2P_OPS
 
 __all__ = ["CARRY_KEY", "TIME_MARGIN", "carry_tuning", "donor_facts", "read_donor_facts", "tuning_donors"]
 
@@ -229,7 +229,7 @@ def read_donor_facts(parsed: Mapping[tuple[str, int], Path], donors: Mapping[int
     ``host``, read from the donors' parsed tables (``parsed``: (host, pid) -> the process's
     ``parsed/nccl`` directory; a donor without one gives nothing). Each donor's calls are read
     filtered to its communicators."""
-    from ..tables import read_table
+    from nccltrace.core.tables import read_table
 
     by_donor: dict[tuple[str, int], dict[int, int]] = {}
     for comm, (host, pid, dcomm) in donors.items():

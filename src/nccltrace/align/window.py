@@ -248,7 +248,7 @@ def _fits(fam_mask: np.ndarray, dt_mask: np.ndarray, op: np.ndarray, count: np.n
     """Element-wise: can log unit (fam_mask, dt_mask, op, count, nranks) be the kernel (family and
     dtype class from its name, profiler arguments)? What a kernel does not say (a generic name,
     no dtype, no arguments) does not rule a unit out."""
-    from ..kernel_args import kernel_count_fits
+    from nccltrace.core.kernel_args import kernel_count_fits
 
     fam_ok = (family < 0) | (((fam_mask >> np.maximum(family, 0)) & 1) == 1)
     fam_ok &= (dtype < 0) | (dt_mask <= 0) | (((dt_mask >> np.maximum(dtype, 0)) & 1) == 1)
@@ -384,7 +384,7 @@ def _steps_before_by_lines(offsets: list[int], units, real: np.ndarray, marks: p
                            est: list[int | None]) -> list[int | None]:  # fmt: skip
     """``est`` with each candidate's count replaced by Megatron's iteration lines where they tell
     it: the lines printed before the candidate's first call (one per completed iteration)."""
-    from ..megatron.training_log import completed_before
+    from nccltrace.megatron.training_log import completed_before
 
     units_of_rows, first_row = np.unique(units.call_unit, return_index=True)
     first = first_row[np.searchsorted(units_of_rows, real[np.asarray(offsets, np.int64)])]
@@ -398,7 +398,7 @@ def steps_before_by_lines(lines: np.ndarray, sl: StepLines, marks: pd.DataFrame)
     at every step boundary they bracket: ``(count, None)`` when all boundaries agree, ``(None,
     why)`` when they contradict the step structure (evaluation or skipped iterations, a restart
     from a checkpoint), ``(None, None)`` when the lines bracket none."""
-    from ..megatron.training_log import completed_before
+    from nccltrace.megatron.training_log import completed_before
 
     bounds = sl.first + sl.period * np.arange(sl.steps + 1)
     bounds = bounds[bounds < len(lines)]

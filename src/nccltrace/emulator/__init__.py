@@ -5,10 +5,17 @@ cluster shape, imperfections), :func:`emulate_run` writes per-process NCCL debug
 nsys SQLite exports and ground-truth tables. See ``docs/emulator.md``.
 """
 
-from .config import ConfigError, CudaGraphs, DuplicateLines, EmulatorConfig, Imperfections, KernelNaming
-from .layout import Group, MegatronLayout, PairComm, layout_of
-from .run import EmulationResult, emulate_run
-from .schedule import Op, RankProgram, Unit, count_kernels
+from nccltrace.emulator.config import (
+    ConfigError,
+    CudaGraphs,
+    DuplicateLines,
+    EmulatorConfig,
+    Imperfections,
+    KernelNaming,
+)
+from nccltrace.emulator.layout import Group, MegatronLayout, PairComm, layout_of
+from nccltrace.emulator.run import EmulationResult, emulate_run
+from nccltrace.emulator.schedule import Op, RankProgram, Unit, count_kernels
 
 __all__ = [
     "ConfigError",

@@ -22,11 +22,15 @@ from typing import Any, Mapping
 
 import yaml
 
-from ..capture import CaptureError, CaptureWindow, capture_run_id_tag
-from ..errors import ConfigError
-from ..megatron.model import MODEL_DEFAULTS as _D
-from ..megatron.model import padded_vocab_size
-from ..nccl.versions import NcclVersion
+from nccltrace.core.capture_window import (
+    CaptureError,
+    CaptureWindow,
+    capture_run_id_tag,
+)
+from nccltrace.core.errors import ConfigError
+from nccltrace.megatron.model import MODEL_DEFAULTS as _D
+from nccltrace.megatron.model import padded_vocab_size
+from nccltrace.nccl.versions import NcclVersion
 
 __all__ = [
     "ConfigError",
@@ -355,7 +359,7 @@ class EmulatorConfig:
     # real-build behaviour (docs/emulator.md sections 4.1, 4.2); written to run.yaml only when set
     cuda_graphs: CudaGraphs = field(default_factory=CudaGraphs)
     kernel_naming: KernelNaming = field(default_factory=KernelNaming)
-    # step window / rank subset captured by nsys (nccltrace.capture); None = the whole run
+    # step window / rank subset captured by nsys (nccltrace.core.capture_window); None = the whole run
     capture: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ construction
@@ -716,7 +720,7 @@ class EmulatorConfig:
             if algo.startswith("NVLS") and not self.hw.nvswitch:
                 raise ConfigError("kernel_naming.algorithms", f"{algo} needs NVLink SHARP (NVSwitch, sm90): use hardware 'h100'")
 
-        # capture window (the one definition: nccltrace.capture)
+        # capture window (the one definition: nccltrace.core.capture_window)
         try:
             self.capture_window
         except CaptureError as exc:

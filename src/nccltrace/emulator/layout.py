@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-from ..megatron.groups import GROUP_KINDS, orthogonal_groups
-from ..megatron.layout import Group, MegatronLayout, PairComm
-from ..megatron.sizes import ParallelSizes
-from .config import EmulatorConfig
+from nccltrace.emulator.config import EmulatorConfig
+from nccltrace.megatron.groups import GROUP_KINDS, orthogonal_groups
+from nccltrace.megatron.layout import Group, MegatronLayout, PairComm
+from nccltrace.megatron.sizes import ParallelSizes
 
 __all__ = ["GROUP_KINDS", "Group", "MegatronLayout", "PairComm", "layout_of", "orthogonal_groups", "sizes_of"]
 

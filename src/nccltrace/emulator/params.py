@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..megatron import model
-from ..megatron.model import ChunkParams, ModelShape, chunk_layers, is_moe_layer
-from .config import EmulatorConfig
+from nccltrace.emulator.config import EmulatorConfig
+from nccltrace.megatron import model
+from nccltrace.megatron.model import ChunkParams, ModelShape, chunk_layers, is_moe_layer
 
 __all__ = ["ChunkParams", "Flops", "chunk_layers", "chunk_params", "is_moe_layer", "layer_flops", "model_shape"]
 

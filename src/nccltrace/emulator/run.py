@@ -13,7 +13,7 @@ Layout of ``out_dir``::
     run.yaml                        resolved configuration + nccltrace version
     stdout.log                      only with imperfections.torn_lines: all processes' lines interleaved
 
-With a ``capture`` setting (:mod:`nccltrace.capture`) the export holds what a
+With a ``capture`` setting (:mod:`nccltrace.core.capture_window`) the export holds what a
 ``--capture-range=cudaProfilerApi`` export of the step window holds (docs/emulator.md §3.1):
 rows are filtered while they are written, the NCCL logs stay complete, and ground truth gains an
 ``in_capture`` column. Without one every output is byte-identical to an emulation without the
@@ -45,16 +45,33 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from .. import __version__
-from ..capture import CaptureWindow
-from ..nccl.log_writer import NcclLogWriter, TopoGpu, TopoNic, TopoSystem
-from ..nccl.versions import NcclVersion
-from ..nsys.writer import NsysExportWriter, encode_global_pid
-from ..tables import atomic_path, file_schema
-from .config import EmulatorConfig
-from .layout import Group, MegatronLayout, PairComm, layout_of
-from .schedule import _DT_SIZE, _STREAM_KIND, P2P_OPS, Op, RankProgram, Unit, hash_ints, kernel_op_of_unit
-from .timing import KernelSpec, LinkModel, RankTimer, Skeleton, TimingParams, UnitTimes, u01
+from nccltrace import __version__
+from nccltrace.core.capture_window import CaptureWindow
+from nccltrace.core.tables import atomic_path, file_schema
+from nccltrace.emulator.config import EmulatorConfig
+from nccltrace.emulator.layout import Group, MegatronLayout, PairComm, layout_of
+from nccltrace.emulator.schedule import (
+    _DT_SIZE,
+    _STREAM_KIND,
+    P2P_OPS,
+    Op,
+    RankProgram,
+    Unit,
+    hash_ints,
+    kernel_op_of_unit,
+)
+from nccltrace.emulator.timing import (
+    KernelSpec,
+    LinkModel,
+    RankTimer,
+    Skeleton,
+    TimingParams,
+    UnitTimes,
+    u01,
+)
+from nccltrace.nccl.log_writer import NcclLogWriter, TopoGpu, TopoNic, TopoSystem
+from nccltrace.nccl.versions import NcclVersion
+from nccltrace.nsys.writer import NsysExportWriter, encode_global_pid
 
 __all__ = ["emulate_run", "EmulationResult", "nccl_kernel_name", "symmetric_kernel", "GROUND_TRUTH_SCHEMAS"]
 
@@ -543,7 +560,7 @@ def _clocks(cfg: EmulatorConfig, anchors: dict[int, int] | None = None) -> list[
 def session_clock_recorded(schema_version: str) -> bool:
     """Whether exports of this schema record the session's start on the host's monotonic clock
     (``systemClockNs``), and so store times on that clock (nsys >= 2025)."""
-    from ..nsys.writer import _cached_ddl
+    from nccltrace.nsys.writer import _cached_ddl
 
     return "systemClockNs" in _cached_ddl(schema_version).creates["TARGET_INFO_SESSION_START_TIME"]
 

@@ -28,9 +28,14 @@ from typing import Iterator
 
 import numpy as np
 
-from .config import EmulatorConfig
-from .layout import Group, MegatronLayout, PairComm, layout_of
-from .params import chunk_layers, chunk_params, is_moe_layer, layer_flops
+from nccltrace.emulator.config import EmulatorConfig
+from nccltrace.emulator.layout import Group, MegatronLayout, PairComm, layout_of
+from nccltrace.emulator.params import (
+    chunk_layers,
+    chunk_params,
+    is_moe_layer,
+    layer_flops,
+)
 
 __all__ = [
     "Op", "Unit", "RankProgram", "DT", "REDOP", "mix64", "hash_ints", "count_kernels", "routing_matrix",

@@ -16,8 +16,8 @@ single-rank communicators do not appear), which is what :func:`schedule.count_ke
 
 from __future__ import annotations
 
-from .config import EmulatorConfig
-from .schedule import count_kernels
+from nccltrace.emulator.config import EmulatorConfig
+from nccltrace.emulator.schedule import count_kernels
 
 __all__ = ["THESIS_RUNS", "THESIS_COUNTS", "thesis_config", "comparison_table", "THESIS_TABLE_4_1", "THESIS_TABLE_4_2"]
 

@@ -37,9 +37,9 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
-from .config import EmulatorConfig
-from .layout import MegatronLayout, PairComm
-from .schedule import P2P_OPS, Op, RankProgram, Unit, hash_ints
+from nccltrace.emulator.config import EmulatorConfig
+from nccltrace.emulator.layout import MegatronLayout, PairComm
+from nccltrace.emulator.schedule import P2P_OPS, Op, RankProgram, Unit, hash_ints
 
 __all__ = ["TimingParams", "KernelSpec", "LinkModel", "Skeleton", "RankTimer", "UnitTimes", "u01"]
 

@@ -1,7 +1,7 @@
 """PyTorch-profiler (Kineto) Chrome traces: a second kernel source beside nsys exports."""
 
-from ..kernel_args import KERNEL_ARG_COLUMNS, kernel_count_fits
-from .reader import (
+from nccltrace.core.kernel_args import KERNEL_ARG_COLUMNS, kernel_count_fits
+from nccltrace.kineto.reader import (
     KINETO_DOMAIN,
     KinetoFormatError,
     KinetoTrace,

@@ -36,9 +36,9 @@ from typing import Any
 import msgspec
 import pandas as pd
 
-from ..nsys import reader as nsys_reader
-from ..nsys.nccl_api import NCCL_API_CALLS_SCHEMA
-from .scan import ScanResult, iter_event_runs, sniff_trace
+from nccltrace.kineto.scan import ScanResult, iter_event_runs, sniff_trace
+from nccltrace.nsys import reader as nsys_reader
+from nccltrace.nsys.nccl_api import NCCL_API_CALLS_SCHEMA
 
 __all__ = ["KINETO_DOMAIN", "KinetoFormatError", "KinetoTrace", "is_kineto_trace", "iter_kineto_files"]
 
@@ -195,7 +195,7 @@ class KinetoTrace:
         """Read ``path`` (``.json``, ``.json.gz``, any name). Raises :class:`KinetoFormatError`
         for a file that is not a Chrome trace or whose header is unreadable; a trace cut short
         is read up to its last complete event (``truncated`` says why)."""
-        from .scan import BLOCK_BYTES
+        from nccltrace.kineto.scan import BLOCK_BYTES
 
         p = Path(path)
         if not p.is_file():
@@ -261,7 +261,7 @@ class KinetoTrace:
     def session_info(self) -> dict[str, Any]:
         """Session metadata as written to ``session.json`` (the keys of an nsys export's, plus
         the profiler's rank, world size, process groups and NCCL version)."""
-        from ..provenance import file_sha256
+        from nccltrace.core.provenance import file_sha256
 
         return {
             "source_file": self.path.name,
@@ -294,7 +294,11 @@ class KinetoTrace:
         writes, with the same names and columns (``kernels`` fills :data:`KERNEL_ARG_COLUMNS`;
         ``launches_without_kernel`` and ``nccl_api_calls`` are empty: a profiler trace records
         neither lost launches nor NCCL's own API ranges). Each file appears atomically."""
-        from ..tables import atomic_output, frame_to_table, write_table_atomic
+        from nccltrace.core.tables import (
+            atomic_output,
+            frame_to_table,
+            write_table_atomic,
+        )
 
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .reader import KinetoTrace
+from nccltrace.kineto.reader import KinetoTrace
 
 __all__ = ["SESSION_LEAD_NS", "write_nsys_export"]
 
@@ -29,7 +29,7 @@ def write_nsys_export(traces: list[Path | str] | Path | str, out: Path | str, *,
     profiler traces of one host) into one nsys export ``out`` of node ``hostname``. Times stay
     on the host's monotonic clock; the session starts :data:`SESSION_LEAD_NS` before the first
     record."""
-    from ..nsys.writer import NsysExportWriter
+    from nccltrace.nsys.writer import NsysExportWriter
 
     paths = [Path(traces)] if isinstance(traces, (str, Path)) else [Path(p) for p in traces]
     opened = [KinetoTrace.open(p) for p in paths]

@@ -17,19 +17,19 @@ __all__ = ["LayoutInference", "MegatronLayout", "ParallelSizes", "infer_layout",
 def __getattr__(name: str) -> Any:
     # Explicit imports (not importlib): provenance.import_closure follows them statically.
     if name in ("LayoutInference", "infer_layout"):
-        from . import infer
+        from nccltrace.megatron import infer
 
         return getattr(infer, name)
     if name in ("megatron_groups", "orthogonal_groups"):
-        from . import groups
+        from nccltrace.megatron import groups
 
         return getattr(groups, name)
     if name == "MegatronLayout":
-        from . import layout
+        from nccltrace.megatron import layout
 
         return layout.MegatronLayout
     if name == "ParallelSizes":
-        from . import sizes
+        from nccltrace.megatron import sizes
 
         return sizes.ParallelSizes
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -25,8 +25,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from .groups import megatron_groups
-from .sizes import ParallelSizes
+from nccltrace.megatron.groups import megatron_groups
+from nccltrace.megatron.sizes import ParallelSizes
 
 __all__ = ["MIN_TP_REPEATS", "NCCL_OPS", "SPANNING_TP_REPEATS", "POINTS", "Behaviour", "GroupDid", "kinds_by_member_set", "most_likely"]
 

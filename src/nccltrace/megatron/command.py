@@ -61,13 +61,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cmd_infer_layout(args: argparse.Namespace) -> int:
     """Run the inference on GROUPS.json and print the result as JSON."""
-    from .groups import DEFAULT_ORDER
-    from .infer import infer_layout, read_layout_input
+    from nccltrace.megatron.groups import DEFAULT_ORDER
+    from nccltrace.megatron.infer import infer_layout, read_layout_input
 
     path = Path(args.groups_json)
     ops = None
     if path.is_dir() or (path.is_file() and path.read_bytes()[:1] == b"\x80"):
-        from ..flight_recorder import find_dumps, group_ops, layout_input
+        from nccltrace.pytorch.flight_recorder import (
+            find_dumps,
+            group_ops,
+            layout_input,
+        )
 
         dumps = find_dumps(path)
         world, groups, descs = layout_input(dumps, names=not args.no_names)

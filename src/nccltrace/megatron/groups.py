@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from .sizes import ParallelSizes
+from nccltrace.megatron.sizes import ParallelSizes
 
 __all__ = [
     "DECODER_KINDS",

@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from .behaviour import most_likely
-from .groups import (
+from nccltrace.megatron.behaviour import most_likely
+from nccltrace.megatron.groups import (
     DECODER_KINDS,
     DEFAULT_ORDER,
     EXPERT_KINDS,

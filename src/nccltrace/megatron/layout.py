@@ -24,8 +24,8 @@ from functools import cached_property
 
 import numpy as np
 
-from .groups import GROUP_KINDS, KIND_ORDER, megatron_groups
-from .sizes import ParallelSizes
+from nccltrace.megatron.groups import GROUP_KINDS, KIND_ORDER, megatron_groups
+from nccltrace.megatron.sizes import ParallelSizes
 
 __all__ = ["Group", "MegatronLayout", "PairComm"]
 

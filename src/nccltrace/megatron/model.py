@@ -22,7 +22,7 @@ from functools import lru_cache
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from ..errors import ConfigError
+from nccltrace.core.errors import ConfigError
 
 __all__ = [
     "MODEL_DEFAULTS",
@@ -89,7 +89,7 @@ class ModelShape:
 
     ``ffn_hidden_size`` is resolved (4 x hidden when the run does not set it) and
     ``padded_vocab_size`` padded (:func:`padded_vocab_size`). Shapes Megatron refuses, or whose
-    shards would not be whole, raise :class:`~nccltrace.errors.ConfigError` naming the field.
+    shards would not be whole, raise :class:`~nccltrace.core.errors.ConfigError` naming the field.
     """
 
     num_layers: int

@@ -29,8 +29,18 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from .groups import DEFAULT_ORDER, PAIR_DIMS, megatron_groups, order_problem
-from .sizes import ParallelSizes, declares_sizes, declares_world, flatten_settings
+from nccltrace.megatron.groups import (
+    DEFAULT_ORDER,
+    PAIR_DIMS,
+    megatron_groups,
+    order_problem,
+)
+from nccltrace.megatron.sizes import (
+    ParallelSizes,
+    declares_sizes,
+    declares_world,
+    flatten_settings,
+)
 
 __all__ = ["ORDERS", "ORDER_SETTING", "StructureSolution", "candidate_layouts", "solve_global_ranks"]
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError
+from nccltrace.core.errors import ConfigError
 
 if TYPE_CHECKING:  # layout.py imports this module; the method below imports it when called
-    from .layout import MegatronLayout
+    from nccltrace.megatron.layout import MegatronLayout
 
 __all__ = ["ParallelSizes", "declares_sizes", "flatten_settings"]
 
@@ -68,7 +68,7 @@ class ParallelSizes:
 
     ``world_size`` or ``dp`` must be given (the other is derived: dp = world / (tp·pp·cp)).
     ``etp`` defaults to ``tp`` (Megatron's default); expert dp = world / (etp·ep·pp). Invalid
-    combinations raise :class:`~nccltrace.errors.ConfigError` (a ``ValueError``) naming the
+    combinations raise :class:`~nccltrace.core.errors.ConfigError` (a ``ValueError``) naming the
     field. ``gpus_per_node`` only places ranks on nodes (None: unknown).
     """
 
@@ -162,7 +162,7 @@ class ParallelSizes:
 
 @lru_cache(maxsize=32)
 def _layout(sizes: ParallelSizes) -> MegatronLayout:
-    from .layout import (
+    from nccltrace.megatron.layout import (
         MegatronLayout,  # here, not at the top: layout.py builds on this module
     )
 

@@ -27,7 +27,7 @@ import numpy as np
 from numba import njit
 from numba import types as nt
 
-from .enums import ALGORITHMS, ALL_OPS, PROTOCOLS
+from nccltrace.nccl.enums import ALGORITHMS, ALL_OPS, PROTOCOLS
 
 OPS: tuple[str, ...] = tuple(ALL_OPS)
 OP_ALLGATHER = OPS.index("AllGather")

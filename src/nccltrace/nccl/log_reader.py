@@ -1,7 +1,7 @@
 """Streaming reader for NCCL debug logs (``NCCL_DEBUG=INFO``), all versions 2.4 - 2.30.
 
 The reader works on bytes, one line at a time, with constant memory in the file size:
-records go to :class:`~nccltrace.tables.TableSink` writers in bounded batches, and the
+records go to :class:`~nccltrace.core.tables.TableSink` writers in bounded batches, and the
 only state kept across lines is small (last call per communicator for duplicate
 detection, a short window of recent calls per process for attaching TUNING lines, the
 current topology block, torn prefixes waiting for their tail).
@@ -38,9 +38,16 @@ from typing import Callable, Iterable
 import numpy as np
 import pyarrow as pa
 
-from ..tables import TABLES, TableSink, write_json_atomic
-from .enums import ALGORITHMS, ALL_OPS, DATATYPES, PROTOCOLS, bus_message_bytes, redop_name
-from .versions import NcclVersion
+from nccltrace.core.tables import TABLES, TableSink, write_json_atomic
+from nccltrace.nccl.enums import (
+    ALGORITHMS,
+    ALL_OPS,
+    DATATYPES,
+    PROTOCOLS,
+    bus_message_bytes,
+    redop_name,
+)
+from nccltrace.nccl.versions import NcclVersion
 
 # --- patterns -------------------------------------------------------------------------
 # host:pid:tid [dev] directly before the level token (hosts: letters, digits, '.', '_', '-').
@@ -199,7 +206,7 @@ def _rows_table(name: str, rows: list) -> pa.Table:
 
 def _strings(names: list, codes: np.ndarray) -> pa.Array:
     """String column ``names[codes]`` (``None`` names give nulls), built by the compiled gather."""
-    from .fast_scan import gather_strings
+    from nccltrace.nccl.fast_scan import gather_strings
 
     if len(names) == 1 and names[0] is not None:  # a constant column
         value = names[0].encode()
@@ -522,7 +529,7 @@ class _FileParser:
         return row
 
     def _run_fast(self, fh) -> tuple[int, bytes]:
-        from . import fast_scan
+        from nccltrace.nccl import fast_scan
 
         fs = self._fs = fast_scan
         self._state = fs.FastState(self.TUNE_WINDOW)

@@ -11,8 +11,8 @@ import datetime as _dt
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from .enums import ALGORITHMS, PROTOCOLS
-from .versions import NcclVersion
+from nccltrace.nccl.enums import ALGORITHMS, PROTOCOLS
+from nccltrace.nccl.versions import NcclVersion
 
 
 def fmt_ptr(value: int | None) -> str:

@@ -1,6 +1,6 @@
 """Nsight Systems SQLite exports: reader (:class:`NsysExport`) and writer (:class:`NsysExportWriter`)."""
 
-from .reader import (
+from nccltrace.nsys.reader import (
     KERNEL_COLUMNS,
     KNOWN_SCHEMA_VERSIONS,
     NCCL_ENTRY_COLUMNS,
@@ -12,7 +12,7 @@ from .reader import (
     decode_tid,
     strip_api_version,
 )
-from .writer import (
+from nccltrace.nsys.writer import (
     DEFAULT_PRODUCT_VERSION,
     PAYLOAD_MODES,
     SCHEMA_VERSIONS,

@@ -53,7 +53,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from .reader import _GPID_MASK, _NCCL_COLUMN_KINDS, spec_schema
+from nccltrace.nsys.reader import _GPID_MASK, _NCCL_COLUMN_KINDS, spec_schema
 
 __all__ = [
     "CALL_OPS",

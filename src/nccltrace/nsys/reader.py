@@ -32,8 +32,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..kernel_args import KERNEL_ARG_COLUMNS
-from ..tables import atomic_output, frame_to_table, parquet_writer, write_table_atomic
+from nccltrace.core.kernel_args import KERNEL_ARG_COLUMNS
+from nccltrace.core.tables import (
+    atomic_output,
+    frame_to_table,
+    parquet_writer,
+    write_table_atomic,
+)
 
 __all__ = [
     "KERNEL_COLUMNS",
@@ -986,7 +991,7 @@ class NsysExport:
         """NCCL API call ranges linked to their kernels (:func:`nccltrace.nsys.nccl_api.nccl_api_calls`),
         reading whichever of ``nvtx()``, ``kernels()`` and ``launches_without_kernel()`` is not given.
         Returns an :class:`~nccltrace.nsys.nccl_api.NcclApiCalls`."""
-        from .nccl_api import nccl_api_calls
+        from nccltrace.nsys.nccl_api import nccl_api_calls
 
         nvtx = self.nvtx() if nvtx is None else nvtx  # nvtx() also sets undecoded_payload_blobs
         return nccl_api_calls(nvtx, self.kernels() if kernels is None else kernels,
@@ -1247,7 +1252,11 @@ class NsysExport:
         linked to their kernels, see :mod:`nccltrace.nsys.nccl_api`) and ``session.json`` into
         ``out_dir``; each file appears atomically (temp file + rename). Returns table name -> path.
         The summary of the NCCL API table is kept in :attr:`nccl_api_summary` and ``session.json``."""
-        from .nccl_api import NCCL_API_CALLS_SCHEMA, nccl_api_calls, nccl_kernels
+        from nccltrace.nsys.nccl_api import (
+            NCCL_API_CALLS_SCHEMA,
+            nccl_api_calls,
+            nccl_kernels,
+        )
 
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)

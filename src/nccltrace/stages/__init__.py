@@ -1,6 +1,6 @@
 """The analysis stages, one module per workflow rule: the only implementation of each, called
 by the workflow's rule scripts and by ``nccltrace analyze`` alike. A stage takes explicit input
-paths (a :class:`~nccltrace.run_layout.RunLayout` and what the rule lists) and settings, writes
+paths (a :class:`~nccltrace.core.layout.RunLayout` and what the rule lists) and settings, writes
 its outputs and manifest, and returns a :class:`StageResult`: what "partial" means and the
 message of each problem are decided here, once, so the console, the manifest and the report
 say the same.

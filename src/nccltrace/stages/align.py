@@ -13,13 +13,18 @@ from typing import Any
 import pandas as pd
 import pyarrow.parquet as pq
 
-from ..align.correlate import NO_EXPORT_REASON, align_files, process_key
-from ..align.quality import QUALITY_FILE, quality_findings, quality_problems, read_quality
-from ..align.tuning_carry import read_donor_facts, tuning_donors
-from ..provenance import write_manifest
-from ..run_layout import RunLayout, process_name
-from ..tables import read_table
-from . import StageResult
+from nccltrace.align.correlate import NO_EXPORT_REASON, align_files, process_key
+from nccltrace.align.quality import (
+    QUALITY_FILE,
+    quality_findings,
+    quality_problems,
+    read_quality,
+)
+from nccltrace.align.tuning_carry import read_donor_facts, tuning_donors
+from nccltrace.core.layout import RunLayout, process_name
+from nccltrace.core.provenance import write_manifest
+from nccltrace.core.tables import read_table
+from nccltrace.stages import StageResult
 
 __all__ = ["alignment_summary", "run_align"]
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from ..run_layout import RunLayout
-from . import StageResult, each_process
-from .align import run_align
+from nccltrace.core.layout import RunLayout
+from nccltrace.stages import StageResult, each_process
+from nccltrace.stages.align import run_align
 
 __all__ = ["run_align_node"]
 

@@ -9,13 +9,13 @@ from typing import Any
 
 import pandas as pd
 
-from ..acquisition.raw import read_status
-from ..plots import campaign_plots
-from ..provenance import write_manifest
-from ..report import render_campaign_report, report_partial
-from ..run_layout import RunLayout
-from ..summary import campaign_tables, write_tables
-from . import StageResult
+from nccltrace.acquisition.raw import read_status
+from nccltrace.core.layout import RunLayout
+from nccltrace.core.provenance import write_manifest
+from nccltrace.outputs.plots import campaign_plots
+from nccltrace.outputs.report import render_campaign_report, report_partial
+from nccltrace.outputs.summary import campaign_tables, write_tables
+from nccltrace.stages import StageResult
 
 __all__ = ["run_campaign_report"]
 

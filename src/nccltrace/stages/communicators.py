@@ -9,10 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..communicators import RANK_SOURCE_WORLD, communicator_problems, infer_run_communicators
-from ..provenance import write_manifest
-from ..run_layout import RunLayout
-from . import StageResult
+from nccltrace.communicators.infer import (
+    RANK_SOURCE_WORLD,
+    communicator_problems,
+    infer_run_communicators,
+)
+from nccltrace.core.layout import RunLayout
+from nccltrace.core.provenance import write_manifest
+from nccltrace.stages import StageResult
 
 __all__ = ["run_communicators"]
 
@@ -21,7 +25,7 @@ def run_communicators(layout: RunLayout, procs: Iterable[str], settings: Mapping
                       hosts: Iterable[str] = ()) -> StageResult:  # fmt: skip
     """Build ``communicators.parquet`` and ``communicator_members.parquet`` from the parsed logs
     of ``procs`` (and the parsed exports of ``hosts``, whose profiler records can name global
-    ranks). ``details['tables']`` is the :class:`~nccltrace.communicators.CommunicatorTables`."""
+    ranks). ``details['tables']`` is the :class:`~nccltrace.communicators.infer.CommunicatorTables`."""
     dirs = [layout.parsed_nccl(p) for p in procs]
     sessions = [layout.session(h) for h in hosts if layout.session(h).is_file()]
     dumps = layout.flight_recorder if layout.flight_recorder.is_dir() else None

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..metrics import PARSED_TABLES, write_run_metrics_out_of_core
-from ..provenance import write_manifest
-from ..run_layout import RunLayout
-from ..tables import read_table
-from . import StageResult
+from nccltrace.core.layout import RunLayout
+from nccltrace.core.provenance import write_manifest
+from nccltrace.core.tables import read_table
+from nccltrace.metrics.compute import PARSED_TABLES, write_run_metrics_out_of_core
+from nccltrace.stages import StageResult
 
 
 def run_metrics(layout: RunLayout, parsed_nccl_dirs: Iterable[Path]) -> StageResult:

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..align.quality import QUALITY_FILE
-from ..ops import stream_run_ops, write_run_ops
-from ..provenance import write_manifest
-from ..run_layout import RunLayout
-from . import StageResult
+from nccltrace.align.quality import QUALITY_FILE
+from nccltrace.core.layout import RunLayout
+from nccltrace.core.provenance import write_manifest
+from nccltrace.ops.build import stream_run_ops, write_run_ops
+from nccltrace.stages import StageResult
 
 __all__ = ["run_ops"]
 
@@ -18,7 +18,7 @@ __all__ = ["run_ops"]
 def run_ops(layout: RunLayout, procs: Iterable[str], hosts: Iterable[str],
             settings: Mapping[str, Any] | None = None) -> StageResult:  # fmt: skip
     """Write ``ops/`` from the aligned processes ``procs`` and the parsed exports of ``hosts``.
-    ``details['run_ops']`` is the :class:`~nccltrace.ops.RunOps` (labels, counts)."""
+    ``details['run_ops']`` is the :class:`~nccltrace.ops.build.RunOps` (labels, counts)."""
     procs, hosts = list(procs), list(hosts)
     alignments = [layout.aligned(p) / "alignment.parquet" for p in procs]
     qualities = [layout.aligned(p) / QUALITY_FILE for p in procs]

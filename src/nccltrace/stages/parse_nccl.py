@@ -10,10 +10,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..nccl.log_reader import TABLE_NAMES, ParseReport, parse_logs
-from ..provenance import write_manifest
-from ..tables import write_json_atomic
-from . import StageResult
+from nccltrace.core.provenance import write_manifest
+from nccltrace.core.tables import write_json_atomic
+from nccltrace.nccl.log_reader import TABLE_NAMES, ParseReport, parse_logs
+from nccltrace.stages import StageResult
 
 __all__ = ["log_problems", "run_parse_nccl"]
 
@@ -45,9 +45,9 @@ def log_problems(report: ParseReport | Mapping[str, Any]) -> list[str]:
 
 LOG_ORIGIN_FILE = "log_origin.json"
 """Beside a process's parsed tables, when log discovery made its log: ``launcher``, the global
-rank its launcher prefix named in a combined stdout (:func:`nccltrace.log_discovery.launcher_ranks`),
+rank its launcher prefix named in a combined stdout (:func:`nccltrace.inputs.logs.launcher_ranks`),
 and ``own_file``, the source file holding this process's lines and no other's (whose name may
-carry the rank: :class:`nccltrace.log_discovery.RankNamePattern`)."""
+carry the rank: :class:`nccltrace.inputs.logs.RankNamePattern`)."""
 
 
 def _log_origin(log_file: Path) -> dict[str, Any] | None:

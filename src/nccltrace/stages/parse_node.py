@@ -22,11 +22,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..acquisition.raw import WORKFLOW_REMEDY, Remedy
-from ..run_layout import RunLayout
-from . import StageResult, each_process
-from .parse_nccl import run_parse_nccl
-from .parse_nsys import run_parse_nsys
+from nccltrace.acquisition.raw import WORKFLOW_REMEDY, Remedy
+from nccltrace.core.layout import RunLayout
+from nccltrace.stages import StageResult, each_process
+from nccltrace.stages.parse_nccl import run_parse_nccl
+from nccltrace.stages.parse_nsys import run_parse_nsys
 
 __all__ = ["run_parse_node"]
 

@@ -15,18 +15,18 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from ..acquisition.raw import (
+from nccltrace.acquisition.raw import (
     WORKFLOW_REMEDY,
     Remedy,
     export_hint,
     missing_export_problem,
 )
-from ..nsys import reader
-from ..nsys.nccl_api import NCCL_API_CALLS_SCHEMA, format_summary
-from ..nsys.reader import NsysExport, NsysFormatError
-from ..provenance import write_manifest
-from ..tables import write_json_atomic, write_table_atomic
-from . import StageResult
+from nccltrace.core.provenance import write_manifest
+from nccltrace.core.tables import write_json_atomic, write_table_atomic
+from nccltrace.nsys import reader
+from nccltrace.nsys.nccl_api import NCCL_API_CALLS_SCHEMA, format_summary
+from nccltrace.nsys.reader import NsysExport, NsysFormatError
+from nccltrace.stages import StageResult
 
 __all__ = ["NSYS_TABLES", "run_parse_nsys"]
 
@@ -60,8 +60,8 @@ def run_parse_nsys(export_file: Path | str | Sequence[Path | str] | None, out_di
     """Read node ``host``'s kernel source into ``out_dir``. ``export_file``: its nsys export;
     None or absent: the node has no export; a list: several sources of the node (nsys exports
     per process, and/or directories of profiler-trace tables staged by
-    :func:`nccltrace.kernel_sources.stage_traces`), merged on one clock
-    (:func:`nccltrace.kernel_sources.merge_sources`). ``unusable``: why an earlier look (the
+    :func:`nccltrace.inputs.kernel_sources.stage_traces`), merged on one clock
+    (:func:`nccltrace.inputs.kernel_sources.merge_sources`). ``unusable``: why an earlier look (the
     import, which saw the file's surroundings) judged it unusable. ``remedy``: how the front end
     in use says to fix it."""
     out = Path(out_dir)
@@ -117,7 +117,7 @@ def _parse_sources(sources: list[Path], out: Path, host: str, settings: dict[str
                    remedy: Remedy) -> StageResult:  # fmt: skip
     """Several kernel sources of one node: each nsys export parsed into ``sources/<name>/``,
     staged profiler-trace tables taken as they are, then merged into the node's tables."""
-    from ..kernel_sources import merge_sources
+    from nccltrace.inputs.kernel_sources import merge_sources
 
     parts: list[Path] = []
     problems: list[str] = []

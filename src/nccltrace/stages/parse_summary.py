@@ -16,13 +16,13 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from ..acquisition.raw import WORKFLOW_REMEDY, Remedy, missing_export_problem
-from ..align.correlate import process_key
-from ..provenance import write_manifest
-from ..run_layout import RunLayout
-from ..tables import write_json_atomic
-from . import StageResult
-from .parse_nccl import log_problems
+from nccltrace.acquisition.raw import WORKFLOW_REMEDY, Remedy, missing_export_problem
+from nccltrace.align.correlate import process_key
+from nccltrace.core.layout import RunLayout
+from nccltrace.core.provenance import write_manifest
+from nccltrace.core.tables import write_json_atomic
+from nccltrace.stages import StageResult
+from nccltrace.stages.parse_nccl import log_problems
 
 __all__ = ["run_parse_summary"]
 

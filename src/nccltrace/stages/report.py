@@ -7,19 +7,19 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..batches import FirstSeen
-from ..plots import WINDOW_COLUMNS, Timeline, TimelineBuilder, run_plots
-from ..provenance import write_manifest
-from ..report import render_run_report
-from ..run_layout import RunLayout
-from ..summary import (
+from nccltrace.core.batch_stats import FirstSeen
+from nccltrace.core.layout import RunLayout
+from nccltrace.core.provenance import write_manifest
+from nccltrace.core.tables import iter_table_batches, read_table
+from nccltrace.outputs.plots import WINDOW_COLUMNS, Timeline, TimelineBuilder, run_plots
+from nccltrace.outputs.report import render_run_report
+from nccltrace.outputs.summary import (
     OP_METRICS_COLUMNS,
     RunTablesBuilder,
     iter_run_batches,
     write_tables,
 )
-from ..tables import iter_table_batches, read_table
-from . import StageResult
+from nccltrace.stages import StageResult
 
 __all__ = ["BATCH_ROWS", "report_data", "run_report"]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..provenance import write_manifest
-from ..run_layout import RunLayout
-from ..trace import write_run_traces
-from . import StageResult
+from nccltrace.core.layout import RunLayout
+from nccltrace.core.provenance import write_manifest
+from nccltrace.outputs.perfetto import write_run_traces
+from nccltrace.stages import StageResult
 
 __all__ = ["run_trace"]
 

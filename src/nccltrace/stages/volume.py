@@ -8,10 +8,10 @@ from typing import Any
 
 import yaml
 
-from ..provenance import write_manifest
-from ..run_layout import RunLayout
-from ..volume import volume_validation_of_file, write_volume_validation
-from . import StageResult
+from nccltrace.core.layout import RunLayout
+from nccltrace.core.provenance import write_manifest
+from nccltrace.metrics.volume import volume_validation_of_file, write_volume_validation
+from nccltrace.stages import StageResult
 
 
 def run_volume(layout: RunLayout, run_id: str, settings: Mapping[str, Any] | None, run_yaml: Path | None = None

@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..align.correlate import align_process
-from ..emulator.run import emulate_run
-from ..nccl.log_reader import parse_logs
-from ..nsys.reader import NsysExport
-from ..tables import read_table
+from nccltrace.align.correlate import align_process
+from nccltrace.core.tables import read_table
+from nccltrace.emulator.run import emulate_run
+from nccltrace.nccl.log_reader import parse_logs
+from nccltrace.nsys.reader import NsysExport
 
 THESIS_TABLE_4_5 = pd.DataFrame(
     {
@@ -197,7 +197,7 @@ def table_4_5(modes: tuple[str, ...] = ("thesis", "default"), *, seed: int = 3, 
 
 def _sliding_window_scores(inputs: RunInputs) -> dict[str, float]:
     """The thesis's sliding-window baseline on the same scenario (names only, GPU start order)."""
-    from ..align.thesis import align_sliding_window
+    from nccltrace.align.thesis import align_sliding_window
 
     tables = []
     for key, calls in inputs.calls.items():

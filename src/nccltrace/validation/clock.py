@@ -16,7 +16,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from nccltrace.clocksync import ClockModel, apply_clock_correction, estimate_clock_model, thesis_start_median
+from nccltrace.ops.clock_sync import (
+    ClockModel,
+    apply_clock_correction,
+    estimate_clock_model,
+    thesis_start_median,
+)
 
 __all__ = ["clock_frame_from_run", "clock_sync_grid", "emulator_config", "evaluate_clock_sync", "timestamp_errors"]
 
@@ -49,7 +54,7 @@ def clock_frame_from_run(run_dir: Path | str, *, include_p2p: bool = False) -> t
     timestamp + that node's session UTC start. P2P kernels are left out unless
     ``include_p2p`` (a fused SendRecv kernel carries only its first op's instance).
     """
-    from nccltrace.tables import read_table
+    from nccltrace.core.tables import read_table
 
     gt = Path(run_dir) / "ground_truth"
     kernels = read_table(gt / "kernels.parquet")
@@ -145,7 +150,7 @@ def evaluate_clock_sync(
 
     Returns ``{"scenario": {...}, "truth": clock table, "models": {method: ClockModel},
     "results": DataFrame}`` with one ``results`` row per method: ``robust_wls_end``
-    (:func:`~nccltrace.clocksync.estimate_clock_model`), ``thesis_start_median`` (the thesis's
+    (:func:`~nccltrace.ops.clock_sync.estimate_clock_model`), ``thesis_start_median`` (the thesis's
     method as described) and ``thesis_start_median_spanning`` (the same on node-spanning
     instances only).
 
@@ -159,8 +164,8 @@ def evaluate_clock_sync(
     check that it holds at other times of the run). For the node-level estimator also the
     largest offset error at ``t_ref`` and drift error against the true relative clocks.
     """
+    from nccltrace.core.tables import read_table
     from nccltrace.emulator import emulate_run
-    from nccltrace.tables import read_table
 
     cfg = emulator_config(nodes, gpus_per_node, offset_max_ns, drift_ppm_max, skew_max_ns, seed,
                           iterations=iterations)

@@ -8,7 +8,7 @@ candidates *and* the data cannot separate them (the true group has exactly the c
 members, or - pair communicators - both ranks lie in one group of that kind), else ``wrong``.
 
 :func:`fallback_accuracy` drops the init lines and measures the sequence-based fallback
-(:mod:`nccltrace.communicators_fallback`), thesis and improved versions, on clean logs and
+(:mod:`nccltrace.communicators.from_calls`), thesis and improved versions, on clean logs and
 on logs with lost and duplicated lines: the fraction of communicator pointers whose inferred
 communicator has exactly the true set of pointers, pairwise precision/recall of "same
 communicator", global-rank accuracy (eq. 4.6) and how many ranks within communicators were
@@ -29,12 +29,18 @@ from typing import Any
 
 import pandas as pd
 
-from ..communicators import infer_communicators
-from ..communicators_fallback import infer_communicators_from_calls
-from ..emulator.run import emulate_run
-from ..nccl.log_reader import parse_logs
-from ..parallelism import ParallelSizes, label_communicators, label_ops, truth_label, with_logical_ids
-from ..tables import read_table
+from nccltrace.communicators.from_calls import infer_communicators_from_calls
+from nccltrace.communicators.infer import infer_communicators
+from nccltrace.communicators.labels import (
+    ParallelSizes,
+    label_communicators,
+    label_ops,
+    truth_label,
+    with_logical_ids,
+)
+from nccltrace.core.tables import read_table
+from nccltrace.emulator.run import emulate_run
+from nccltrace.nccl.log_reader import parse_logs
 
 __all__ = [
     "CONFIGS",
@@ -277,8 +283,8 @@ def structure_accuracy(names: list[str] | None = None, workdir: Path | str | Non
     assignment, not the true one: must never happen) or how many assignments fit."""
     import time
 
-    from ..communicators import communicator_structure
-    from ..megatron.rank_structure import ORDER_SETTING, solve_global_ranks
+    from nccltrace.communicators.infer import communicator_structure
+    from nccltrace.megatron.rank_structure import ORDER_SETTING, solve_global_ranks
 
     rows = []
     for name in names or list(CONFIGS):

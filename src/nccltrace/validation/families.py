@@ -34,9 +34,9 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from ..emulator.run import emulate_run
-from ..tables import read_table
-from .alignment import SCENARIO_BASE, score_alignment
+from nccltrace.core.tables import read_table
+from nccltrace.emulator.run import emulate_run
+from nccltrace.validation.alignment import SCENARIO_BASE, score_alignment
 
 __all__ = ["FAMILIES", "Family", "capture_families", "check_counts", "real_export_links", "run_family"]
 
@@ -218,7 +218,7 @@ def _settings(family: Family, seed: int, iterations: int) -> dict[str, Any]:
 
 def run_family(family: Family, work: Path, *, seed: int = 7, iterations: int = 4) -> dict[str, Any]:
     """Emulate, damage, analyse and score one family; one row of the family table."""
-    from ..pipeline import analyze_run
+    from nccltrace.analyze import analyze_run
 
     name = f"{family.name}-{family.nccl}".replace(" ", "_").replace(",", "").replace("+", "_")
     raw, out = work / name / "raw", work / name / "out"
@@ -239,7 +239,7 @@ def check_counts(quality: pd.DataFrame) -> dict[str, Any]:
     """What the run's checks did (its ``alignment_quality`` table): matches confirmed and demoted
     per check (``<check>_confirmed``, ``<check>_demoted``), and where a check stood down
     (``stood_down``: the findings' check names, comma-separated)."""
-    from ..align.quality import INFORMATIONAL_CHECKS
+    from nccltrace.align.quality import INFORMATIONAL_CHECKS
 
     out: dict[str, Any] = {}
     for check in ("log_time", "stream", "kernel_args", "tuning", "p2p_pairing", "cross_rank"):
@@ -267,8 +267,8 @@ def real_export_links(exports: list[Path]) -> pd.DataFrame:
     linked, how many calls each linked kernel got and whether each of them lies in the range
     that launched it on the launching thread (the published ground truth's own definition:
     runtime correlation id -> launching thread -> smallest enclosing NCCL range)."""
-    from ..nsys.nccl_api import CALL_OPS
-    from ..nsys.reader import NsysExport
+    from nccltrace.nsys.nccl_api import CALL_OPS
+    from nccltrace.nsys.reader import NsysExport
 
     rows = []
     for path in exports:

@@ -2,7 +2,7 @@
 
 A run analysed with its sizes declared (emulated runs record them in ``run.yaml``) has exact
 labels in ``ops/parallelism.parquet``. :func:`behaviour_vs_declared` labels the same
-communicators again as if nothing had been declared (:func:`nccltrace.ops.run_labels`: the sizes
+communicators again as if nothing had been declared (:func:`nccltrace.ops.build.run_labels`: the sizes
 the member sets determine, else the layout what each communicator did makes most likely, else
 the heuristic) and counts, per run, how many labels agree, which evidence they rest on and how
 many that are presented as certain are wrong (the number that must be 0).
@@ -15,9 +15,9 @@ from typing import Any
 
 import pandas as pd
 
-from ..ops import call_counts, run_labels
-from ..run_layout import RunLayout
-from ..tables import read_table
+from nccltrace.core.layout import RunLayout
+from nccltrace.core.tables import read_table
+from nccltrace.ops.build import call_counts, run_labels
 
 __all__ = ["CERTAIN", "behaviour_vs_declared"]
 

@@ -41,17 +41,22 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from .errors import ConfigError
-from .megatron.model import MODEL_DEFAULTS, ModelShape, chunk_params, padded_vocab_size
-from .megatron.sizes import ParallelSizes, flatten_settings
-from .tables import (
+from nccltrace.core.errors import ConfigError
+from nccltrace.core.tables import (
     atomic_output,
     coerce_to_schema,
     frame_to_table,
     iter_record_batches,
     write_table_atomic,
 )
-from .tables import documented_field as _f
+from nccltrace.core.tables import documented_field as _f
+from nccltrace.megatron.model import (
+    MODEL_DEFAULTS,
+    ModelShape,
+    chunk_params,
+    padded_vocab_size,
+)
+from nccltrace.megatron.sizes import ParallelSizes, flatten_settings
 
 # The ops columns volume_validation reads: stages read only these, so a run's ops table is never
 # loaded whole (tests check the result equals the one from every column).
@@ -134,7 +139,7 @@ VOLUME_SCHEMA = pa.schema(
         _f("notes", pa.string(), "", "input mismatches (e.g. top-k of the text vs the run), approximations, gaps"),
     ],
     metadata={"table": "volume_validation", "doc": "Theoretical vs observed communication volume per rank, per "
-              "parallelism kind, rank role and definition (nccltrace.volume)."},
+              "parallelism kind, rank role and definition (nccltrace.metrics.volume)."},
 )
 
 _THEORY_COLUMNS = ["assumptions", "parallelism", "role", "component", "definition", "op", "communicator", "ranks",
@@ -980,7 +985,7 @@ def volume_validation_of_file(settings: Mapping[str, Any], ops_path: Path | str,
     result up to the order of floating-point additions."""
     import pyarrow.parquet as pq
 
-    from .tables import read_table_batch
+    from nccltrace.core.tables import read_table_batch
 
     pf = pq.ParquetFile(ops_path)
     cols = [c for c in OPS_COLUMNS if c in pf.schema_arrow.names]

@@ -162,7 +162,7 @@ def _entry_seq(entry: Mapping[str, Any]) -> int | None:
 
 
 def _entry_key(entry: Mapping[str, Any]) -> tuple[str, int | None]:
-    from .flight_recorder import op_of
+    from nccltrace.pytorch.flight_recorder import op_of
 
     op = op_of(str(entry.get("profiling_name", "")))
     side = _SAME_COUNT.get(op)
@@ -187,7 +187,7 @@ def _one_name_each(claims: Mapping[int, set[tuple[str, str | None]]], evidence: 
 
 def _comm_sequences(calls: pd.DataFrame) -> dict[int, list[tuple[str, int | None]]]:
     """Per communicator pointer of one process: its calls' (op in Flight Recorder's names, count)."""
-    from .megatron.behaviour import NCCL_OPS
+    from nccltrace.megatron.behaviour import NCCL_OPS
 
     return {int(comm): [(NCCL_OPS.get(str(o), str(o).lower()), int(c)) for o, c in zip(part["op"], part["count"])]
             for comm, part in calls.groupby("comm", sort=False)}  # fmt: skip
@@ -327,7 +327,7 @@ def name_by_pytorch_lines(members: pd.DataFrame, lines_of: Any) -> tuple[pd.Data
     lines). The line gives the communicator pointer, so the join is exact; processes whose lines
     name one communicator with different groups name nothing (the notes say why).
     ``name_source`` is 'pytorch-log'."""
-    from .pytorch_log import PG_COMM_LINE
+    from nccltrace.pytorch.log_lines import PG_COMM_LINE
 
     notes: list[str] = []
     claims: dict[int, set[tuple[str, str | None]]] = {}

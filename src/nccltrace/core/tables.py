@@ -1,7 +1,7 @@
 """Documented Parquet tables passed between stages, and atomic streaming writers for them.
 
 Every table has a fixed Arrow schema; each column carries a unit and a one-line meaning
-(rendered into ``docs/tables.md`` by ``nccltrace tables-doc``, :mod:`nccltrace.tables_doc`). Writers stream row
+(rendered into ``docs/tables.md`` by ``nccltrace tables-doc``, :mod:`nccltrace.outputs.tables_doc`). Writers stream row
 batches into a temporary file and rename it into place on success, so an interrupted
 stage never leaves a truncated table where a complete one is expected.
 """

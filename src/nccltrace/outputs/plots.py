@@ -26,8 +26,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from .batches import FirstSeen
-from .summary import LARGE_MESSAGE_BYTES, format_bytes_binary
+from nccltrace.core.batch_stats import FirstSeen
+from nccltrace.outputs.summary import LARGE_MESSAGE_BYTES, format_bytes_binary
 
 GIB = float(1 << 30)
 LARGE_BUCKET = LARGE_MESSAGE_BYTES.bit_length() - 1  # size bucket of the smallest "large" message
@@ -349,7 +349,7 @@ class TimelineBuilder:
     is the iteration), the union of all kernels' intervals (its gaps are the idle phases), the
     ranks with the host of their earliest kernel; and which rows repeat a kernel an earlier row
     already showed (a fused group's later calls), so the second pass draws each kernel once.
-    ``kernels``: a kernel-key set to share with a :class:`~nccltrace.summary.RunTablesBuilder`
+    ``kernels``: a kernel-key set to share with a :class:`~nccltrace.outputs.summary.RunTablesBuilder`
     fed the same rows (the timeline asks its own question of it)."""
 
     def __init__(self, max_ranks: int = 64, kernels: FirstSeen | None = None) -> None:

@@ -5,7 +5,7 @@ names models and hardware profiles and lists matrix blocks; each block is the pr
 ``models x hardware x parallelism x options``. Entries matching an ``exclude`` pattern are
 dropped. Every run gets a readable id that depends only on its settings, e.g.
 ``dense_A100_tp4_pp1_ep1_cp1_vpp1_sp1_dp1`` (plus option tags such as ``_distopt``, and
-``_cap3-4``/``_rk0-3`` for a step-window/rank-subset ``capture``, see :mod:`nccltrace.capture`).
+``_cap3-4``/``_rk0-3`` for a step-window/rank-subset ``capture``, see :mod:`nccltrace.core.capture_window`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,11 @@ from typing import Any
 
 import yaml
 
-from .capture import CaptureError, CaptureWindow, capture_run_id_tag
+from nccltrace.core.capture_window import (
+    CaptureError,
+    CaptureWindow,
+    capture_run_id_tag,
+)
 
 PARALLEL_KEYS = ("tp", "pp", "ep", "cp", "vpp")
 EMULATOR_PRESETS = ("a100", "a40", "h100")  # nccltrace.emulator.config.HARDWARE_PRESETS
@@ -56,7 +60,7 @@ class RunSpec:
         what its entry says."""
         if self.backend == "import":
             return dict(self.settings)
-        from .megatron.rank_structure import ORDER_SETTING
+        from nccltrace.megatron.rank_structure import ORDER_SETTING
 
         # likewise the rank order: Megatron's default unless the run passes --use-tp-pp-dp-mapping
         mapping = "--use-tp-pp-dp-mapping" in (self.settings.get("megatron_args") or [])
@@ -177,11 +181,11 @@ def run_problems(spec: RunSpec) -> list[str]:
     """Why a run cannot work, checked before anything is queued: Megatron-LM's own constraints
     (divisibility of world size, experts, layers per virtual stage, batch sizes; SP without TP;
     MoE without bf16) for every backend, and the emulator's full validation for emulated runs."""
-    from .acquisition.megatron import launch_problems
+    from nccltrace.acquisition.megatron import launch_problems
 
     problems = launch_problems(spec.settings)
     if spec.backend == "emulate" and not problems:
-        from .emulator.config import ConfigError, EmulatorConfig
+        from nccltrace.emulator.config import ConfigError, EmulatorConfig
 
         try:
             EmulatorConfig.from_dict({k: v for k, v in spec.settings.items() if k not in ("env", "megatron_args")})
@@ -205,7 +209,7 @@ def load_campaign(path: Path | str) -> dict[str, Any]:
 
     path = Path(path)
     config = yaml.safe_load(path.read_text())
-    schema_path = Path(__file__).resolve().parent / "data" / "config.schema.yaml"
+    schema_path = Path(__file__).resolve().parent / "config.schema.yaml"
     schema = yaml.safe_load(schema_path.read_text())
     try:
         jsonschema.validate(config, schema)

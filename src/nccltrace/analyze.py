@@ -5,12 +5,12 @@ process, the stages of :mod:`nccltrace.stages` that the workflow's rules run: ea
 each export parsed, the parse summary, the logical communicators, the alignment per process, the
 ops table, then (``until``) metrics, volume validation, trace and report. The stages are the
 workflow's own, so tables, manifests, problems and their messages are the same; the results
-follow :class:`~nccltrace.run_layout.RunLayout` below ``out_dir`` (plus ``inputs/``: logs as
+follow :class:`~nccltrace.core.layout.RunLayout` below ``out_dir`` (plus ``inputs/``: logs as
 found by content, exports made here, and ``manifest.json`` of stage ``analyze``).
 
 Inputs. ``raw_dir`` is either the workflow's ``raw/`` layout (``nccl/``, ``nsys/``, optional
 ``run.yaml``) or a flat directory. Logs are found by content
-(:func:`nccltrace.log_discovery.discover_logs`: any name, ``.gz``, one file per process or per
+(:func:`nccltrace.inputs.logs.discover_logs`: any name, ``.gz``, one file per process or per
 rank, or one combined stdout of all ranks with launcher prefixes); other text files are skipped
 and listed. Exports (``*.sqlite`` of any name; ``.nsys-rep`` reports are exported when nsys is
 installed) are named after the host recorded in them, as the workflow's import names them
@@ -27,9 +27,9 @@ exports than nodes (when the settings know the node count) or NCCL kernels of pi
 Kernel traces. nsys exports (``*.sqlite``, one per node or one per process, in subdirectories too)
 are named after the host recorded in them; PyTorch-profiler traces (Chrome-trace JSON, found by
 content) after the node of the log whose pid launched their kernels; a node's several sources are
-merged on one clock by the parse stage (:mod:`nccltrace.kernel_sources`).
+merged on one clock by the parse stage (:mod:`nccltrace.inputs.kernel_sources`).
 
-Settings. Declared parallel sizes label the communicators (``nccltrace.parallelism``). They come
+Settings. Declared parallel sizes label the communicators (``nccltrace.communicators.labels``). They come
 from ``run.yaml`` in ``raw_dir`` (the emulator writes one), overridden key by key by
 ``settings``. Without a world size (``world_size``, ``nodes`` + ``gpus_per_node``, or ``dp``) the
 size of the world communicator from the init lines is used. With no settings at all, the
@@ -45,20 +45,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
-from .align.correlate import NO_EXPORT_REASON
-from .stages import STAGES
+from nccltrace.align.correlate import NO_EXPORT_REASON
+from nccltrace.stages import STAGES
 
 __all__ = [
     "NO_EXPORT_REASON",
-    "VALIDATION_SECTIONS",
     "RawInputs",
     "analyze_run",
-    "default_campaign_path",
     "find_raw_inputs",
     "resolve_settings",
-    "validation_tables",
 ]
 
 
@@ -82,7 +77,7 @@ class RawInputs:
     dumps: list[Path] = field(default_factory=list)  # Flight Recorder dumps (found by content)
 
     def host_of(self, proc: str) -> str:
-        from .run_layout import RunLayout
+        from nccltrace.core.layout import RunLayout
 
         return RunLayout.host_of(proc)
 
@@ -90,12 +85,12 @@ class RawInputs:
 def find_raw_inputs(raw_dir: Path | str, staging: Path | str | None = None) -> RawInputs:
     """Find the per-process NCCL logs, per-node exports and ``run.yaml`` of a raw directory
     (workflow layout or flat; see the module docstring). With ``staging`` (a directory of the
-    output), logs are found by content (:func:`nccltrace.log_discovery.discover_logs`: any
+    output), logs are found by content (:func:`nccltrace.inputs.logs.discover_logs`: any
     name, ``.gz``, one file per rank or a combined stdout of all ranks) and normalised there;
     without, only ``nccl_<host>_<pid>.log`` files are taken. Raises ``FileNotFoundError`` when
     the directory, every log or every export is missing."""
-    from .log_discovery import discover_logs, is_canonical_log
-    from .run_layout import process_key
+    from nccltrace.core.layout import process_key
+    from nccltrace.inputs.logs import discover_logs, is_canonical_log
 
     raw = Path(raw_dir)
     if not raw.is_dir():
@@ -108,7 +103,7 @@ def find_raw_inputs(raw_dir: Path | str, staging: Path | str | None = None) -> R
     problems: list[str] = []
     traces: list[Path] = []
     if staging is not None:
-        from .kineto import iter_kineto_files
+        from nccltrace.kineto import iter_kineto_files
 
         staging = Path(staging)
         inside = [staging.resolve(), (raw / "ground_truth").resolve()]
@@ -145,7 +140,11 @@ def find_raw_inputs(raw_dir: Path | str, staging: Path | str | None = None) -> R
                      "labels, volumes; no kernel times or bandwidths)")
     dumps: list[Path] = []
     if staging is not None:
-        from .flight_recorder import FlightRecorderError, pickle_files, read_dump
+        from nccltrace.pytorch.flight_recorder import (
+            FlightRecorderError,
+            pickle_files,
+            read_dump,
+        )
 
         for f in pickle_files(raw):
             if f.resolve().is_relative_to(Path(staging).resolve()):
@@ -172,7 +171,7 @@ def _export_reports(nsys_dir: Path, exports: Mapping[str, Path], dest: Path, not
         notes.append(f"{len(reports)} nsys report(s) without an export ({', '.join(p.name for p in reports[:3])}) and "
                      f"no nsys here to export them: {_EXPORT_HINT}")
         return {}
-    from .acquisition.nsys_export import NsysExportError, export_report
+    from nccltrace.acquisition.nsys_export import NsysExportError, export_report
 
     out: dict[str, Path] = {}
     for rep in reports:
@@ -193,7 +192,7 @@ def resolve_settings(run_yaml: Path | None, settings: Mapping[str, Any] | None) 
     ``config``/``derived``); None when neither gives any."""
     import yaml
 
-    from .megatron.sizes import flatten_settings
+    from nccltrace.megatron.sizes import flatten_settings
 
     merged: dict[str, Any] = {}
     if run_yaml is not None:
@@ -208,8 +207,8 @@ def resolve_settings(run_yaml: Path | None, settings: Mapping[str, Any] | None) 
 def _check_sizes(settings: dict[str, Any] | None, world_size: int | None, source: str) -> dict[str, Any] | None:
     """Settings with a world size filled in from the init lines when none is declared; raises
     ``ValueError`` naming the field when the declared sizes cannot describe the run."""
-    from .megatron.sizes import declares_world
-    from .parallelism import ParallelSizes, declares_sizes
+    from nccltrace.communicators.labels import ParallelSizes, declares_sizes
+    from nccltrace.megatron.sizes import declares_world
 
     if settings is None:
         return None
@@ -272,21 +271,21 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
     processes, hosts, calls, matched, partial, problems, notes, ignored logs, the resolved
     settings and the output paths. ``capture_steps``: the captured steps of a step-window
     capture (logged, 1-based, inclusive; overrides the settings' ``capture.steps``)."""
-    from .acquisition.raw import ANALYZE_REMEDY, RawImportError, assign_exports
-    from .align.correlate import MODES
-    from .capture import CaptureWindow
-    from .parallelism import ParallelSizes, declares_sizes
-    from .provenance import write_manifest
-    from .run_layout import RunLayout
-    from .stages.align_node import run_align_node
-    from .stages.communicators import run_communicators
-    from .stages.metrics import run_metrics
-    from .stages.ops import run_ops
-    from .stages.parse_node import run_parse_node
-    from .stages.parse_summary import run_parse_summary
-    from .stages.report import run_report
-    from .stages.trace import run_trace
-    from .stages.volume import run_volume
+    from nccltrace.acquisition.raw import ANALYZE_REMEDY, RawImportError, assign_exports
+    from nccltrace.align.correlate import MODES
+    from nccltrace.communicators.labels import ParallelSizes, declares_sizes
+    from nccltrace.core.capture_window import CaptureWindow
+    from nccltrace.core.layout import RunLayout
+    from nccltrace.core.provenance import write_manifest
+    from nccltrace.stages.align_node import run_align_node
+    from nccltrace.stages.communicators import run_communicators
+    from nccltrace.stages.metrics import run_metrics
+    from nccltrace.stages.ops import run_ops
+    from nccltrace.stages.parse_node import run_parse_node
+    from nccltrace.stages.parse_summary import run_parse_summary
+    from nccltrace.stages.report import run_report
+    from nccltrace.stages.trace import run_trace
+    from nccltrace.stages.volume import run_volume
 
     if mode not in MODES:
         raise ValueError(f"unknown alignment mode {mode!r}; use one of {', '.join(MODES)}")
@@ -428,8 +427,12 @@ def _kernel_sources(inputs: RawInputs, assigned: Any, procs: list[str], out: Pat
     """Each node's kernel sources: its nsys export(s) (one per node, or one per process) and the
     profiler traces of its processes (read once into ``out/inputs/kernels/``). A single export
     is passed as is (the workflow's parse); several sources are merged by the parse stage."""
-    from .kernel_sources import CAPTURE_HINT, stage_traces, traces_of_hosts
-    from .run_layout import process_key
+    from nccltrace.core.layout import process_key
+    from nccltrace.inputs.kernel_sources import (
+        CAPTURE_HINT,
+        stage_traces,
+        traces_of_hosts,
+    )
 
     sources: dict[str, list[Path]] = {h: [p, *assigned.more.get(h, [])] for h, p in assigned.exports.items()}
     if inputs.traces:
@@ -453,274 +456,11 @@ def _kernel_sources(inputs: RawInputs, assigned: Any, procs: list[str], out: Pat
 
 def _require_payloads(layout: Any, hosts: list[str]) -> None:
     """Exact mode needs NCCL NVTX payloads in every export used; say which one lacks them."""
-    from .align.exact import has_nccl_payloads
-    from .tables import read_table
+    from nccltrace.align.exact import has_nccl_payloads
+    from nccltrace.core.tables import read_table
 
     lacking = [h for h in hosts if not has_nccl_payloads(read_table(layout.parsed_nsys_table(h, "nvtx")))]
     if lacking:
         raise ValueError(
             f"exact mode: the export(s) of {', '.join(lacking)} carry no NCCL NVTX payloads (needs NCCL >= 2.16.2 "
             "and `nsys export --type sqlite` with payloads kept, e.g. --include-blobs=true); use --mode default")
-
-
-# --------------------------------------------------------------------------- accuracy figures
-
-VALIDATION_SECTIONS = ("alignment", "capture", "communicators", "labels", "clock", "exact")
-
-# --quick: CI-sized scenarios. One campaign run per model, one iteration each.
-_QUICK_CAMPAIGN_RUNS = ("dense_A100_tp1_pp1_ep1_cp1_vpp1_sp0_dp4", "dense_reduced_A100_tp4_pp1_ep1_cp1_vpp1_sp1_dp1",
-                        "dense_moe_A100_tp1_pp1_ep4_cp1_vpp1_sp0_dp4_a2a")
-_QUICK_COMM_CONFIGS = ["tp2_pp2", "moe_ep4_alltoall"]
-_QUICK_CLOCK_GRID = ((2, 100_000_000, 50.0, 5_000_000),)
-# Exact-vs-default scenarios: NCCL >= 2.25.1 puts communicator ids in the NVTX payloads.
-_EXACT_BASE = {
-    "model": "tiny", "num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 64,
-    "vocab_size": 512, "micro_batch_size": 1, "global_batch_size": 8, "precision": "bf16", "seed": 11,
-    "nccl_version": "2.26.2", "nvtx_payloads": "json", "nsys_version": "2024.6",
-}  # fmt: skip
-_EXACT_SCENARIOS = {
-    "tp2_pp2_2nodes": {"nodes": 2, "gpus_per_node": 2, "tp": 2, "pp": 2},
-    "pp4": {"nodes": 1, "gpus_per_node": 4, "pp": 4},
-    "dp4": {"nodes": 1, "gpus_per_node": 4},
-}
-
-
-def _label_tables(work: Path, quick: bool, campaign: Path | None, progress: bool) -> dict[str, pd.DataFrame]:
-    """Each campaign run emulated as configured, analysed with its sizes declared, and labelled
-    again as if nothing had been declared (:func:`nccltrace.validation.labels.behaviour_vs_declared`)."""
-    from .campaign import expand_campaign, load_campaign
-    from .emulator.run import emulate_run
-    from .validation.labels import behaviour_vs_declared
-
-    if campaign is None:
-        _log(progress, "no campaign config: skipping the label runs (pass --campaign)")
-        return {}
-    runs = expand_campaign(load_campaign(campaign))
-    if quick:
-        runs = [r for r in runs if r.run_id in _QUICK_CAMPAIGN_RUNS] or runs[:1]
-    rows = []
-    for run in runs:
-        s = {k: v for k, v in run.settings.items() if k != "backend"}
-        if quick:
-            s["iterations"] = 2
-        raw, out = work / "labels" / run.run_id / "raw", work / "labels" / run.run_id / "out"
-        emulate_run(s, raw)
-        analyze_run(raw, out, until="ops", progress=False)
-        got = behaviour_vs_declared(out)
-        rows.append({"run": run.run_id, "communicators": got["communicators"], "same label": got["same"],
-                     "true kind among candidates": got["true_among_candidates"],
-                     "certain but wrong": got["certain_wrong"],
-                     "label sources": ", ".join(f"{k} {v}" for k, v in sorted(got["sources"].items()))})
-        _log(progress, f"{run.run_id}: {got['same']}/{got['communicators']} labels as declared")
-    table = pd.DataFrame(rows)
-    table.attrs["note"] = ("every run analysed with its sizes declared (run.yaml), then labelled as if none were: "
-                           "sizes the member sets determine (megatron-groups), else the layout what each communicator "
-                           "does makes most likely (behaviour, never said to be certain), else the heuristic")
-    return {"Parallelism labels without declared sizes, against the declared ones": table}
-
-
-def default_campaign_path() -> Path | None:
-    """The example campaign config of a source checkout (``config/config.yaml``), if present."""
-    p = Path(__file__).resolve().parents[2] / "config" / "config.yaml"
-    return p if p.is_file() else None
-
-
-def _log(progress: bool, msg: str) -> None:
-    if progress:
-        print(f"[validate] {msg}", file=sys.stderr, flush=True)
-
-
-def _capture_tables(work: Path, real_exports: Path | str | None, progress: bool) -> dict[str, pd.DataFrame]:
-    from .validation.families import capture_families, real_export_links
-
-    fam = capture_families(work / "capture", progress=lambda m: _log(progress, m))
-    out = {"Correlation per capture family (emulated 2-node TP2.PP2.DP2, through every stage to ops; target "
-           "precision >= 0.999)": fam}
-    if real_exports is not None:
-        exports = sorted(Path(real_exports).glob("*.sqlite"))
-        if exports:
-            out["Real exports: NCCL API calls linked to the kernels they launched (NVTX only)"] = \
-                real_export_links(exports)
-    return out
-
-
-def _alignment_tables(work: Path, quick: bool, campaign: Path | None, progress: bool) -> dict[str, pd.DataFrame]:
-    import time
-
-    from .campaign import expand_campaign, load_campaign
-    from .emulator.run import emulate_run
-    from .validation.alignment import (
-        ALL_KNOBS,
-        align_run,
-        load_emulated,
-        score_alignment,
-        table_4_5,
-    )
-
-    t0 = time.perf_counter()
-    t = table_4_5(("thesis", "default"), workdir=work / "table_4_5")
-    table = pd.DataFrame({
-        "scenario": t["scenario"],
-        "paper SW": t["thesis_sliding_window"], "paper NW": t["thesis_nw"],
-        "ours SW": t["sliding_window_f1"], "ours thesis NW": t["thesis_f1"],
-        "default F1": t["default_f1"], "default P": t["default_precision"], "default R": t["default_recall"],
-    })  # fmt: skip
-    table.attrs["note"] = ("paper: the thesis's reported F1 (sliding window, Needleman-Wunsch); ours: the same "
-                           "methods and our default mode on emulated runs of the scenarios")
-    _log(progress, f"table 4.5 done ({time.perf_counter() - t0:.0f} s)")
-    out = {"Alignment: thesis table 4.5 (F1, 4 ranks x 200 ops) beside ours": table}
-    if campaign is None:
-        _log(progress, "no campaign config: skipping the campaign runs (pass --campaign)")
-        return out
-    runs = expand_campaign(load_campaign(campaign))
-    if quick:
-        runs = [r for r in runs if r.run_id in _QUICK_CAMPAIGN_RUNS] or runs[:1]
-    rows = []
-    for run in runs:
-        t0 = time.perf_counter()
-        s = {k: v for k, v in run.settings.items() if k != "backend"}
-        s["imperfections"] = {**(s.get("imperfections") or {}), **ALL_KNOBS}
-        if quick:
-            s["iterations"] = 1
-        raw = work / "campaign" / run.run_id / "raw"
-        emulate_run(s, raw)
-        inputs = load_emulated(raw, raw.parent / "parsed")
-        sc = score_alignment(align_run(inputs, "default"), inputs.truth)
-        rows.append({"run": run.run_id, "iterations": s.get("iterations"), "calls": sc["tp"] + sc["fn"],
-                     "precision": sc["precision"], "recall": sc["recall"], "F1": sc["f1"], "tp": sc["tp"],
-                     "fp": sc["fp"], "fn": sc["fn"], "ambiguous": sc["ambiguous"]})  # fmt: skip
-        _log(progress, f"{run.run_id}: F1 {sc['f1']:.4f} ({time.perf_counter() - t0:.0f} s)")
-    title = "Alignment: default mode on the example campaign, every imperfection knob on"
-    table = pd.DataFrame(rows)
-    table.attrs["note"] = ("calls: call lines whose kernel is in the export; ambiguous: left unmatched rather "
-                           "than guessed" + ("; --quick: one run per model, 1 iteration" if quick else ""))
-    out[title] = table
-    return out
-
-
-def _communicator_tables(work: Path, quick: bool, progress: bool) -> dict[str, pd.DataFrame]:
-    from .validation.communicators import fallback_accuracy, label_accuracy, structure_accuracy
-
-    names = _QUICK_COMM_CONFIGS if quick else None
-    styles = (("plain", "2.21.5"), ("split", "2.24.3")) if quick else (("plain", "2.21.5"), ("split", "2.24.3"),
-                                                                       ("split", "2.18.3"))  # fmt: skip
-    summary, _details = label_accuracy(names, work / "communicators", styles=styles)
-    _log(progress, "parallelism labels done")
-    fallback = fallback_accuracy(names, work / "communicators", variants=("clean",) if quick else ("clean", "lost-lines"))
-    _log(progress, "communicator fallback done")
-    labels = summary[["config", "init_style", "nccl_version", "world_size", "communicators", "exact", "ambiguous",
-                      "wrong", "unmatched", "correct", "ops", "ops_correct", "ambiguous_as"]]  # fmt: skip
-    fb = fallback[["config", "logs", "method", "pointers", "pointers_grouped_correctly", "pair_precision",
-                   "pair_recall", "global_rank_accuracy", "rank_in_comm_determined", "rank_in_comm_accuracy"]]
-    labels.attrs["note"] = ("correct = exact + ambiguous (identical member sets the logs cannot separate; "
-                            "ambiguous_as: true~labelled)")
-    fb.attrs["note"] = "init lines ignored; communicators inferred from call sequences (thesis vs improved)"
-    structure = structure_accuracy(names, work / "communicators")
-    _log(progress, "global ranks from the structure done")
-    structure.attrs["note"] = ("each config emulated with lazily created process groups whose default group runs no "
-                               "NCCL collective; the global ranks solved from the communicators' member lists alone "
-                               "(a communicator of every rank, where one remains, decides by itself); certain = one "
-                               "assignment fits and it is the true one, WRONG = one fits and it is not (must not "
-                               "occur), N+ fit = undecided")
-    return {"Parallelism labels from declared sizes (per communicator and per op)": labels,
-            "Communicator fallback without init lines (sequence-based)": fb,
-            "Global ranks from the communicators' structure alone": structure}
-
-
-def _clock_tables(work: Path, quick: bool, progress: bool) -> dict[str, pd.DataFrame]:
-    from .validation.clock import DEFAULT_GRID, clock_sync_grid
-
-    grid = clock_sync_grid(work / "clock", grid=_QUICK_CLOCK_GRID if quick else DEFAULT_GRID,
-                           iterations=1 if quick else 2)
-    _log(progress, "clock sync done")
-    us = 1e-3
-    table = pd.DataFrame({
-        "nodes": grid["nodes"], "drift_ppm": grid["drift_ppm_max"], "skew_us": grid["skew_max_ns"] * us,
-        "method": grid["method"],
-        "end med us": grid["end_err_median_ns"] * us, "end p95 us": grid["end_err_p95_ns"] * us,
-        "end max us": grid["end_err_max_ns"] * us, "start med us": grid["start_err_median_ns"] * us,
-        "start p95 us": grid["start_err_p95_ns"] * us, "start max us": grid["start_err_max_ns"] * us,
-        "offset err us": grid.get("offset_err_max_ns", pd.Series(dtype=float)) * us,
-        "drift err ppm": grid.get("drift_err_max_ppm", pd.Series(dtype=float)),
-    })  # fmt: skip
-    table.attrs["note"] = ("median / p95 / max of |corrected - true| kernel end and start times in microseconds; "
-                           "robust_wls_end: ours (collective ends, offset + drift); thesis_start_median[_spanning]: "
-                           "the thesis's method")
-    return {"Clock sync: |error| of corrected kernel times (offsets up to +-100 ms)": table}
-
-
-def _exact_tables(work: Path, quick: bool, progress: bool) -> dict[str, pd.DataFrame]:
-    from .align.exact import compare_alignment
-    from .emulator.run import emulate_run
-    from .validation.alignment import (
-        ALL_KNOBS,
-        align_run,
-        load_emulated,
-        score_alignment,
-    )
-
-    scenarios = dict(list(_EXACT_SCENARIOS.items())[:1]) if quick else _EXACT_SCENARIOS
-    rows = []
-    for name, sizes in scenarios.items():
-        cfg = {**_EXACT_BASE, **sizes, "iterations": 2 if quick else 4, "imperfections": dict(ALL_KNOBS)}
-        raw = work / "exact" / name / "raw"
-        emulate_run(cfg, raw)
-        inputs = load_emulated(raw, raw.parent / "parsed", need_nvtx=True)
-        tables = {mode: align_run(inputs, mode) for mode in ("exact", "default", "thesis")}
-        exact_calls = tables["exact"][tables["exact"]["row_kind"] == "call"]
-        for mode, table in tables.items():
-            truth = score_alignment(table, inputs.truth)
-            calls = table[(table["row_kind"] == "call") & (table["status"] == "matched")]
-            vs = compare_alignment(exact_calls, calls) if mode != "exact" else None
-            rows.append({
-                "run": name, "mode": mode, "truth P": truth["precision"], "truth R": truth["recall"],
-                "truth F1": truth["f1"], "vs exact P": vs["precision"] if vs else None,
-                "vs exact R": vs["recall"] if vs else None, "vs exact F1": vs["f1"] if vs else None,
-                "unscored": vs["unscored"] if vs else None,
-            })  # fmt: skip
-        _log(progress, f"exact {name} done")
-    title = "Exact (NVTX payloads, NCCL 2.26.2, nsys 2024.6) vs default and thesis mode, every knob on"
-    table = pd.DataFrame(rows).astype({"unscored": "Int64"})
-    table.attrs["note"] = ("truth: scored against emulator ground truth; vs exact: against the exact correlation "
-                           "(lines it could not decide are unscored)")
-    return {title: table}
-
-
-def validation_tables(only: tuple[str, ...] = VALIDATION_SECTIONS, *, quick: bool = False,
-                      workdir: Path | str | None = None, campaign: Path | str | None = None,
-                      progress: bool = True, real_exports: Path | str | None = None) -> dict[str, pd.DataFrame]:  # fmt: skip
-    """The project's accuracy figures against emulator ground truth (and the thesis's own
-    numbers), one DataFrame per table, titled. ``only``: sections among
-    :data:`VALIDATION_SECTIONS`. ``quick``: CI-sized scenarios. ``campaign``: the campaign
-    config whose runs the default-mode figures use (default: the checkout's example campaign).
-    Emulated runs go to ``workdir`` (a temporary directory, removed afterwards, by default).
-    ``real_exports``: a directory of real nsys exports (``*.sqlite``) whose NCCL API ranges are
-    linked to kernels in the ``capture`` section."""
-    import tempfile
-
-    unknown = [s for s in only if s not in VALIDATION_SECTIONS]
-    if unknown:
-        raise ValueError(f"unknown validation section(s) {', '.join(unknown)}; use {', '.join(VALIDATION_SECTIONS)}")
-    camp = Path(campaign) if campaign is not None else default_campaign_path()
-    if campaign is not None and not camp.is_file():
-        raise FileNotFoundError(f"{camp}: no such campaign config")
-    out: dict[str, pd.DataFrame] = {}
-    with tempfile.TemporaryDirectory(prefix="nccltrace-validate-") as tmp:
-        work = Path(workdir) if workdir is not None else Path(tmp)
-        for section in VALIDATION_SECTIONS:
-            if section not in only:
-                continue
-            _log(progress, f"{section} ...")
-            if section == "alignment":
-                out.update(_alignment_tables(work, quick, camp, progress))
-            elif section == "capture":
-                out.update(_capture_tables(work, real_exports, progress))
-            elif section == "communicators":
-                out.update(_communicator_tables(work, quick, progress))
-            elif section == "labels":
-                out.update(_label_tables(work, quick, camp, progress))
-            elif section == "clock":
-                out.update(_clock_tables(work, quick, progress))
-            else:
-                out.update(_exact_tables(work, quick, progress))
-    return out

@@ -10,7 +10,7 @@ file it is in; everything else is application output and is skipped (counted), e
 the application lines that are evidence, which go to the process whose NCCL lines carry the same
 launcher prefix: Megatron's ``iteration N/ M`` lines (where training iterations lie:
 :mod:`nccltrace.megatron.training_log`) and PyTorch's process-group lines (which communicator
-each group created: :mod:`nccltrace.pytorch_log`).
+each group created: :mod:`nccltrace.pytorch.log_lines`).
 
 :func:`discover_logs` splits every such file by process into one normalised log per process,
 ``nccl_<host>_<pid>.log`` (the layout every stage reads), with a ``sources.json`` beside them that
@@ -27,8 +27,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .megatron.training_log import is_iteration_line
-from .pytorch_log import is_pg_comm_line
+from nccltrace.megatron.training_log import is_iteration_line
+from nccltrace.pytorch.log_lines import is_pg_comm_line
 
 __all__ = ["DiscoveredLogs", "LAUNCHER_PREFIX", "NCCL_PREFIX", "RankNamePattern", "discover_logs", "is_canonical_log"]
 

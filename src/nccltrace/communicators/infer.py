@@ -29,7 +29,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from .tables import frame_to_table, write_table_atomic
+from nccltrace.core.tables import frame_to_table, write_table_atomic
 
 COMMUNICATOR_SCHEMA = pa.schema(
     [
@@ -130,8 +130,8 @@ def _log_origins(parsed_dirs: Iterable[Path | str]) -> dict[tuple[str, int], dic
     """(host, pid) -> the parse stage's ``log_origin.json`` (where log discovery found its lines)."""
     import json
 
-    from .run_layout import process_key
-    from .stages.parse_nccl import LOG_ORIGIN_FILE
+    from nccltrace.core.layout import process_key
+    from nccltrace.stages.parse_nccl import LOG_ORIGIN_FILE
 
     out = {}
     for d in parsed_dirs:
@@ -157,10 +157,10 @@ def file_name_ranks(parsed_dirs: Iterable[Path | str], pattern: str | None, note
                     ) -> dict[tuple[str, int], tuple[int, int | None]]:  # fmt: skip
     """(host, pid) -> (global rank, None) from the name of the file that holds the process's
     lines and no other's, where it matches the user's ``pattern``
-    (:class:`~nccltrace.log_discovery.RankNamePattern`); what could not be used goes to ``notes``."""
+    (:class:`~nccltrace.inputs.logs.RankNamePattern`); what could not be used goes to ``notes``."""
     if not pattern:
         return {}
-    from .log_discovery import RankNamePattern
+    from nccltrace.inputs.logs import RankNamePattern
 
     try:
         names = RankNamePattern(pattern)
@@ -370,14 +370,14 @@ RANK_SOURCE_FLIGHT_RECORDER = "Flight Recorder dump"
 
 def _flight_recorder_ranks(parsed_dirs: list[Path], members: pd.DataFrame, dumps_dir: Path | None,
                            notes: list[str]) -> dict[tuple[str, int], tuple[int, int | None]]:  # fmt: skip
-    """Ranks from the dumps in ``dumps_dir`` (:func:`nccltrace.process_groups.flight_recorder_ranks`),
+    """Ranks from the dumps in ``dumps_dir`` (:func:`nccltrace.communicators.names.flight_recorder_ranks`),
     for a run whose communicators leave some unknown; empty without dumps."""
     if dumps_dir is None or not Path(dumps_dir).is_dir():
         return {}
-    from .flight_recorder import FlightRecorderError, find_dumps
-    from .process_groups import flight_recorder_ranks
-    from .run_layout import process_key
-    from .tables import read_table
+    from nccltrace.communicators.names import flight_recorder_ranks
+    from nccltrace.core.layout import process_key
+    from nccltrace.core.tables import read_table
+    from nccltrace.pytorch.flight_recorder import FlightRecorderError, find_dumps
 
     try:
         dumps = find_dumps(dumps_dir)
@@ -425,7 +425,7 @@ def _structure_ranks(result: CommunicatorTables, settings: Mapping[str, Any] | N
     """Ranks from the communicators' member lists solved against Megatron's layouts
     (:func:`nccltrace.megatron.rank_structure.solve_global_ranks`), only where exactly one
     assignment fits (keeping the ranks other sources named); why not goes to ``notes``."""
-    from .megatron.rank_structure import solve_global_ranks
+    from nccltrace.megatron.rank_structure import solve_global_ranks
 
     comms = result.communicators
     if not len(comms) or not comms["complete"].astype(bool).all():
@@ -458,14 +458,14 @@ def infer_run_communicators(parsed_dirs: Iterable[Path], out_dir: Path, settings
     """Read the ``comms.parquet`` of each parsed process and write ``communicators.parquet`` and
     ``communicator_members.parquet`` to ``out_dir``. Logs without any init line (written with
     ``NCCL_DEBUG_SUBSYS=COLL``) get communicators inferred from their call sequences
-    (:mod:`nccltrace.communicators_fallback`, ``kind = 'sequence'``; ``settings``' declared sizes
+    (:mod:`nccltrace.communicators.from_calls`, ``kind = 'sequence'``; ``settings``' declared sizes
     choose among partitions the calls cannot tell apart); :func:`communicator_problems` says so.
     ``sessions``: the parsed exports' ``session.json``, whose profiler records name global ranks
     where no communicator spans every rank (:func:`profiler_ranks`); so do the launchers'
     prefixes (:func:`launcher_ranks`), the log file names ``settings`` describe
     (:func:`file_name_ranks`) and, for ranks still unknown, the Flight Recorder dumps in
     ``dumps_dir`` and last the communicators' structure (:func:`_structure_ranks`)."""
-    from .tables import read_table
+    from nccltrace.core.tables import read_table
 
     parsed_dirs = [Path(d) for d in parsed_dirs]
     frames = [read_table(d / "comms.parquet") for d in parsed_dirs]
@@ -534,9 +534,9 @@ def _refuse_mixed_jobs(comms: pd.DataFrame) -> None:
 
 def _from_call_sequences(parsed_dirs: list[Path], settings: Mapping[str, Any] | None) -> CommunicatorTables:
     """Communicators of logs without init lines, from the processes' call sequences."""
-    from .communicators_fallback import infer_communicators_from_calls
-    from .parallelism import declares_sizes
-    from .tables import read_table
+    from nccltrace.communicators.from_calls import infer_communicators_from_calls
+    from nccltrace.communicators.labels import declares_sizes
+    from nccltrace.core.tables import read_table
 
     calls = [read_table(d / "calls.parquet") for d in parsed_dirs if (d / "calls.parquet").exists()]
     info = [read_table(d / "comm_info.parquet") for d in parsed_dirs if (d / "comm_info.parquet").exists()]

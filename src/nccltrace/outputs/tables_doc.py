@@ -1,5 +1,5 @@
 """The table documentation (``docs/tables.md``, ``nccltrace tables-doc``): every table's columns
-with type, unit and meaning. Apart from :mod:`nccltrace.tables` because it imports every stage's
+with type, unit and meaning. Apart from :mod:`nccltrace.core.tables` because it imports every stage's
 schema; the I/O helpers every stage uses must not."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from .tables import SCHEMA_VERSION, TABLES
+from nccltrace.core.tables import SCHEMA_VERSION, TABLES
 
 __all__ = ["documented_schema_of", "documented_schemas", "tables_markdown"]
 
@@ -27,23 +27,28 @@ _KERNEL_SOURCE_DOCS = {
 def documented_schemas() -> dict[str, pa.Schema]:
     """Every table the package writes, by documented name: the one registry ``tables-doc``
     renders and :func:`documented_schema_of` looks written files up in."""
-    from .align.correlate import ALIGNMENT_SCHEMA
-    from .align.quality import QUALITY_SCHEMA
-    from .communicators import COMMUNICATOR_SCHEMA, MEMBER_SCHEMA
-    from .metrics import TABLE_SCHEMAS as METRICS_SCHEMAS
-    from .nsys.nccl_api import NCCL_API_CALLS_SCHEMA
-    from .nsys.reader import KERNEL_SOURCE_TABLES, spec_schema
-    from .ops import CLOCK_SYNC_SCHEMA, OPS_SCHEMA
-    from .parallelism import LABEL_SCHEMA
-    from .summary import CAMPAIGN_RUNS_SCHEMA, MATCH_CHECK_SCHEMAS, RUN_SCHEMAS, written_schema
-    from .volume import VOLUME_SCHEMA
+    from nccltrace.align.correlate import ALIGNMENT_SCHEMA
+    from nccltrace.align.quality import QUALITY_SCHEMA
+    from nccltrace.communicators.infer import COMMUNICATOR_SCHEMA, MEMBER_SCHEMA
+    from nccltrace.communicators.labels import LABEL_SCHEMA
+    from nccltrace.metrics.compute import TABLE_SCHEMAS as METRICS_SCHEMAS
+    from nccltrace.metrics.volume import VOLUME_SCHEMA
+    from nccltrace.nsys.nccl_api import NCCL_API_CALLS_SCHEMA
+    from nccltrace.nsys.reader import KERNEL_SOURCE_TABLES, spec_schema
+    from nccltrace.ops.build import CLOCK_SYNC_SCHEMA, OPS_SCHEMA
+    from nccltrace.outputs.summary import (
+        CAMPAIGN_RUNS_SCHEMA,
+        MATCH_CHECK_SCHEMAS,
+        RUN_SCHEMAS,
+        written_schema,
+    )
 
     out: dict[str, pa.Schema] = dict(TABLES)
     for name, spec in KERNEL_SOURCE_TABLES.items():
         out[name] = spec_schema(spec).with_metadata({"doc": _KERNEL_SOURCE_DOCS[name]})
     out["nccl_api_calls"] = NCCL_API_CALLS_SCHEMA
     out["communicators"] = COMMUNICATOR_SCHEMA.with_metadata({"doc": "Logical communicators of a run, from "
-                                                                     "init/split lines (nccltrace.communicators)."})
+                                                                     "init/split lines (nccltrace.communicators.infer)."})
     out["communicator_members"] = MEMBER_SCHEMA.with_metadata({"doc": "Each process's communicator pointer with "
                                                                       "its logical communicator, rank and global "
                                                                       "rank."})
@@ -55,20 +60,20 @@ def documented_schemas() -> dict[str, pa.Schema]:
                                                                     "(demoted) and could not test "
                                                                     "(nccltrace.align.quality; docs/correlation.md)."})
     out["parallelism"] = LABEL_SCHEMA.with_metadata({"doc": "Per run (ops/): the parallelism each logical "
-                                                            "communicator serves (nccltrace.parallelism)."})
+                                                            "communicator serves (nccltrace.communicators.labels)."})
     out["ops"] = OPS_SCHEMA.with_metadata({"doc": "Per run (ops/): the enriched per-operation table: alignment + "
                                                   "call arguments + communicator, ranks, parallelism, instance, "
-                                                  "clock-synchronised kernel times (nccltrace.ops)."})
+                                                  "clock-synchronised kernel times (nccltrace.ops.build)."})
     out["clock_sync"] = CLOCK_SYNC_SCHEMA
     for name, schema in METRICS_SCHEMAS.items():
-        out[name] = schema.with_metadata({"doc": f"Per run (metrics/{name}.parquet; nccltrace.metrics)."})
+        out[name] = schema.with_metadata({"doc": f"Per run (metrics/{name}.parquet; nccltrace.metrics.compute)."})
     out["volume_validation"] = VOLUME_SCHEMA.with_metadata({
         "doc": "Per run (volume/): theoretical vs observed communication volume per rank, thesis table 5.1 style "
-               "(nccltrace.volume; also as CSV)."})  # fmt: skip
+               "(nccltrace.metrics.volume; also as CSV)."})  # fmt: skip
     for name in [*RUN_SCHEMAS, *MATCH_CHECK_SCHEMAS, "volume_validation"]:
         schema = written_schema(name)
         out[f"report/tables/{name}"] = schema.with_metadata({
-            "doc": f"Per run (report/tables/{name}.parquet and .csv; nccltrace.summary). "
+            "doc": f"Per run (report/tables/{name}.parquet and .csv; nccltrace.outputs.summary). "
                    + (schema.metadata or {}).get(b"doc", b"").decode()})  # fmt: skip
     out["campaign/tables/runs"] = CAMPAIGN_RUNS_SCHEMA
     return out
@@ -78,7 +83,7 @@ def documented_schema_of(relative: Path | str) -> tuple[str, pa.Schema] | None:
     """The documented name and schema of a Parquet file the package wrote, from its path under a
     run's (or campaign's) directory; None for a file no table documents. A campaign's
     ``campaign/tables/<name>`` stacks the runs' ``report/tables/<name>`` after a ``run`` column."""
-    from .summary import campaign_schema
+    from nccltrace.outputs.summary import campaign_schema
 
     rel = Path(relative)
     schemas = documented_schemas()

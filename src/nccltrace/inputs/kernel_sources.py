@@ -24,7 +24,6 @@ from typing import Any
 
 import pandas as pd
 
-
 __all__ = [
     "CAPTURE_HINT",
     "StagedTrace",
@@ -47,8 +46,8 @@ _TIME_COLUMNS = {"kernels": ("start", "end", "launch_start", "launch_end"), "nvt
 def source_kind(path: Path | str) -> str | None:
     """``'nsys'`` (an SQLite file), ``'pytorch_profiler'`` (a Chrome-trace JSON, gzip or not)
     or None, by the file's content."""
-    from .kineto import is_kineto_trace
-    from .nsys.reader import _SQLITE_MAGIC
+    from nccltrace.kineto import is_kineto_trace
+    from nccltrace.nsys.reader import _SQLITE_MAGIC
 
     p = Path(path)
     try:
@@ -77,7 +76,7 @@ def stage_traces(paths: Sequence[Path], staging: Path, progress=None) -> list[St
     """Read each profiler trace once into ``staging/<name>/`` (the tables every stage reads).
     A trace that cannot be read is kept with its problem (the caller names it); one read
     before (same size and modification time recorded) is not read again."""
-    from .kineto import KinetoFormatError, KinetoTrace
+    from nccltrace.kineto import KinetoFormatError, KinetoTrace
 
     out: list[StagedTrace] = []
     used: set[str] = set()
@@ -163,9 +162,9 @@ def merge_sources(parts: Sequence[Path], out: Path, host: str) -> dict[str, Path
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from .nsys import reader as nsys_reader
-    from .nsys.nccl_api import NCCL_API_CALLS_SCHEMA
-    from .tables import atomic_output, frame_to_table, write_table_atomic
+    from nccltrace.core.tables import atomic_output, frame_to_table, write_table_atomic
+    from nccltrace.nsys import reader as nsys_reader
+    from nccltrace.nsys.nccl_api import NCCL_API_CALLS_SCHEMA
 
     sessions = [json.loads((p / "session.json").read_text()) for p in parts]
     offsets = [s.get("utc_offset_ns") for s in sessions]

@@ -1,6 +1,6 @@
 """Per-operation bandwidth, wait/transfer split, stragglers, theoretical limits and algorithms.
 
-Input is the enriched ops table of a run (``nccltrace.ops``) plus the per-process parse
+Input is the enriched ops table of a run (``nccltrace.ops.build``) plus the per-process parse
 outputs (topology dumps, TUNING lines, init lines with bus ids). Five tables come out:
 
 * ``op_metrics``: one row per call row of ops: message size, algorithm and bus bandwidth in
@@ -35,10 +35,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .align.correlate import OUTSIDE_CAPTURE_REASON
-from .align.sequences import kernel_algorithm, normalise_algorithm
-from .spill import PartSpill, merge_sorted_parts
-from .tables import (
+from nccltrace.align.correlate import OUTSIDE_CAPTURE_REASON
+from nccltrace.align.sequences import kernel_algorithm, normalise_algorithm
+from nccltrace.core.spill import PartSpill, merge_sorted_parts
+from nccltrace.core.tables import (
     SCHEMA_VERSION,
     coerce_to_schema,
     frame_to_table,
@@ -47,7 +47,7 @@ from .tables import (
     read_table_batch,
     write_table_atomic,
 )
-from .tables import documented_field as _f
+from nccltrace.core.tables import documented_field as _f
 
 # The columns of the ops' call rows the metrics use, and the ops columns they read (the
 # workflow reads only these; tests check the result equals the one from every column).
@@ -137,7 +137,7 @@ OP_METRICS_SCHEMA = _schema(
            "same instance) or 'kernel_name' (parsed from the kernel name); null when neither tells"),
     ],
     "op_metrics",
-    "Per run (metrics/): bandwidth, wait/transfer, limit, efficiency and algorithm of every call (nccltrace.metrics).",
+    "Per run (metrics/): bandwidth, wait/transfer, limit, efficiency and algorithm of every call (nccltrace.metrics.compute).",
 )
 
 INSTANCE_SCHEMA = _schema(
@@ -168,7 +168,7 @@ INSTANCE_SCHEMA = _schema(
         _f("transfer_busbw_gbps", pa.float64(), "GB/s", "S x bus_factor / transfer_ns"),
     ],
     "instances",
-    "Per run (metrics/): one row per collective instance across its ranks (nccltrace.metrics).",
+    "Per run (metrics/): one row per collective instance across its ranks (nccltrace.metrics.compute).",
 )
 
 STRAGGLER_SCHEMA = _schema(
@@ -1019,7 +1019,7 @@ def compute_run_metrics(
 ) -> RunMetrics:
     """Compute every metrics table of a run in memory.
 
-    ``ops`` is the run's ops table (``nccltrace.ops.OPS_SCHEMA``), ``parsed_nccl_dirs`` the
+    ``ops`` is the run's ops table (``nccltrace.ops.build.OPS_SCHEMA``), ``parsed_nccl_dirs`` the
     per-process parse directories (for topology dumps, TUNING lines and the GPU bus ids of the
     init lines), ``communicators`` the logical communicators (members by rank in comm); without
     it, membership is taken from the ranks seen in ``ops``. ``write_run_metrics_out_of_core``

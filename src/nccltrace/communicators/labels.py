@@ -52,9 +52,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from .megatron.groups import GROUP_KINDS, PAIR_DIMS
-from .megatron.layout import Group, MegatronLayout
-from .megatron.sizes import ParallelSizes, declares_sizes
+from nccltrace.megatron.groups import GROUP_KINDS, PAIR_DIMS
+from nccltrace.megatron.layout import Group, MegatronLayout
+from nccltrace.megatron.sizes import ParallelSizes, declares_sizes
 
 __all__ = [
     "KIND_PREFERENCE",
@@ -106,7 +106,7 @@ LABEL_SCHEMA = pa.schema(
             "doc": "how the label was decided: 'member-set' (unique kind), 'ambiguous' (several candidates), "
                    "'creation-order' / 'split-parent' (eager split evidence), 'pair', 'partial' (some members "
                    "unknown), 'no-match'; heuristic: 'p2p-only', 'largest', 'other', 'no-calls'; named: "
-                   "'kernel-records' / 'pytorch-log' / 'flight-recorder' / 'elimination' (nccltrace.process_groups); "
+                   "'kernel-records' / 'pytorch-log' / 'flight-recorder' / 'elimination' (nccltrace.communicators.names); "
                    "behaviour: 'all-layouts' (every "
                    "consistent layout agrees), 'most-likely'"}),
         pa.field("pg_name", pa.string(), metadata={
@@ -225,7 +225,7 @@ def label_communicators(
 ) -> pd.DataFrame:
     """Label every logical communicator with the Megatron parallelism it serves.
 
-    ``communicators`` / ``members``: the tables of :mod:`nccltrace.communicators` (or of the
+    ``communicators`` / ``members``: the tables of :mod:`nccltrace.communicators.infer` (or of the
     sequence fallback). ``members`` supplies init-line order (creation-order resolution) and
     global ranks missing from ``communicators.members``. ``calls`` (the log reader's calls
     table) tells which communicators carry collectives (those are not P2P pair
@@ -403,11 +403,11 @@ def _frame(rows: list[tuple]) -> pd.DataFrame:
 
 
 def apply_names(labels: pd.DataFrame, names: pd.DataFrame) -> pd.DataFrame:
-    """Labels with the process-group names of :func:`nccltrace.process_groups.name_communicators`:
+    """Labels with the process-group names of :func:`nccltrace.communicators.names.name_communicators`:
     a named communicator whose description names a Megatron group kind is labelled that kind
     (``label_source`` 'pg-names', ``resolution`` how it was named); every named one gets
     ``pg_name`` and ``pg_desc``."""
-    from .megatron.infer import kind_of_desc
+    from nccltrace.megatron.infer import kind_of_desc
 
     out = labels.copy()
     for c in ("pg_name", "pg_desc"):
@@ -442,7 +442,7 @@ def communicator_behaviour(call_counts: pd.DataFrame, members: pd.DataFrame) -> 
     that member for that signature). PyTorch runs ``all_to_all`` as one NCCL group of Send/Recv
     per peer, so a communicator of 4 or more ranks on which a member exchanges with every other
     member counts as all-to-all, not as point-to-point (a pipeline stage has two neighbours)."""
-    from .megatron.behaviour import NCCL_OPS, GroupDid
+    from nccltrace.megatron.behaviour import NCCL_OPS, GroupDid
 
     if call_counts.empty:
         return []

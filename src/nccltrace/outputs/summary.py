@@ -31,8 +31,14 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from .batches import FirstSeen, GroupValues, KeyIds, PartialSums, median_of_counts
-from .tables import (
+from nccltrace.core.batch_stats import (
+    FirstSeen,
+    GroupValues,
+    KeyIds,
+    PartialSums,
+    median_of_counts,
+)
+from nccltrace.core.tables import (
     atomic_output,
     coerce_to_schema,
     frame_to_table,
@@ -40,9 +46,9 @@ from .tables import (
     read_table_batch,
     write_table_atomic,
 )
-from .tables import documented_field as _f
+from nccltrace.core.tables import documented_field as _f
 
-# The ops columns run_tables and nccltrace.plots.run_plots read (the workflow reads only these;
+# The ops columns run_tables and nccltrace.outputs.plots.run_plots read (the workflow reads only these;
 # tests check the result equals the one from every column).
 OPS_COLUMNS = ["bytes", "duplicate_of", "file", "global_rank", "host", "kernel_correlation_id", "kernel_end",
                "kernel_end_sync", "kernel_global_pid", "kernel_name", "kernel_start", "kernel_start_sync", "line",
@@ -248,9 +254,9 @@ MATCH_CHECK_SCHEMAS: dict[str, pa.Schema] = {
 
 def written_schema(name: str) -> pa.Schema | None:
     """The documented schema of a run's summary table ``name``: :data:`RUN_SCHEMAS`, the match
-    checks' and the volume validation's (nccltrace.volume), None for any other name."""
+    checks' and the volume validation's (nccltrace.metrics.volume), None for any other name."""
     if name == "volume_validation":
-        from .volume import VOLUME_SCHEMA
+        from nccltrace.metrics.volume import VOLUME_SCHEMA
 
         return VOLUME_SCHEMA
     return RUN_SCHEMAS.get(name) or MATCH_CHECK_SCHEMAS.get(name)
@@ -624,10 +630,10 @@ class RunTablesBuilder:
     consecutive rows, in table order, in memory that does not hold the rows.
 
     Counts and sums are kept per group and added up; distinct kernels are found with one int64
-    per kernel key (:class:`~nccltrace.batches.FirstSeen`); medians and quantiles keep only the
+    per kernel key (:class:`~nccltrace.core.batch_stats.FirstSeen`); medians and quantiles keep only the
     float values they are taken over. ``metric_columns``: the op-metrics columns each batch
     brings (None: the run has no op metrics; bandwidth and time_lost stay empty). ``kernels``:
-    a kernel-key set to share with a :class:`~nccltrace.plots.TimelineBuilder` fed the same rows."""
+    a kernel-key set to share with a :class:`~nccltrace.outputs.plots.TimelineBuilder` fed the same rows."""
 
     def __init__(self, metric_columns: Iterable[str] | None = None, kernels: FirstSeen | None = None) -> None:
         cols = set(metric_columns) if metric_columns is not None else None
@@ -897,7 +903,7 @@ def table_schema(name: str, df: pd.DataFrame) -> pa.Schema:
     without one is a defect of the caller (every written table is documented)."""
     schema = campaign_schema(name) if "run" in df.columns or name == "runs" else written_schema(name)
     if schema is None:
-        raise ValueError(f"summary table {name!r} has no documented schema (nccltrace.summary.written_schema)")
+        raise ValueError(f"summary table {name!r} has no documented schema (nccltrace.outputs.summary.written_schema)")
     return schema
 
 

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .tables import parquet_writer
+from nccltrace.core.tables import parquet_writer
 
 __all__ = ["PartSpill", "merge_sorted_parts"]
 

@@ -3,7 +3,7 @@
 Joins, per call line, the correlation table (matched kernel and why/why not), the call's
 arguments from the log, the logical communicator with the process's global rank and rank in
 it, the parallelism the communicator serves, a cross-rank instance key, and kernel times on
-each node's clock and after clock synchronisation (``nccltrace.clocksync``). Columns are
+each node's clock and after clock synchronisation (``nccltrace.ops.clock_sync``). Columns are
 documented in ``OPS_SCHEMA`` (rendered into ``docs/tables.md``).
 """
 
@@ -23,12 +23,11 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from .align.correlate import ALIGNMENT_SCHEMA
-from .align.quality import CROSS_RANK_REASON, INFORMATIONAL_CHECKS, P2P_REASON
-from .communicators import run_world_size
-from .nccl.enums import P2P_OPS
-from .spill import PartSpill
-from .tables import (
+from nccltrace.align.correlate import ALIGNMENT_SCHEMA
+from nccltrace.align.quality import CROSS_RANK_REASON, INFORMATIONAL_CHECKS, P2P_REASON
+from nccltrace.communicators.infer import run_world_size
+from nccltrace.core.spill import PartSpill
+from nccltrace.core.tables import (
     atomic_path,
     coerce_to_schema,
     file_schema,
@@ -37,7 +36,8 @@ from .tables import (
     read_table_batch,
     write_table_atomic,
 )
-from .tables import documented_field as _f
+from nccltrace.core.tables import documented_field as _f
+from nccltrace.nccl.enums import P2P_OPS
 
 OPS_SCHEMA = pa.schema(
     list(ALIGNMENT_SCHEMA)
@@ -93,7 +93,7 @@ CLOCK_SYNC_SCHEMA = pa.schema([
        "'wls_end_offset_drift', ...)"),
     _f("reason", pa.string(), "", "why the estimate is null; null when there is one"),
 ], metadata={"table": "clock_sync", "doc": "Per run (ops/): each node's clock relative to the reference node, "
-             "fitted from collective instances shared across nodes (nccltrace.clocksync); no rows for a run on "
+             "fitted from collective instances shared across nodes (nccltrace.ops.clock_sync); no rows for a run on "
              "one node (one clock, nothing to synchronise)."})  # fmt: skip
 
 
@@ -177,7 +177,7 @@ def _process_ops(aligned_path: Path | str, calls_dir: Path | str, members: pd.Da
     derived here depends only on this process's rows and run-wide tables, which is what lets
     the run's ops be built one process at a time. ``pg_seqs``: the PyTorch sequence numbers
     Flight Recorder dumps give calls (:func:`.process_groups.name_by_flight_recorder`)."""
-    from .parallelism import label_ops
+    from nccltrace.communicators.labels import label_ops
 
     aligned = read_table(aligned_path)
     calls = read_table(Path(calls_dir) / "calls.parquet", columns=_CALL_COLS)
@@ -269,8 +269,8 @@ def _p2p_check(p2p: pd.DataFrame, ranks: pd.DataFrame, model: Any, processes: li
     paired (a lost line shifts the k-th Send against the k-th Recv even when both sides logged
     as many calls). ``stood_down`` (filled): per process, the communicators where the check
     stood down (``contradicts_most``), each a record of ``p2p_contradictions``."""
-    from .align.quality import cross_rank_summary, p2p_contradictions
-    from .clocksync import add_sync_columns
+    from nccltrace.align.quality import cross_rank_summary, p2p_contradictions
+    from nccltrace.ops.clock_sync import add_sync_columns
 
     if p2p.empty:
         return {}, pd.DataFrame(columns=["process", "confirmed", "contradicted", "not_checkable"])
@@ -331,7 +331,7 @@ def _sync_slack(model: Any) -> dict[str, float]:
 def _cross_rank_rows(frame: pd.DataFrame, model: Any) -> tuple[pd.DataFrame, dict[str, float]]:
     """The cross-rank check's rows (``cross_rank_contradictions``) of instance rows
     (``_sync_rows``), and the extra tolerance per clock domain."""
-    from .clocksync import add_sync_columns
+    from nccltrace.ops.clock_sync import add_sync_columns
 
     if model is None:  # one clock: nothing to convert
         start, end = frame["start_ns"], frame["end_ns"]
@@ -362,7 +362,7 @@ def _cross_rank(frame: pd.DataFrame, model: Any, processes: list[str], scales: t
     per-process summary (confirmed, contradicted, not checkable). ``stood_down`` (filled): per
     process, the communicators where the common-end and order tests stood down
     (``align.quality.end_spread_by_comm``)."""
-    from .align.quality import cross_rank_contradictions, cross_rank_summary
+    from nccltrace.align.quality import cross_rank_contradictions, cross_rank_summary
 
     rows, slack = _cross_rank_rows(frame, model)
     removed = cross_rank_contradictions(rows, slack, scales)
@@ -482,7 +482,7 @@ def _run_checks(checks: _CheckRows, model: Any, processes: list[str], ranks: pd.
     position the rows each demotes, and each one's per-process summary. The cross-rank check's
     two run-wide scales are taken from every part first (its deviations: 9 bytes per row).
     ``stood_down``/``p2p_stood_down`` (filled): per process, where each check stood down."""
-    from .align.quality import cross_rank_scales, end_deviations
+    from nccltrace.align.quality import cross_rank_scales, end_deviations
 
     devs, bigs, widest = [np.zeros(0)], [np.zeros(0, bool)], float("-inf")
     for part in checks.parts("sync"):
@@ -526,10 +526,10 @@ def stream_run_ops(
     Recorder dumps, which name process groups (:func:`.process_groups.name_by_flight_recorder`)."""
     import pyarrow.parquet as pq
 
-    from .clocksync import add_sync_columns, estimate_clock_model
+    from nccltrace.ops.clock_sync import add_sync_columns, estimate_clock_model
     alignment_paths = [Path(p) for p in alignment_paths]
     calls_dirs = [Path(d) for d in calls_dirs]
-    from .align.quality import read_quality
+    from nccltrace.align.quality import read_quality
 
     # each process's own quality record, read once (lost lines gate the P2P check; all go in the table)
     records = [read_quality(q) for q in quality_paths] if quality_paths is not None else [{"checks": []}] * len(
@@ -662,9 +662,9 @@ def _flight_recorder_names(comms: pd.DataFrame, members: pd.DataFrame, dumps_dir
     """Names from the Flight Recorder dumps in ``dumps_dir`` (:func:`.process_groups.name_by_flight_recorder`),
     their groups (name -> (ranks, desc)) and the calls' sequence numbers; (None, {}, None)
     without dumps."""
-    from .flight_recorder import FlightRecorderError, find_dumps
-    from .process_groups import name_by_flight_recorder
-    from .run_layout import process_key
+    from nccltrace.communicators.names import name_by_flight_recorder
+    from nccltrace.core.layout import process_key
+    from nccltrace.pytorch.flight_recorder import FlightRecorderError, find_dumps
 
     if dumps_dir is None or not Path(dumps_dir).is_dir() or not any(Path(dumps_dir).iterdir()):
         return None, {}, None
@@ -694,8 +694,8 @@ def _pytorch_log_names(members: pd.DataFrame, calls_dirs: list[Path], notes: lis
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from .process_groups import name_by_pytorch_lines
-    from .run_layout import process_key
+    from nccltrace.communicators.names import name_by_pytorch_lines
+    from nccltrace.core.layout import process_key
 
     dirs = {process_key(d.name): d for d in calls_dirs}
 
@@ -720,9 +720,13 @@ def _named(labels: pd.DataFrame, comms: pd.DataFrame, members: pd.DataFrame, rec
     both saw); when no sizes were declared and the names determine them, the unnamed
     communicators are labelled from those sizes (the guesses' note is replaced). The calls'
     sequence numbers the dumps give are appended to ``pg_seqs``."""
-    from .megatron.infer import infer_layout
-    from .parallelism import apply_names, declares_sizes, label_communicators
-    from .process_groups import name_communicators, pg_config_of_sessions
+    from nccltrace.communicators.labels import (
+        apply_names,
+        declares_sizes,
+        label_communicators,
+    )
+    from nccltrace.communicators.names import name_communicators, pg_config_of_sessions
+    from nccltrace.megatron.infer import infer_layout
 
     fr_names, fr_groups, seqs = _flight_recorder_names(comms, members, dumps_dir, list(calls_dirs), notes)
     if seqs is not None and pg_seqs is not None:
@@ -759,12 +763,16 @@ def _named(labels: pd.DataFrame, comms: pd.DataFrame, members: pd.DataFrame, rec
 
 def run_labels(comms: pd.DataFrame, members: pd.DataFrame, call_kinds: pd.DataFrame,
                settings: Mapping[str, Any] | None, notes: list[str], problems: list[str]) -> pd.DataFrame:
-    """Every communicator's parallelism label (:data:`~nccltrace.parallelism.LABEL_SCHEMA`) from
+    """Every communicator's parallelism label (:data:`~nccltrace.communicators.labels.LABEL_SCHEMA`) from
     the declared sizes; without them from the sizes the member sets determine, else from the
     layout what each communicator did makes most likely (marked 'behaviour'), else the
     heuristic. ``call_kinds``: :func:`call_counts` of every process. What the user should know
     is appended to ``notes``, declared sizes that cannot describe the run to ``problems``."""
-    from .parallelism import declares_sizes, label_by_behaviour, label_communicators
+    from nccltrace.communicators.labels import (
+        declares_sizes,
+        label_by_behaviour,
+        label_communicators,
+    )
 
     sizes = settings or None
     layouts = None  # without declared sizes: the consistent layouts, when behaviour ranked one first
@@ -799,9 +807,9 @@ def _inferred_sizes(comms: pd.DataFrame, members: pd.DataFrame | None = None, ca
     one consistent layout first (:func:`nccltrace.megatron.behaviour.most_likely`), that layout's
     sizes with every consistent layout's groups (the labels are then marked 'behaviour', with
     the kinds the others allow); and what to tell the user."""
-    from .megatron.behaviour import kinds_by_member_set
-    from .megatron.infer import infer_layout
-    from .parallelism import communicator_behaviour
+    from nccltrace.communicators.labels import communicator_behaviour
+    from nccltrace.megatron.behaviour import kinds_by_member_set
+    from nccltrace.megatron.infer import infer_layout
 
     remedy = "declare them (run.yaml, or --tp/--pp/--cp/--ep of nccltrace analyze) for exact labels"
     full = comms[comms["complete"].astype(bool)] if len(comms) else comms
@@ -861,7 +869,7 @@ def _quality_table(processes: list[str], records: list[Mapping[str, Any]], cross
     """The run's alignment-quality table (``QUALITY_SCHEMA``): each process's own checks
     (``records``, one per process) and the run-level ones (cross-rank instances, P2P pairing,
     and where the cross-rank check stood down: ``stood_down`` per process)."""
-    from .align.quality import QUALITY_SCHEMA, quality_rows
+    from nccltrace.align.quality import QUALITY_SCHEMA, quality_rows
 
     run_checks = [(name, t.set_index("process") if t is not None and len(t) else None)
                   for name, t in (("cross_rank", cross), ("p2p_pairing", p2p))]
@@ -943,12 +951,12 @@ def write_run_ops(result: RunOps, ops_path: Path | str | None, labels_path: Path
     """Write the ops table (when held in memory; None skips it), the parallelism labels, the
     clock model and (``quality_path``) the alignment-quality table atomically."""
     if quality_path is not None and result.quality is not None:
-        from .align.quality import QUALITY_SCHEMA
+        from nccltrace.align.quality import QUALITY_SCHEMA
 
         write_table_atomic(frame_to_table(result.quality, QUALITY_SCHEMA), Path(quality_path))
     if result.ops is not None and ops_path is not None:
         write_table_atomic(frame_to_table(result.ops, OPS_SCHEMA), Path(ops_path))
-    from .parallelism import LABEL_SCHEMA
+    from nccltrace.communicators.labels import LABEL_SCHEMA
 
     write_table_atomic(frame_to_table(result.labels, LABEL_SCHEMA), Path(labels_path))
     write_table_atomic(frame_to_table(coerce_to_schema(result.clock, CLOCK_SYNC_SCHEMA), CLOCK_SYNC_SCHEMA),

@@ -26,10 +26,10 @@ import pyarrow.parquet as pq
 import yaml
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
-from .provenance import code_version
-from .run_layout import RunLayout
-from .summary import CONFIG_FIELDS, LARGE_MESSAGE_BYTES
-from .tables import atomic_output, read_table
+from nccltrace.core.layout import RunLayout
+from nccltrace.core.provenance import code_version
+from nccltrace.core.tables import atomic_output, read_table
+from nccltrace.outputs.summary import CONFIG_FIELDS, LARGE_MESSAGE_BYTES
 
 MAX_ROWS = 200
 MAX_STATUS_REASONS = 4  # reasons of a partial run in the campaign's status table
@@ -333,7 +333,7 @@ def _run_config(path: Path | None) -> tuple[dict[str, Any], list[tuple[str, str]
 
 @functools.lru_cache(maxsize=1)
 def _env() -> Environment:
-    env = Environment(loader=PackageLoader("nccltrace", "templates"), autoescape=select_autoescape(["html", "j2"]),
+    env = Environment(loader=PackageLoader("nccltrace.outputs", "templates"), autoescape=select_autoescape(["html", "j2"]),
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     env.filters.update(bytes=fmt_bytes, ns=fmt_ns, thousands=fmt_int, share=fmt_share, num=fmt_float)
     return env

@@ -4,7 +4,7 @@ log discovery uses it on every line of a combined stdout).
 With ``TORCH_CPP_LOG_LEVEL=INFO`` PyTorch's ``ProcessGroupNCCL`` logs, in each process, which NCCL
 communicator each process group created (:data:`PG_COMM_LINE`); its pointer is the one NCCL prints
 in the same process's init line, so the line joins the group's name to the communicator exactly
-(:func:`nccltrace.process_groups.name_by_pytorch_lines`).
+(:func:`nccltrace.communicators.names.name_by_pytorch_lines`).
 """
 
 from __future__ import annotations

@@ -48,8 +48,8 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from .run_layout import RunLayout
-from .tables import atomic_output, read_table, read_table_batch
+from nccltrace.core.layout import RunLayout
+from nccltrace.core.tables import atomic_output, read_table, read_table_batch
 
 __all__ = [
     "SUMMARY_MAX_EVENTS", "TRACE_FORMAT_VERSION", "TraceSummary", "load_run_inputs", "write_chrome_trace",
@@ -1066,7 +1066,7 @@ def _info(prep: _Prepared, origin: int | None, procs: list[int], window_abs, win
           truncated: bool, un: pd.DataFrame, notes: list[str], run_label: str | None) -> dict:  # fmt: skip
     by_reason = un.groupby("reason")["n"].sum() if len(un) else pd.Series(dtype="int64")
     info: dict[str, Any] = {
-        "generator": "nccltrace.trace",
+        "generator": "nccltrace.outputs.perfetto",
         "trace_format_version": TRACE_FORMAT_VERSION,
         "run": run_label,
         "clock": prep.clock,

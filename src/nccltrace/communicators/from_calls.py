@@ -2,7 +2,7 @@
 
 Without ``Init``/split lines nothing in a log says which communicator pointers of different
 processes are the same communicator. Two inferences are offered, both writing the tables of
-:mod:`nccltrace.communicators` (``COMMUNICATOR_SCHEMA`` / ``MEMBER_SCHEMA``, ``kind = 'sequence'``):
+:mod:`nccltrace.communicators.infer` (``COMMUNICATOR_SCHEMA`` / ``MEMBER_SCHEMA``, ``kind = 'sequence'``):
 
 ``method='thesis'`` - the thesis's rule: pointers whose sequences of operation names are
 identical form one communicator (eq. 4.5); global rank by eq. 4.6. Ranks within the
@@ -49,8 +49,18 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from .communicators import COMMUNICATOR_SCHEMA, MEMBER_SCHEMA, CommunicatorTables
-from .parallelism import KIND_PREFERENCE, P2P_OPS, PAIR_DIMS, ParallelSizes, expected_member_sets
+from nccltrace.communicators.infer import (
+    COMMUNICATOR_SCHEMA,
+    MEMBER_SCHEMA,
+    CommunicatorTables,
+)
+from nccltrace.communicators.labels import (
+    KIND_PREFERENCE,
+    P2P_OPS,
+    PAIR_DIMS,
+    ParallelSizes,
+    expected_member_sets,
+)
 
 __all__ = ["global_ranks", "infer_communicators_from_calls"]
 
