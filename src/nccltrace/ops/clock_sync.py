@@ -315,6 +315,61 @@ def _pcg(cells: _Cells, col_c, col_k, p: int, h: np.ndarray, n_dom: int, tol: fl
 # --------------------------------------------------------------------------- main estimator
 
 
+@dataclass(frozen=True)
+class _FitSettings:
+    """The options of :func:`estimate_clock_model` that the fitting steps read."""
+
+    drift: bool | Literal["auto"]
+    min_drift_span_ns: int
+    min_drift_instances: int
+    reject_k: float
+    min_scale_ns: float
+    max_iter: int
+    solver: Literal["auto", "direct", "cg"]
+    direct_budget: int
+
+
+@dataclass(frozen=True)
+class _ClockRows:
+    """The clock frame's rows as integer codes, with the (instance, domain) cell of each row."""
+
+    dom_codes: np.ndarray
+    dom_names: pd.Index
+    inst_codes: np.ndarray
+    n_inst: int
+    ts: np.ndarray
+    weight: np.ndarray
+    row_cell: np.ndarray
+    cell_inst: np.ndarray
+    cell_dom: np.ndarray
+
+    @property
+    def n_dom(self) -> int:
+        return len(self.dom_names)
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.ts)
+
+    def spanning_mask(self, mask: np.ndarray) -> np.ndarray:
+        """``mask`` less the rows of instances whose masked rows lie in fewer than two domains."""
+        has = np.bincount(self.row_cell[mask], minlength=len(self.cell_inst)) > 0
+        n_d = np.bincount(self.cell_inst[has], minlength=self.n_inst)
+        return mask & (n_d[self.inst_codes] >= 2)
+
+
+@dataclass(frozen=True)
+class _Anchor:
+    """The reference domain, the candidate rows linked to it, and their times relative to ``t_ref``."""
+
+    ref: int
+    rows: np.ndarray
+    t_ref: int
+    y: np.ndarray
+    u: np.ndarray
+    scale_t: float
+
+
 def estimate_clock_model(
     frame: pd.DataFrame,
     *,
@@ -350,6 +405,51 @@ def estimate_clock_model(
     iteration; standard errors are conditional on the other domains, i.e. lower bounds),
     ``auto`` picks ``direct`` while that cost is below ``direct_budget``.
     """
+    settings = _FitSettings(drift, min_drift_span_ns, min_drift_instances, reject_k, min_scale_ns, max_iter, solver,
+                            direct_budget)  # fmt: skip
+    df, data = _clock_rows(frame, timestamp)
+    n_dom, dom_names = data.n_dom, data.dom_names
+    bad_inst = _ambiguous_instances(df, data)
+    ok = ~bad_inst[data.inst_codes] & (data.weight > 0)
+
+    # Instances spanning >= 2 domains; the static candidate set for the fit.
+    cand = data.spanning_mask(ok)
+    cand_cells = np.bincount(data.row_cell[cand], minlength=len(data.cell_inst)) > 0
+    comp = _components(*_star_edges(data.cell_inst[cand_cells], data.cell_dom[cand_cells]), n_dom)
+    inst_per_dom = np.bincount(data.cell_dom[cand_cells], minlength=n_dom)
+    ref = _reference_domain(reference, dom_names, inst_per_dom)
+    in_comp = comp == comp[ref]
+    anchor = _anchor(data, cand & in_comp[data.dom_codes], ref)
+
+    info: dict[str, Any] = {"n_rows": data.n_rows, "n_ambiguous_instances": int(bad_inst.sum()),
+                            "n_candidate_rows": int(anchor.rows.sum()), "time_scale_ns": anchor.scale_t}
+    no_drift = np.zeros(n_dom, dtype=bool)
+    fit, rejected = _robust_fit(data, anchor, settings, no_drift, info)
+    # A drift no host clock has, or one the instances cannot tell from none, is the fit modelling
+    # something else (kernel ends that do not agree: ranks time-sharing a GPU end one collective
+    # milliseconds apart over a capture of a few hundred ms): those domains get an offset only.
+    implausible = _implausible_drift(fit, anchor.scale_t) if drift == "auto" else no_drift
+    if implausible.any():
+        info["drift_dropped"] = {str(dom_names[d]): _drift_ppm(fit, anchor.scale_t, d)
+                                 for d in np.flatnonzero(implausible)}  # fmt: skip
+        fit, rejected = _robust_fit(data, anchor, settings, implausible, info)
+    info.update({k: fit[k] for k in ("solver", "cg_iterations", "sigma_ns", "dof")})
+    info["singular"] = bool(fit.get("singular", False))
+    info["cg_converged"] = fit.get("cg_converged")
+    info["n_rejected_rows"] = int(rejected.sum())
+    info["reference_component_domains"] = int(in_comp.sum())
+
+    domains = _domain_table(dom_names, ref, comp, in_comp, fit, rejected, data.dom_codes, inst_per_dom,
+                            anchor.scale_t, timestamp)  # fmt: skip
+    _explain_dropped_drifts(domains, info.get("drift_dropped", {}))
+    return ClockModel(
+        method=f"robust_wls_{timestamp}", domain_key="clock_domain", reference=dom_names[ref], t_ref_ns=anchor.t_ref,
+        domains=domains, info=info,
+    )
+
+
+def _clock_rows(frame: pd.DataFrame, timestamp: str) -> tuple[pd.DataFrame, _ClockRows]:
+    """The frame's rows that have a domain, an instance and the chosen timestamp, as codes."""
     need = ["clock_domain", "global_rank", "instance", "start_ns", "end_ns"]
     missing = [c for c in need if c not in frame.columns]
     if missing:
@@ -360,7 +460,6 @@ def estimate_clock_model(
     if timestamp == "mid":
         df = df.dropna(subset=["start_ns"])
     dom_codes, dom_names = pd.factorize(df["clock_domain"], sort=True)
-    n_dom = len(dom_names)
     inst_codes, _ = pd.factorize(df["instance"])
     dom_codes = dom_codes.astype(np.int64)
     inst_codes = inst_codes.astype(np.int64)
@@ -373,8 +472,13 @@ def estimate_clock_model(
         ts = s + (_int64(df["end_ns"], "end_ns") - s) // 2
     weight = np.ones(len(df)) if "weight" not in df.columns else df["weight"].to_numpy(dtype=float)
     n_inst = int(inst_codes.max()) + 1 if len(inst_codes) else 0
+    row_cell, cell_inst, cell_dom = _cell_index(inst_codes, dom_codes, len(dom_names))
+    return df, _ClockRows(dom_codes, dom_names, inst_codes, n_inst, ts, weight, row_cell, cell_inst, cell_dom)
 
-    # Ambiguous instances (a rank twice, or more rows than the communicator has ranks).
+
+def _ambiguous_instances(df: pd.DataFrame, data: _ClockRows) -> np.ndarray:
+    """Per instance: ambiguous (a rank twice, or more rows than the communicator has ranks)."""
+    inst_codes, n_inst = data.inst_codes, data.n_inst
     ranks = _int64(df["global_rank"], "global_rank")
     rank_codes, rank_names = pd.factorize(ranks)
     rank_cell = _cell_index(inst_codes, rank_codes.astype(np.int64), max(len(rank_names), 1))[0]
@@ -386,104 +490,81 @@ def estimate_clock_model(
         rows_per_inst = np.bincount(inst_codes, minlength=n_inst)
         over = np.isfinite(nr) & (rows_per_inst[inst_codes] > nr)
         bad_inst[inst_codes[over]] = True
-    ok = ~bad_inst[inst_codes] & (weight > 0)
+    return bad_inst
 
-    # Instances spanning >= 2 domains; the static candidate set for the fit.
-    row_cell, cell_inst, cell_dom = _cell_index(inst_codes, dom_codes, n_dom)
-    n_cells = len(cell_inst)
 
-    def spanning_mask(mask: np.ndarray) -> np.ndarray:
-        has = np.bincount(row_cell[mask], minlength=n_cells) > 0
-        n_d = np.bincount(cell_inst[has], minlength=n_inst)
-        return mask & (n_d[inst_codes] >= 2)
-
-    cand = spanning_mask(ok)
-    cand_cells = np.bincount(row_cell[cand], minlength=n_cells) > 0
-    comp = _components(*_star_edges(cell_inst[cand_cells], cell_dom[cand_cells]), n_dom)
-    inst_per_dom = np.bincount(cell_dom[cand_cells], minlength=n_dom)
-
+def _reference_domain(reference: Hashable | None, dom_names: pd.Index, inst_per_dom: np.ndarray) -> int:
+    """Code of the reference domain: the one asked for, else the one in the most shared instances."""
     if reference is None:
-        if n_dom == 0:
+        if len(dom_names) == 0:
             raise ValueError("clock frame has no rows")
-        ref = int(np.argmax(inst_per_dom))  # first maximum = lowest name among ties
-    else:
-        hits = np.flatnonzero(np.asarray(dom_names) == reference)
-        if len(hits) == 0:
-            raise ValueError(f"reference domain {reference!r} does not occur in the frame")
-        ref = int(hits[0])
+        return int(np.argmax(inst_per_dom))  # first maximum = lowest name among ties
+    hits = np.flatnonzero(np.asarray(dom_names) == reference)
+    if len(hits) == 0:
+        raise ValueError(f"reference domain {reference!r} does not occur in the frame")
+    return int(hits[0])
 
-    in_comp = comp == comp[ref]
-    rows = cand & in_comp[dom_codes]
-    ref_rows = ts[rows & (dom_codes == ref)]
+
+def _anchor(data: _ClockRows, rows: np.ndarray, ref: int) -> _Anchor:
+    """Times of ``rows`` relative to the median of the reference's, and scaled to [-1, 1] for the fit."""
+    ts = data.ts
+    ref_rows = ts[rows & (data.dom_codes == ref)]
     t_ref = _int_median(ref_rows if len(ref_rows) else ts)
     y = (ts - t_ref).astype(np.float64)
     scale_t = float(np.max(np.abs(y[rows]))) if rows.any() else 1.0
     scale_t = scale_t or 1.0
-    u = y / scale_t
+    return _Anchor(ref, rows, t_ref, y, y / scale_t, scale_t)
 
-    info: dict[str, Any] = {"n_rows": len(df), "n_ambiguous_instances": int(bad_inst.sum()),
-                            "n_candidate_rows": int(rows.sum()), "time_scale_ns": scale_t}
 
-    def robust_fit(no_drift: np.ndarray) -> tuple[dict[str, Any], np.ndarray]:
-        """The fit with iterated outlier rejection; ``no_drift``: domains fitted with an offset only."""
-        rejected = np.zeros(len(df), dtype=bool)
-        fit: dict[str, Any] = {}
-        converged = False
-        for it in range(max(1, max_iter)):
-            active = spanning_mask(rows & ~rejected)
-            fit = _fit(row_cell[active], cell_inst, cell_dom, dom_codes[active], n_dom, ref, weight[active],
-                       u[active], y[active], drift, min_drift_span_ns / scale_t, min_drift_instances, solver,
-                       direct_budget, no_drift)  # fmt: skip
-            theta_c, theta_k = fit["theta_c"], fit["theta_k"]
-            # Residuals against the per-instance median of the corrected times of all candidates:
-            # robust even when an instance holds a gross outlier, and lets rows come back.
-            z = y - theta_c[dom_codes] - theta_k[dom_codes] * u
-            zc = z[rows]
-            med = _group_median(inst_codes[rows], zc, n_inst)
-            res = zc - med[inst_codes[rows]]
-            keep = np.abs(res) <= reject_k * max(min_scale_ns,
-                                                 1.4826 * float(np.median(np.abs(res))) if len(res) else 0)
-            new_rej = np.zeros(len(df), dtype=bool)
-            new_rej[np.flatnonzero(rows)[~keep]] = True
-            info["iterations"] = it + 1
-            if np.array_equal(new_rej, rejected):
-                converged = True
-                break
-            rejected = new_rej
-        info["converged"] = converged
-        if not converged:  # the last rejection step changed the active set: fit it once more
-            active = spanning_mask(rows & ~rejected)
-            fit = _fit(row_cell[active], cell_inst, cell_dom, dom_codes[active], n_dom, ref, weight[active],
-                       u[active], y[active], drift, min_drift_span_ns / scale_t, min_drift_instances, solver,
-                       direct_budget, no_drift)  # fmt: skip
-        return fit, rejected
+def _fit_active(data: _ClockRows, anchor: _Anchor, settings: _FitSettings, active: np.ndarray,
+                no_drift: np.ndarray) -> dict[str, Any]:
+    """:func:`_fit` on the ``active`` rows."""
+    return _fit(data.row_cell[active], data.cell_inst, data.cell_dom, data.dom_codes[active], data.n_dom, anchor.ref,
+                data.weight[active], anchor.u[active], anchor.y[active], settings.drift,
+                settings.min_drift_span_ns / anchor.scale_t, settings.min_drift_instances, settings.solver,
+                settings.direct_budget, no_drift)  # fmt: skip
 
-    no_drift = np.zeros(n_dom, dtype=bool)
-    fit, rejected = robust_fit(no_drift)
-    # A drift no host clock has, or one the instances cannot tell from none, is the fit modelling
-    # something else (kernel ends that do not agree: ranks time-sharing a GPU end one collective
-    # milliseconds apart over a capture of a few hundred ms): those domains get an offset only.
-    implausible = _implausible_drift(fit, scale_t) if drift == "auto" else no_drift
-    if implausible.any():
-        info["drift_dropped"] = {str(dom_names[d]): _drift_ppm(fit, scale_t, d) for d in np.flatnonzero(implausible)}
-        fit, rejected = robust_fit(implausible)
-    info.update({k: fit[k] for k in ("solver", "cg_iterations", "sigma_ns", "dof")})
-    info["singular"] = bool(fit.get("singular", False))
-    info["cg_converged"] = fit.get("cg_converged")
-    info["n_rejected_rows"] = int(rejected.sum())
-    info["reference_component_domains"] = int(in_comp.sum())
 
-    domains = _domain_table(dom_names, ref, comp, in_comp, fit, rejected, dom_codes, inst_per_dom, scale_t,
-                            timestamp)
-    for name, (ppm, se) in info.get("drift_dropped", {}).items():
+def _robust_fit(data: _ClockRows, anchor: _Anchor, settings: _FitSettings, no_drift: np.ndarray,
+                info: dict[str, Any]) -> tuple[dict[str, Any], np.ndarray]:
+    """The fit with iterated outlier rejection, and the rejected rows; ``no_drift``: domains fitted with
+    an offset only. Records ``iterations`` and ``converged`` in ``info``."""
+    rows, y, u = anchor.rows, anchor.y, anchor.u
+    dom_codes, inst_codes = data.dom_codes, data.inst_codes
+    rejected = np.zeros(data.n_rows, dtype=bool)
+    fit: dict[str, Any] = {}
+    converged = False
+    for it in range(max(1, settings.max_iter)):
+        fit = _fit_active(data, anchor, settings, data.spanning_mask(rows & ~rejected), no_drift)
+        theta_c, theta_k = fit["theta_c"], fit["theta_k"]
+        # Residuals against the per-instance median of the corrected times of all candidates:
+        # robust even when an instance holds a gross outlier, and lets rows come back.
+        z = y - theta_c[dom_codes] - theta_k[dom_codes] * u
+        zc = z[rows]
+        med = _group_median(inst_codes[rows], zc, data.n_inst)
+        res = zc - med[inst_codes[rows]]
+        keep = np.abs(res) <= settings.reject_k * max(settings.min_scale_ns,
+                                                      1.4826 * float(np.median(np.abs(res))) if len(res) else 0)
+        new_rej = np.zeros(data.n_rows, dtype=bool)
+        new_rej[np.flatnonzero(rows)[~keep]] = True
+        info["iterations"] = it + 1
+        if np.array_equal(new_rej, rejected):
+            converged = True
+            break
+        rejected = new_rej
+    info["converged"] = converged
+    if not converged:  # the last rejection step changed the active set: fit it once more
+        fit = _fit_active(data, anchor, settings, data.spanning_mask(rows & ~rejected), no_drift)
+    return fit, rejected
+
+
+def _explain_dropped_drifts(domains: pd.DataFrame, dropped: dict[str, tuple[float, float]]) -> None:
+    """Say in ``reason`` why estimated domains whose drift was implausible got an offset only."""
+    for name, (ppm, se) in dropped.items():
         if domains.at[name, "status"] == "estimated":
             domains.at[name, "reason"] = (f"offset only: a drift fit gave {ppm:.0f} ppm (standard error {se:.0f}), "
                                           f"beyond what a host clock does ({MAX_DRIFT_PPM:.0f} ppm) or what the "
                                           "instances determine; their kernel ends do not agree closely enough")
-    return ClockModel(
-        method=f"robust_wls_{timestamp}", domain_key="clock_domain", reference=dom_names[ref], t_ref_ns=t_ref,
-        domains=domains, info=info,
-    )
 
 
 def _star_edges(c_inst: np.ndarray, c_dom: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
