@@ -1,25 +1,10 @@
 """The default aligner: windowed Needleman-Wunsch over launch units and kernels, compiled.
 
-Improvements over the thesis's alignment (section 4.2.2), each using a signal it ignores:
-
-* the kernel sequence is in *launch* order (CUPTI correlation ids follow the API calls of the
-  process), not GPU start order, so it has the order of the log;
-* launch units: calls of one NCCL group on one communicator (same ``opCount``) are one unit
-  and run as one kernel; where ``opCount`` is not informative, consecutive P2P calls of one
-  communicator may be fused into one ``SendRecv`` kernel by a many-to-one move;
-* calls that launch nothing (duplicate lines, single-rank communicators) are taken out first;
-* pair scores use the kernel family *and* the element type in reduction kernel names as hard
-  constraints, then (second pass) the stream each communicator launches on and, when the log
-  has timestamps, the log-line-to-launch delay, both learned from the first pass;
-* a match is only reported when it is the same in the two extreme co-optimal alignments
-  (gaps placed as early and as late as possible); otherwise the unit is ``ambiguous`` unless
-  opCount arithmetic between two confident neighbours on the same communicator and stream
-  fixes it. A wrong match corrupts bandwidths; a gap only loses one sample.
-
-The dynamic programme runs on a window of ``window`` units by ``window + slack`` kernels that
-moves along the alignment: it commits the path up to a cell shared by both extreme tracebacks
-in the first half of the window and restarts there. Time is O((n + m) * window) and memory
-O(window^2), independent of the sequence length.
+It uses the signals the thesis's alignment ignores (launch order, launch units, kernel family and
+element type, stream, log-to-launch delay) and reports a match only where the two extreme
+co-optimal alignments agree, because a wrong match corrupts bandwidths while a gap only loses one
+sample. The window keeps time linear and memory bounded in the sequence length. Design:
+``docs/correlation.md`` section 1.2.
 """
 
 from __future__ import annotations

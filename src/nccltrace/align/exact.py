@@ -1,60 +1,9 @@
-"""Exact call <-> kernel correlation from NCCL's NVTX payload ranges.
+"""Exact call <-> kernel correlation from NCCL's NVTX payload ranges (``exact`` mode).
 
-NCCL wraps every API call in a push/pop range of the ``NCCL`` NVTX domain and, from 2.16.2,
-attaches the call's arguments (message size, root/peer, reduction op; from 2.25.1 the
-communicator id). When the nsys export carries these payloads, correlation needs no
-heuristic alignment:
-
-1. **Kernel -> ranges.** NCCL launches kernels from the calling thread, inside the call's
-   range (an ungrouped call) or inside the ``ncclGroupEnd`` that closes the outermost group
-   (group depth counts nested ``ncclGroupStart``); such a kernel serves the calls issued since
-   the matching ``ncclGroupStart``, one kernel per communicator of the group. So the launch
-   API record (``launch_tid``, ``launch_start``, ``launch_end``) lies inside one *launch range*
-   on its thread, found with a binary search over that thread's sorted launch ranges.
-2. **Log line -> range.** The log prints one line per call and NVTX records one range per
-   call, both in call order per thread. They are matched per thread on a key: op, message
-   bytes, root (rooted collectives) or peer (P2P), reduction op (when decoded), and, with NVTX
-   communicator ids, the id linked to the line's ``comm`` pointer.
-
-**Matching rule (exact or refuse).** Model of one thread's lines: the ranges in order, some
-lines missing (dropped), and a line identical to the thread's previous line possibly being a
-duplicate of it that the log reader could not flag (``duplicates="possible"``; with
-``"flagged"`` only ``duplicate_of`` rows are duplicates). The leftmost and the rightmost
-explanations of the lines under this model are computed (greedy, forward and backward);
-every explanation lies between them line by line, so a line is matched only when both put it
-on the same range (and, for a possible duplicate, agree on whether it is one). Other lines are
-``ambiguous``; a line whose key no range has is ``no_nvtx_range``; if no explanation exists
-(more lines than ranges can hold), the thread's lines are ``ambiguous``.
-
-**Communicators.** A ``comm`` pointer is linked to an NVTX communicator id when the init
-line's logged ``commId`` equals it (NCCL >= 2.26.2 non-split communicators; pass ``comms``),
-else when every line of the pointer matched uniquely in a first pass without communicator
-agrees on one id that no other pointer claims. Unlinked pointers and ids keep a common
-"unknown" communicator in the key.
-
-**opCount.** A line's ``op_count`` counts the plans launched on its communicator so far. The
-NVTX side gives each range the index of its launch range among those of its communicator.
-Where every uniquely matched line of a communicator has ``op_count`` equal to that index
-(NCCL < 2.27.3 counts every plan; later versions only network plans, which refutes it on
-single-node communicators), the index becomes part of the key; this pins down dropped lines
-in runs of identical calls. A thread the stricter key cannot explain keeps the plain result.
-
-**Kernels of a launch range** go to the calls of their communicator: directly when the range
-has one kernel and one communicator with multi-rank calls, else through the kernel's CUDA
-stream, whose communicator is learned from the direct cases. Without NVTX ids (NCCL < 2.25.1)
-the communicator of a range is the ``comm`` of its matched line. Two kernels of one launch
-range on one communicator (NCCL splits large groups into several plans) are ``ambiguous``;
-once that is seen in a process, or where the launch range holds a launch whose kernel record
-is lost (``lost_launches``), a lone kernel is no longer given to several calls of its
-communicator (a sibling may be missing). No kernel for a multi-rank call: ``kernel_missing``;
-calls on single-rank communicators never launch one: ``no_kernel_single_rank``.
-
-Limits: launches from another thread (non-blocking communicators, CUDA graph replays) are not
-in a launch range, so their calls are reported ``kernel_missing`` and the kernels
-``no_launch_range``; a capture covering only part of the logged calls leaves the thread
-unexplainable (``ambiguous``) unless the calls are first restricted to the captured window;
-processes are joined on pid (plus host), so the log and the export must see the same pid
-namespace.
+When an nsys export carries NCCL's NVTX payloads (NCCL >= 2.16.2; communicator ids from 2.25.1),
+each kernel's launch lies inside the range of the call that issued it, so correlation needs no
+heuristic alignment: a line is matched only when every explanation of the thread's lines agrees,
+otherwise it is reported ``ambiguous``. Design and limits: ``docs/correlation.md`` section 1.3.
 """
 
 from __future__ import annotations

@@ -1,36 +1,11 @@
 """Can I trust these matches? Checks of call <-> kernel matches against evidence the alignment
 did not optimise, their per-process record, and the messages they give.
 
-The aligner reports a match only when every near-optimal alignment agrees on it, but that is
-certainty *within its scoring model*; a capture that breaks the model's assumptions makes all
-optimal alignments wrong together. So every match is also checked against evidence outside the
-model, and a match a check contradicts is demoted to unmatched with the check's name as reason:
-
-* ``capture_window`` (per process, align stage): where a windowed capture sits in the log
-  (log time, a declared step range), or that nothing locates it (the process abstains);
-* ``log_time`` (per process, align stage): the kernel was launched inside the log-line ->
-  launch window learned from the process's certain matches (one-sided: NCCL launches after
-  it logs);
-* ``stream`` (per process, align stage): the kernel ran on no stream that another log
-  stream maps to (the line names its cudaStream_t; one cudaStream_t is one export stream);
-* ``p2p_pairing`` (per run, ops stage): NCCL pairs the k-th Send from a to b on a communicator
-  with the k-th Recv on b from a, and a receiver cannot finish before its sender started, so
-  a matched Recv whose kernel ends before its Send's kernel started is contradicted (both are
-  demoted: the check cannot tell which side is wrong). It is deliberately one-sided: a Send
-  may finish before its Recv starts (it only waits when it is NCCL_STEPS slots ahead of the
-  receiver), so "the kernels of a Send and its Recv overlap" is not physics. Channels whose
-  two sides logged different numbers of calls (a lost line shifts the pairing) are not checked;
-* ``cross_rank`` (per run, ops stage): the kernels of one collective instance on all its
-  ranks overlap in synchronised time. A rank's result needs every data source to have
-  started: for AllReduce/AllGather/ReduceScatter/AlltoAll every member feeds every other, for
-  Broadcast the root feeds the others, for Reduce every member feeds the root. A match shifted
-  onto the next instance's kernel starts after the others have finished and is caught here,
-  even when each rank is self-consistent; and a communicator's instances end in opCount
-  order, which catches claims shifted alike on several ranks.
-
-The per-process record is ``aligned/<host>/<process>/alignment_quality.json`` (:func:`write_quality`);
-the run's table is ``ops/alignment_quality.parquet`` (``QUALITY_SCHEMA``), shown in the run
-report's section "Can I trust these matches?".
+The aligner's certainty holds only within its scoring model, and a capture that breaks the model
+makes all optimal alignments wrong together; so each match is also checked against evidence
+outside the model (capture window, log time, stream, P2P pairing, cross-rank overlap), and a
+contradicted match is demoted to unmatched with the check's name as reason. The checks:
+``docs/correlation.md`` section 1.5.
 """
 
 from __future__ import annotations

@@ -1,49 +1,8 @@
 """The thesis's alignment of kernel and log operation sequences (``thesis`` mode).
 
-Reference: thesis (seed 000) sections 2.5 (Needleman-Wunsch), 4.2.2 (adaptations), 4.3.1 (the
-five validation tests) and 4.3.2 (sliding-window baseline). Only operation *names* are used: the
-Nsight Systems kernel sequence of one process is aligned globally against its NCCL log sequence.
-
-Scoring (per alignment column, in path order):
-
-* match ``a == b``: ``5 * w(a)``, plus a sequence bonus of ``+1`` when the previous column of the
-  path is also a match of the same operation;
-* mismatch: ``-15 * (w(a) + w(b)) / 2``;
-* gap (either side): ``g(r) = -5 * (1 + r * 0.3)`` (eq. 4.2), where ``r`` is the number of gap
-  columns immediately before this one on the path, whichever side they are on. The first gap of a
-  run costs -5, the next -6.5, then -8, ...; a match or mismatch ends the run.
-* weights ``w``: AllReduce 1; ReduceScatter, AllGather, Broadcast 2; Send, Recv, SendRecv 0.5;
-  any other operation 1.
-
-Both sides' leading and trailing gaps are charged (global alignment, section 2.5.2).
-
-Discrepancies with the thesis text, and how they were resolved:
-
-* Gap growth. Eq. 4.2 with GAP_RUN_MULTIPLIER = 1.3 gives -5, -6.5, -8, ... for the 1st, 2nd, 3rd
-  gap of a run, but the "adaptive gap penalty test" quotes -5, -9.88, -12.844, which no integer
-  run length in eq. 4.2 produces (and which is not 5 * 1.3**r either). Counting ``r`` from 0 is
-  forced by the text's "first gap costs -5". Eq. 4.2 (``gap_growth="linear"``), the geometric
-  reading ``-5 * 1.3**r`` (``"geometric"``) and the quoted numbers all give the same outcome on
-  the five validation tests, so the equation is the default.
-* The false-positive prevention test (>= 75 % of the matches in the second of three log segments)
-  does not hold under this scoring. With adaptive gaps, leaving the 8 unused log entries as two
-  runs of 4 (the exact segment-2 alignment, score -27) is dearer than scattering them in runs of
-  at most 3, which pulls matches into segments 1 and 3: the best alignment overall scores -17.5
-  with one match in segment 2, and this DP returns -22.5, also with one. The stated result needs
-  free end gaps on the log side (semi-global alignment), which section 2.5 does not describe.
-* The adaptive gap test says Broadcast, Send and Recv "must be handled as gaps"; the scoring
-  instead pairs the spare AllReduce kernel with the Send entry as a mismatch (-11.25 is cheaper
-  than extending a gap run), which is what keeps the longest gap run at 1.
-
-Path dependence. The adaptive gap and the sequence bonus depend on the path into a cell, so the
-recurrence is no longer exactly optimal. As a straightforward implementation of the thesis would,
-the DP keeps, per cell, the gap run length of the best path into it (and the bonus looks at the
-traceback of the diagonal predecessor); the result is a good but not always optimal alignment. Ties
-prefer the diagonal, then a kernel left unmatched, then a log entry left unmatched.
-
-Cost: the full (n + 1) x (m + 1) traceback is kept (one byte per cell); scores and run lengths are
-kept for two rows only. Sequences whose product of lengths exceeds ``ThesisParams.cell_limit`` are
-refused: use the default mode for those.
+Global Needleman-Wunsch over operation names only, with the thesis's scoring (sections 2.5,
+4.2.2, eq. 4.2), kept as the baseline the other modes are measured against. Scoring, the
+discrepancies with the thesis text and how they were resolved: ``docs/correlation.md`` section 1.1.
 """
 
 from __future__ import annotations

@@ -1,35 +1,10 @@
 """A collective's TUNING line as evidence on every member of its communicator.
 
-NCCL prints the TUNING line of a collective (``AllReduce: 262144 Bytes -> Algo RING proto LL
-channel{Lo..Hi}={0..3}``) only on the communicator's rank 0. A collective runs with one algorithm
-and one channel count on all its members (they must agree to interoperate), so rank 0's line also
-says what the member's kernel of the same call is: its grid (channels) and the algorithm in its
-name. Verified on the real H200 capture (NCCL 2.28.9): every member's kernel grid equals rank 0's
-TUNING channel count for the same call (420 of 420 kernels on 7 communicators, 213 of them on
-ranks other than 0).
-
-The facts are carried only where the call is known for certain to be the same one on both
-processes, by one of two certificates:
-
-* its opCount, which counts the communicator's launches and so names one collective on every
-  member: where opCount is informative on the communicator in both logs (it stays 0 on
-  single-node communicators of some builds), neither log has Send/Recv lines on it (point-to-point
-  between some members advances only their counts) and the opCount names one call on each side (a
-  group of collectives shares one);
-* its log time, where both logs are timestamped on one clock (the processes share a host): the
-  member's line and rank 0's line are each other's nearest on the communicator and much nearer
-  than either is to its neighbours (4 times), so a line whose partner was lost pairs with no
-  neighbour's. Times alone cannot tell a member that lags by exactly one call from one in step,
-  so two more conditions: no pair on the communicator joins calls of another op, count or
-  datatype (a lag shows there wherever consecutive calls differ), and rank 0's TUNING lines of
-  calls with the call's op, count and datatype all say the same, so a pairing the margin let
-  through could not carry other facts. Logs of different hosts have clocks that nothing here
-  relates: no facts are carried between them by time.
-
-Either way the op, count and datatype must be the same on both. Elsewhere nothing is carried:
-the k-th call on a communicator is not the same call once either rank lost a line. The member's
-alignment uses the carried facts as rank 0's own (:func:`~.default.unit_tuning`), including
-the check that this run bears them out.
+NCCL prints the TUNING line only on the communicator's rank 0, but all members run a collective
+with one algorithm and channel count, so rank 0's line says what each member's kernel of the same
+call is. The facts are carried only where the call is certainly the same one on both processes
+(by opCount or by log time on one host's clock), since the k-th call is not the same call once
+either rank lost a line. Details: ``docs/correlation.md`` section 1.6.
 """
 
 from __future__ import annotations

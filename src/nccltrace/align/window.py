@@ -1,20 +1,10 @@
 """Where a windowed capture sits in a whole-run log.
 
-A step-window capture (nsys ``--capture-range=cudaProfilerApi`` around a few training steps)
-holds the kernels of those steps only, while ``NCCL_DEBUG_FILE`` logged the whole run. Aligning
-the whole log against the window's kernels is unsound: training steps repeat the same calls,
-so the window's kernels fit every step equally well, and a band-limited alignment would pick
-one with confidence. The window has to be located in the log *before* alignment, from
-evidence that does not come from the alignment:
-
-* **log timestamps** (NCCL >= 2.26): a line can only have its kernel in the export if it was
-  written shortly before a captured launch (``correlate.capture_span``);
-* **a declared step range** (``capture.steps``; ``--capture-steps``): the log's call sequence
-  is periodic over training steps; its period and the first step's first line are found from
-  the log alone (:func:`step_lines`), and the lines of the declared steps are kept.
-
-Without either, a process whose export holds far fewer launches than its log is not aligned
-(:func:`window_unlocated`): the tool says so and names both remedies, rather than guessing.
+A step-window capture holds a few steps' kernels while the log covers the whole run, and steps
+repeat the same calls, so the window must be located in the log before alignment, from evidence
+the alignment does not produce: log timestamps or a declared step range. Without either, a
+process whose export holds far fewer launches than its log is not aligned and the tool names both
+remedies rather than guessing (``docs/correlation.md`` section 1.5).
 """
 
 from __future__ import annotations
