@@ -1267,13 +1267,55 @@ class _Process:
         return g, pos
 
     def _unit(self, u: Unit, tm: UnitTimes) -> None:
+        """Emit one unit: communicator creation, CUDA-graph capture or replay, the calls (log lines,
+        NVTX ranges), the kernels, a compute kernel in the gap before it, opCounts and ground truth.
+        The common unit (one call, one kernel, nothing else) takes :meth:`_unit_one`."""
         if self._plain and not u.grouped and not u.new_comms and len(u.ops) == 1 and len(u.multi) == 1 and (
                 u.index or not self._split_init):  # fmt: skip
             self._unit_one(u, tm)
             return
-        ctx, cfg, imp = self.ctx, self.cfg, self.ctx.imp
-        tpar = ctx.tparams
-        # --- communicator creation (eager splits before the first unit, or lazily at first use)
+        self._unit_comm_init(u, tm)
+        graph, gpos, cpu_busy, burst = self._unit_graph(u, tm)
+        dom = self.domain_id if self.domain_id is not None else self._ensure_domain(tm.group_start)
+        multi = u.multi
+        # --- one kernel per unit (fused) or per multi-rank op
+        kern_groups = self._kernel_groups_of(multi)
+        if multi and self.ctx.imp.kernels_without_log and not burst:
+            self._unit_stray_kernel(u, tm)
+        # --- calls: log lines and NVTX ranges (a replayed graph makes no calls)
+        op_rows = self._unit_calls(u, tm, dom) if graph is None else []
+        kern_of_op = self._unit_kernels(u, tm, kern_groups, graph, gpos)
+        # --- a compute kernel filling the compute gap before this unit (a graph node inside a replay)
+        if multi and u.gap_ns > 10_000 and not burst:  # (during the capture burst the GPU idles)
+            ks = tm.kernels[0][0]
+            gs = max(self._prev_gpu_end, ks - int(u.gap_ns))
+            gnode = (graph.corr, graph.gid, graph.compute_nodes[gpos]) if graph is not None and gpos > 0 else None
+            self._compute_kernel(gs + 500, ks - 500, self._prev_cpu, cpu_busy, gnode)
+        self._prev_gpu_end = tm.gpu_free
+        if graph is None:
+            self._prev_cpu = tm.call_end
+        elif gpos == 0:
+            self._prev_cpu = tm.group_start + self.ctx.tparams.launch_ns
+        if multi:
+            self._unit_op_counts(multi, graph is not None)
+        # --- ground truth
+        if op_rows:
+            fused = len(kern_groups) == 1 and len(multi) > 1
+            ext = self._ops_ext()
+            add = self._ops_pending.append  # (complete batches are written by _run)
+            gpid = self.gpid
+            row = self._ops_row
+            for o, rec in zip(u.ops, op_rows):
+                k = kern_of_op.get(o.seq)
+                if k is not None:
+                    add(row(o, u, rec, k[0], gpid, bool(k[1]), fused, ext))
+                else:
+                    add(row(o, u, rec, None, None, False, False, ext))
+
+    def _unit_comm_init(self, u: Unit, tm: UnitTimes) -> None:
+        """Communicator creation: the eager splits before the first unit (``init_style: split``),
+        or the communicators this unit creates lazily at first use."""
+        cfg, tpar = self.cfg, self.ctx.tparams
         if u.index == 0 and cfg.init_style == "split":
             t = tm.init_start
             wst = self._new_comm_state(self.layout_world)
@@ -1281,7 +1323,7 @@ class _Process:
             t1 = t + tpar.comm_init_ns + tpar.comm_init_per_log2_ns * int(np.ceil(np.log2(max(cfg.world_size, 1))))
             self._init_lines(wst, t, t1, split=False)
             t = t1
-            for g in ctx.layout.groups_of(self.rank):
+            for g in self.ctx.layout.groups_of(self.rank):
                 if g.kind == "world":
                     continue
                 st = self._new_comm_state(g)
@@ -1298,14 +1340,19 @@ class _Process:
                     self.world_ptr = st.ptr
                 self._init_lines(st, t, t + dur, split=False)
                 t += dur
-        # --- CUDA graphs: all captured at the start of the first replaying iteration (in the host
-        # time the program reserves there, schedule.T_GRAPH_CAPTURE); a graphed unit is replayed
+
+    def _unit_graph(self, u: Unit, tm: UnitTimes) -> tuple[_Graph | None, int, int, bool]:
+        """CUDA graphs: all are captured at the start of the first replaying iteration (in the
+        host time the program reserves there, schedule.T_GRAPH_CAPTURE); a graphed unit is
+        replayed. Returns (the graph replaying ``u`` or None, its position in the graph, the time
+        the host is next busy, whether the capture burst ran just now)."""
         graph: _Graph | None = None
         gpos = 0
         cpu_busy = tm.init_start if u.new_comms else tm.group_start
         burst = False
-        if ctx.graphs is not None:
-            if not self.graphs_captured and u.iteration >= ctx.graphs.warmup_iterations:
+        graphs = self.ctx.graphs
+        if graphs is not None:
+            if not self.graphs_captured and u.iteration >= graphs.warmup_iterations:
                 cpu_busy = self._capture_graphs(self._prev_cpu + 1_000, cpu_busy - 1_000)
                 burst = True
             gkey = self._graph_key(u)
@@ -1313,57 +1360,69 @@ class _Process:
                 graph, gpos = self._graph_step(u, gkey, tm.group_start)
             if gpos == 0:
                 cpu_busy = min(cpu_busy, tm.group_start)
-        dom = self.domain_id if self.domain_id is not None else self._ensure_domain(tm.group_start)
+        return graph, gpos, cpu_busy, burst
+
+    def _unit_stray_kernel(self, u: Unit, tm: UnitTimes) -> None:
+        """Imperfection: with probability ``kernels_without_log``, an extra NCCL kernel without a
+        log line in idle time before this unit (where the stream and the host have room for it)."""
+        cfg, ctx = self.cfg, self.ctx
+        if u01(cfg.seed, self.rank, u.index, 0xE4) >= ctx.imp.kernels_without_log:
+            return
+        st0 = self.comms[u.multi[0].comm_uid]
+        prev_end = self.stream_last_end.get(st0.stream_id, 0)
+        ks = tm.kernels[0][0]
+        if ks - prev_end > 30_000 and tm.group_start - self._prev_cpu > 15_000:
+            a = ks - 15_000
+            b = a + 4_000 + int(4_000 * u01(cfg.seed, self.rank, u.index, 0xE5))
+            lt = tm.group_start - 10_000
+            corr = self._launch(lt, lt + ctx.tparams.launch_ns, *ctx.launch_api)
+            name, short = ctx.kernel_name("SendRecv", DT_F32, 0, "RING")
+            self._emit_kernel([], (a, b), name, short, corr, st0, "SendRecv", "RING", "SIMPLE", 1, 512, u,
+                              False, True, None, None)  # fmt: skip
+
+    def _unit_calls(self, u: Unit, tm: UnitTimes, dom: int) -> list:
+        """The unit's NCCL calls (eager, not a graph replay): their log lines (returned, one
+        record per op, for the ground truth) and NVTX ranges, the group's ranges around them,
+        and the TUNING lines they leave."""
+        ctx, tpar = self.ctx, self.ctx.tparams
         comms = self.comms
-        ops = u.ops
-        multi = u.multi
         capturing = self.capturing
-        # --- one kernel per unit (fused) or per multi-rank op
-        kern_groups = self._kernel_groups_of(multi)
-        # --- an extra NCCL kernel without a log line, in idle time before this unit
-        if (multi and imp.kernels_without_log and not burst
-                and u01(cfg.seed, self.rank, u.index, 0xE4) < imp.kernels_without_log):  # fmt: skip
-            st0 = comms[multi[0].comm_uid]
-            prev_end = self.stream_last_end.get(st0.stream_id, 0)
-            ks = tm.kernels[0][0]
-            if ks - prev_end > 30_000 and tm.group_start - self._prev_cpu > 15_000:
-                a = ks - 15_000
-                b = a + 4_000 + int(4_000 * u01(cfg.seed, self.rank, u.index, 0xE5))
-                lt = tm.group_start - 10_000
-                corr = self._launch(lt, lt + tpar.launch_ns, *ctx.launch_api)
-                name, short = ctx.kernel_name("SendRecv", DT_F32, 0, "RING")
-                self._emit_kernel([], (a, b), name, short, corr, st0, "SendRecv", "RING", "SIMPLE", 1, 512, u,
-                                  False, True, None, None)  # fmt: skip
-        # --- calls: log lines and NVTX ranges (a replayed graph makes no calls)
         op_rows = []
-        if graph is None:
-            nvtx = self._nvtx if self.drop_meta else None  # None: append the rows here (the usual case)
-            nv_rows = self.nvtx_rows
-            if u.grouped:
-                self._nvtx(tm.group_start, tm.group_start + tpar.group_call_ns, "ncclGroupStart", domain=dom)
-            call_end = tm.call_end if not u.grouped and tm.launches else None
-            api_ns = tpar.api_call_ns
-            texts = ctx.nvtx_text
-            payloads = ctx.payloads
-            call = self._call
-            for o, t_call in zip(ops, tm.call_start):
-                st = comms[o.comm_uid]
-                op_rows.append(call(o, st, t_call, u))
-                end = call_end if call_end is not None else t_call + api_ns
-                payload = self._payload(o, st) if payloads else None
-                if nvtx is not None:
-                    nvtx(t_call, end, texts[o.op], domain=dom, payload=payload)
-                elif capturing:
-                    nv_rows.append((t_call, end, texts[o.op], True, dom, payload))
-            if self._tuning_buf:
-                self._flush_tuning(self._at(tm.call_end))
-            else:
-                self.fh.now = tm.call_end
-            if u.grouped:
-                self._nvtx(tm.group_end_start, tm.call_end, "ncclGroupEnd", domain=dom)
-        # --- kernels
+        nvtx = self._nvtx if self.drop_meta else None  # None: append the rows here (the usual case)
+        nv_rows = self.nvtx_rows
+        if u.grouped:
+            self._nvtx(tm.group_start, tm.group_start + tpar.group_call_ns, "ncclGroupStart", domain=dom)
+        call_end = tm.call_end if not u.grouped and tm.launches else None
+        api_ns = tpar.api_call_ns
+        texts = ctx.nvtx_text
+        payloads = ctx.payloads
+        call = self._call
+        for o, t_call in zip(u.ops, tm.call_start):
+            st = comms[o.comm_uid]
+            op_rows.append(call(o, st, t_call, u))
+            end = call_end if call_end is not None else t_call + api_ns
+            payload = self._payload(o, st) if payloads else None
+            if nvtx is not None:
+                nvtx(t_call, end, texts[o.op], domain=dom, payload=payload)
+            elif capturing:
+                nv_rows.append((t_call, end, texts[o.op], True, dom, payload))
+        if self._tuning_buf:
+            self._flush_tuning(self._at(tm.call_end))
+        else:
+            self.fh.now = tm.call_end
+        if u.grouped:
+            self._nvtx(tm.group_end_start, tm.call_end, "ncclGroupEnd", domain=dom)
+        return op_rows
+
+    def _unit_kernels(self, u: Unit, tm: UnitTimes, kern_groups: list[list[Op]], graph: _Graph | None,
+                      gpos: int) -> dict[int, tuple[int, bool]]:  # fmt: skip
+        """The unit's NCCL kernels, launched eagerly or as nodes of a graph replay. Returns, per op
+        (its seq), the kernel's correlation id and whether the kernel was dropped."""
+        ctx, cfg = self.ctx, self.cfg
+        comms = self.comms
+        capturing = self.capturing
         kern_of_op: dict[int, tuple[int, bool]] = {}
-        drop_kernels = imp.drop_kernels
+        drop_kernels = ctx.imp.drop_kernels
         launch_name, launch_class = ctx.launch_api
         for j, kops in enumerate(kern_groups):
             o0 = kops[0]
@@ -1395,49 +1454,28 @@ class _Process:
                               spec.nchannels, spec.nthreads, u, dropped, False, gextra, rule)  # fmt: skip
             for o in kops:
                 kern_of_op[o.seq] = (corr, dropped)
-        # --- a compute kernel filling the compute gap before this unit (a graph node inside a replay)
-        if multi and u.gap_ns > 10_000 and not burst:  # (during the capture burst the GPU idles)
-            ks = tm.kernels[0][0]
-            gs = max(self._prev_gpu_end, ks - int(u.gap_ns))
-            gnode = (graph.corr, graph.gid, graph.compute_nodes[gpos]) if graph is not None and gpos > 0 else None
-            self._compute_kernel(gs + 500, ks - 500, self._prev_cpu, cpu_busy, gnode)
-        self._prev_gpu_end = tm.gpu_free
-        if graph is None:
-            self._prev_cpu = tm.call_end
-        elif gpos == 0:
-            self._prev_cpu = tm.group_start + tpar.launch_ns
-        # --- opCount: plans launched per communicator (>= 2.27.3: only plans with network work).
-        # A replayed (persistent) plan posts its proxy work from a host node at each replay, which
-        # advances opCount only for plans with network work (src/enqueue.cc hostStreamPlanTask).
-        if multi:
-            if len(multi) == 1:
-                uids: Any = (multi[0].comm_uid,)
-            else:
-                uids = {o.comm_uid for o in multi}
-            for uid in uids:
-                st = comms[uid]
-                if ctx.opcount_needs_proxy or graph is not None:
-                    # 2.27.3+: only plans with proxy (network) work for this rank count: P2P with a peer
-                    # on another node; collectives on a communicator spanning nodes.
-                    gpn = cfg.gpus_per_node
-                    proxy = any(o.peer >= 0 and o.peer // gpn != self.node if o.op in P2P_OPS
-                                else ctx.link.nnodes(st.comm) > 1 for o in multi if o.comm_uid == uid)  # fmt: skip
-                    if not proxy:
-                        continue
-                st.op_count += 1
-        # --- ground truth
-        if op_rows:
-            fused = len(kern_groups) == 1 and len(multi) > 1
-            ext = self._ops_ext()
-            add = self._ops_pending.append  # (complete batches are written by _run)
-            gpid = self.gpid
-            row = self._ops_row
-            for o, rec in zip(ops, op_rows):
-                k = kern_of_op.get(o.seq)
-                if k is not None:
-                    add(row(o, u, rec, k[0], gpid, bool(k[1]), fused, ext))
-                else:
-                    add(row(o, u, rec, None, None, False, False, ext))
+        return kern_of_op
+
+    def _unit_op_counts(self, multi: list[Op], replayed: bool) -> None:
+        """opCount: plans launched per communicator (>= 2.27.3: only plans with network work).
+        A replayed (persistent) plan posts its proxy work from a host node at each replay, which
+        advances opCount only for plans with network work (src/enqueue.cc hostStreamPlanTask)."""
+        ctx, comms = self.ctx, self.comms
+        if len(multi) == 1:
+            uids: Any = (multi[0].comm_uid,)
+        else:
+            uids = {o.comm_uid for o in multi}
+        for uid in uids:
+            st = comms[uid]
+            if ctx.opcount_needs_proxy or replayed:
+                # 2.27.3+: only plans with proxy (network) work for this rank count: P2P with a peer
+                # on another node; collectives on a communicator spanning nodes.
+                gpn = self.cfg.gpus_per_node
+                proxy = any(o.peer >= 0 and o.peer // gpn != self.node if o.op in P2P_OPS
+                            else ctx.link.nnodes(st.comm) > 1 for o in multi if o.comm_uid == uid)  # fmt: skip
+                if not proxy:
+                    continue
+            st.op_count += 1
 
     def _unit_one(self, u: Unit, tm: UnitTimes) -> None:
         """:meth:`_unit` for the common unit (one call with one kernel, no group, no communicator
@@ -2013,7 +2051,6 @@ def emulate_run(config: EmulatorConfig | dict, out_dir: Path, *, progress: bool 
 
 
 def _emulate_run(config: EmulatorConfig | dict, out_dir: Path, *, progress: bool, workers: int) -> EmulationResult:
-    global _WORKER_CTX
     cfg = EmulatorConfig.from_dict(config) if not isinstance(config, EmulatorConfig) else config
     cfg.validate()
     out_dir = Path(out_dir)
@@ -2023,9 +2060,35 @@ def _emulate_run(config: EmulatorConfig | dict, out_dir: Path, *, progress: bool
     ctx = _Context(cfg, out_dir)
     gt = out_dir / "ground_truth"
     res = EmulationResult(out_dir=out_dir, run_id=cfg.run_id, config=cfg, n_ranks=cfg.world_size)
-    schemas = ground_truth_schemas(ctx.capture is not None, ctx.graphs is not None, ctx.namer is not None)
     record_times = cfg.imperfections.torn_lines > 0
     workers = max(1, min(int(workers), cfg.nodes))
+    outputs = _emulate_nodes(ctx, res, gt, workers=workers, progress=progress, t_wall=t_wall)
+    line_time_files = [t for o in outputs for t in o.line_time_files]
+    _write_clock_truth(ctx, res, gt)
+    if record_times:
+        res.stdout_log = out_dir / "stdout.log"
+        try:
+            res.ground_truth["stdout_tears"] = gt / "stdout_tears.parquet"
+            _write_combined_stdout(res.stdout_log, line_time_files, cfg, res.ground_truth["stdout_tears"])
+        finally:
+            for _log, tpath, _pid in line_time_files:
+                tpath.unlink(missing_ok=True)
+    res.duration_ns = ctx.skel.job_end_ns
+    res.run_yaml = out_dir / "run.yaml"
+    _yaml_atomic(res.run_yaml, _run_yaml(ctx, res))
+    _remove_stale(res)
+    return res
+
+
+def _emulate_nodes(ctx: _Context, res: EmulationResult, gt: Path, *, workers: int, progress: bool,
+                   t_wall: float) -> list[_NodeOutput]:  # fmt: skip
+    """Emulate every node (serially, or in ``workers`` forked processes) and collect their
+    outputs into ``res`` in node order: log and export files, counts, and the ground-truth
+    tables (merged from per-node part files when forked). On failure nothing partial is left
+    in ``gt``. Returns the node outputs, sorted by node."""
+    global _WORKER_CTX
+    cfg = ctx.cfg
+    schemas = ground_truth_schemas(ctx.capture is not None, ctx.graphs is not None, ctx.namer is not None)
     outputs: list[_NodeOutput] = []
 
     def done(o: _NodeOutput) -> None:
@@ -2076,8 +2139,12 @@ def _emulate_run(config: EmulatorConfig | dict, out_dir: Path, *, progress: bool
             part.unlink(missing_ok=True)
         if (gt / ".parts").is_dir() and not any((gt / ".parts").iterdir()):
             (gt / ".parts").rmdir()
-    line_time_files = [t for o in outputs for t in o.line_time_files]
-    # clock ground truth
+    return outputs
+
+
+def _write_clock_truth(ctx: _Context, res: EmulationResult, gt: Path) -> None:
+    """The clock ground truth: per node its clock's offset and drift and the session start."""
+    cfg = ctx.cfg
     clock_rows = [{"node": c.node, "host": ctx.hosts[c.node], "offset_ns": c.offset_ns, "drift_ppm": c.drift_ppm,
                    "session_start_true_ns": c.session_true_ns,
                    "session_start_utc_ns": cfg.start_time_utc_ns + c.session_local} for c in ctx.clocks]  # fmt: skip
@@ -2085,15 +2152,11 @@ def _emulate_run(config: EmulatorConfig | dict, out_dir: Path, *, progress: bool
     for r in clock_rows:
         cs.add(tuple(r[f.name] for f in GROUND_TRUTH_SCHEMAS["clock"]))
     res.ground_truth["clock"] = cs.close()
-    if record_times:
-        res.stdout_log = out_dir / "stdout.log"
-        try:
-            res.ground_truth["stdout_tears"] = gt / "stdout_tears.parquet"
-            _write_combined_stdout(res.stdout_log, line_time_files, cfg, res.ground_truth["stdout_tears"])
-        finally:
-            for _log, tpath, _pid in line_time_files:
-                tpath.unlink(missing_ok=True)
-    res.duration_ns = ctx.skel.job_end_ns
+
+
+def _run_yaml(ctx: _Context, res: EmulationResult) -> dict:
+    """The content of run.yaml: the run's settings and what the emulation derived from them."""
+    cfg = ctx.cfg
     run_yaml = {
         "nccltrace_version": __version__,
         "generator": "nccltrace.emulator",
@@ -2114,10 +2177,7 @@ def _emulate_run(config: EmulatorConfig | dict, out_dir: Path, *, progress: bool
             "profiled_ranks": ctx.capture.profiled_ranks(cfg.world_size),
             "exported_hosts": [ctx.hosts[n] for n in sorted(ctx.exported_nodes)],
         }
-    res.run_yaml = out_dir / "run.yaml"
-    _yaml_atomic(res.run_yaml, run_yaml)
-    _remove_stale(res)
-    return res
+    return run_yaml
 
 
 def _remove_stale(res: EmulationResult) -> None:
