@@ -1,32 +1,10 @@
-"""Timing model of the emulated run.
+"""Timing model of the emulated run: integer ns on the true job timeline (0 = job start).
 
-Three layers, documented in ``docs/emulator.md``:
-
-1. :class:`LinkModel` - kernel duration of one NCCL kernel plan:
-   ``alpha(algo, proto, placement) + bus_bytes / bandwidth(placement, proto)`` with the
-   nccl-tests bus-bytes factors (AllReduce 2(n-1)/n x S, AllGather/ReduceScatter/AlltoAll
-   (n-1)/n x S with S the full buffer, Broadcast and Send/Recv 1 x S) and bandwidth by
-   placement: inside a node NVLink (or PCIe) bus bandwidth of the hardware preset, across nodes
-   the network bandwidth per GPU.
-2. :class:`Skeleton` - a discrete-event simulation of one *representative* rank per pipeline
-   stage (tp = cp = dp = 0). Every rank of a stage issues the same sequence of kernel plans
-   (the schedule depends on the stage only), so stage-level times apply to all its ranks.
-   Compute gaps come from a FLOP model at the preset's sustained TFLOP/s. Collectives whose
-   members span stages (world barriers, model-parallel group, embedding group, pipeline
-   P2P) synchronise the stages: a collective ends ``arrival_skew + duration`` after its last
-   member arrived; a P2P transfer ends after both sides arrived. The stage's host issues each
-   unit (:func:`host_issue`): a plan arrives no earlier than its launch returned. With
-   ``end_spread_ns_max`` a stage goes on, and a communicator's next plan starts, only that long
-   after a plan's end (the latest a member can end, see below).
-3. :class:`RankTimer` - per-rank realisation: the rank reaches each kernel at the stage time plus
-   a per-rank arrival offset in ``[0, skew]`` (one member, the straggler, arrives last), all
-   members' kernels end together (plus < 1 us jitter when skew is on, plus up to
-   ``end_spread_ns_max`` per rank when set), the CPU issues the call
-   ``host_lead_ns`` before the GPU can run it, the launch API runs right after the call and the
-   kernel starts at least ``queue_min_ns`` after the launch returned.
-
-Times are integers in ns on the true job timeline (0 = job start); per-node clock offset and
-drift are applied by the writer (run.py) when rendering nsys timestamps and log wall clocks.
+Three layers: :class:`LinkModel` (one kernel plan's duration from bus bytes and the placement's
+bandwidth), :class:`Skeleton` (a discrete-event simulation of one representative rank per
+pipeline stage, since every rank of a stage issues the same plans) and :class:`RankTimer` (each
+rank's arrival offset, jitter, end spread, host lead and launch queueing). Per-node clock offset
+and drift are applied by the writer (``run.py``). The model: ``docs/emulator.md``.
 """
 
 from __future__ import annotations

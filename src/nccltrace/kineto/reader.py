@@ -1,26 +1,9 @@
 """PyTorch-profiler (Kineto) Chrome traces as a kernel source: the same tables as an nsys export.
 
-``torch.profiler`` (and Megatron's ``--use-pytorch-profiler``, HTA, TraceLens) write one
-Chrome-trace JSON per rank: ``traceEvents`` with GPU kernels (``cat: kernel``, on ``pid`` = the
-device, ``tid`` = the stream), the CUDA runtime/driver calls that launched them (``cuda_runtime``,
-``cuda_driver``; ``args.correlation`` links a launch to its kernel), CPU ranges
-(``user_annotation``: ``ProfilerStep#N``, ``record_function`` names), and a header with
-``baseTimeNanoseconds`` and ``distributedInfo`` (rank, world size, process groups).
-
 :meth:`KinetoTrace.export_tables` writes what :meth:`nccltrace.nsys.NsysExport.export_tables`
-writes (``kernels``, ``nvtx``, ``processes``, ``launches_without_kernel``, ``nccl_api_calls``,
-``session.json``), so every later stage reads one kernel table whichever profiler recorded it.
-
-Times. ``ts``/``dur`` are microseconds with three decimals on the host's monotonic clock;
-``baseTimeNanoseconds`` is the wall clock at its zero, so UTC(ns) = base + ts * 1000. Stored
-times are kept on the monotonic clock (``int(ts * 1000)``, exact from the decimal text: a double
-holds ~4.99e12 us to only about 1 ns, and uptimes of months lose whole nanoseconds) and
-``utc_offset_ns`` = base, as an nsys export keeps its own.
-
-What the profiler adds per kernel (``KERNEL_ARG_COLUMNS``): PyTorch's collective, message sizes,
-dtype and process group of each NCCL kernel (``args``: "Collective name", "In msg nelems",
-"Process Group Name", ...). Step markers (``ProfilerStep#N``) and other CPU ranges go to the
-``nvtx`` table as push/pop ranges of domain ``pytorch_profiler``.
+writes, so every later stage reads one kernel table whichever profiler recorded it; what the
+profiler adds per kernel (PyTorch's collective, sizes, dtype, process group) goes to
+``KERNEL_ARG_COLUMNS``. The format and its times: ``docs/kineto.md``.
 """
 
 from __future__ import annotations

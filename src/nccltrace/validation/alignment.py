@@ -1,16 +1,9 @@
 """Alignment accuracy against emulator ground truth: thesis table 4.5 scenarios and imperfect runs.
 
-Every scenario goes through the real path: the emulator writes NCCL logs and nsys SQLite
-exports, the project's readers parse them, the aligner sees only parsed tables. Ground truth
-(``ground_truth/ops.parquet``) says which kernel (globalPid, correlationId) each call line
-launched. Metrics follow thesis eqs. 4.17-4.19 over (call line, kernel) pairs: a positive is a
-call line whose kernel exists in the export; a predicted match to another kernel, or to any
-kernel when none exists, is a false positive. Duplicate lines are not ops and are not counted.
-
-Table 4.5 scenarios (thesis section 4.3.2: 4 ranks x 200 ops, none / Nsys 20% / NCCL 20% /
-both 20% dropped) are built from an emulated 4-rank Megatron run (TP=2, PP=2: AllReduce,
-AllGather, ReduceScatter, Broadcast and grouped Send/Recv), keeping each rank's first 200 calls
-and the kernels they launch, with the emulator's ``drop_kernels`` / ``drop_log_lines`` knobs.
+Every scenario goes through the real path (the emulator writes logs and exports, the project's
+readers parse them, the aligner sees only parsed tables), so the figures measure what users get.
+Metrics follow thesis eqs. 4.17-4.19 over (call line, kernel) pairs; scenarios and figures:
+``docs/correlation.md`` section 1.4.
 """
 
 from __future__ import annotations

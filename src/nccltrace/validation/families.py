@@ -1,25 +1,10 @@
 """Correlation accuracy per capture family: the shapes real captures take, through the product path.
 
-Each family is an emulated 2-node TP2·PP2·DP2 Megatron run (8 ranks, grouped P2P, unsynchronised
-clocks, arrival skew) captured or damaged the way users' captures are, analysed exactly as
-``nccltrace analyze`` does (every stage to the ops table, NVTX evidence, cross-rank check), and
-scored against ground truth: a positive is a call line whose kernel is in the export (inside the
-capture window, on a profiled rank, not lost); a reported match to another kernel, or to any
-kernel when none is in the export, is a false positive.
-
-Families (``FAMILIES``): the whole run; a step window located by log time, by the export's step
-markers (NVTX ``iteration N`` ranges), by a declared step range checked against them, and, with
-neither markers nor timestamps, by nothing (declared or not: must abstain, the captured steps
-repeat identically); a rank subset; kernel ends of one collective spread by milliseconds over its
-ranks (ranks time-sharing a GPU); process groups created lazily with a default group that runs no
-NCCL collective (no communicator of every rank: global ranks unknown); a log cut short and a log with a block of
-lines lost; 20 % of lines and 20 % of kernels *with their launch records* lost, with NCCL's
-NVTX ranges stripped (an export of a run without NVTX tracing), with and without log
-timestamps; a build that runs collectives through SendRecv kernels (NVTX stripped, so only the
-alignment decides); symmetric-memory kernel names; TP collectives in CUDA graphs (replayed
-kernels must not be matched to lines; positives are the eager calls); one all-reduce in a CUDA graph
-among eager collectives on 8 ranks time-sharing GPUs, with a profiler-like trace (no NVTX, no launch
-without kernel) and some launches delayed far past their lines (issue 32's real run). The target is precision >= 0.999 in every family; recall says what abstaining cost.
+Each family (``FAMILIES``) is an emulated 8-rank Megatron run captured or damaged the way users'
+captures are (step windows, rank subsets, lost lines and kernels, stripped NVTX, CUDA graphs,
+time-shared GPUs, ...), analysed exactly as ``nccltrace analyze`` does and scored against ground
+truth. The target is precision >= 0.999 in every family; recall says what abstaining cost. The
+families and their figures: ``docs/correlation.md`` section 1.5.
 """
 
 from __future__ import annotations
