@@ -2,19 +2,13 @@
 the NCCL log of each of its processes (stage parse_nccl, one after another).
 
 One job per node rather than one per process keeps a large run's job count at the order of its
-nodes (a scheduler's cost, and an interpreter start-up per job). Each process's tables, parse
-report and manifest are parse_nccl's own, in ``parsed/nccl/<host>/<proc>/``; the export's are
-parse_nsys's, in ``parsed/nsys/<host>/``. A node with logs but no export gets parse_nsys's 'no
-export' tables (its calls are aligned as ``no_export``); a node with an export but no log gets
-its export's tables and an empty ``parsed/nccl/<host>/`` (the parse summary says the export is
-not used). Damaged inputs are partial, as those stages decide; a stage that raises for one
-process does not stop the others, and the job then fails naming it
-(:class:`~nccltrace.stages.NodeStageError`).
-
-The export goes first: its parse has the larger peak (the kernels), and it then runs in an
-interpreter that has not yet parsed anything (measured on one node of 8 processes, 0.5 M calls
-and an 80 MB export: a peak of 1,180 MiB, as the export alone in a fresh interpreter, against
-1,290-1,320 MiB with the export last)."""
+nodes (a scheduler's cost, and an interpreter start-up per job). Each process's outputs are
+parse_nccl's own and the export's parse_nsys's; a node with logs but no export gets parse_nsys's
+'no export' tables; a stage that raises for one process does not stop the others, and the job
+then fails naming it (:class:`~nccltrace.stages.NodeStageError`). The export goes first: its
+parse has the larger peak, and it then runs in an interpreter that has parsed nothing yet
+(measured: ``docs/benchmarks.md``, "Memory per job").
+"""
 
 from __future__ import annotations
 
