@@ -1,42 +1,11 @@
 """Clock synchronisation of per-node (or per-process) timelines from matched collective instances.
 
-Every node stamps its kernels with its own clock. A collective instance (the kernels of all
-member ranks for one logical collective) is a natural synchronisation point, but only its
-*end* is: a kernel starts when its rank arrives, so starts are spread by however long the
-early ranks wait for the straggler, while all members finish within a fraction of a
-microsecond of each other. This module therefore fits clocks to kernel ends.
-
-Model
------
-Timestamps are int64 ns, each domain's UTC reading (nsys timestamp + the export's session UTC
-start). One domain is the *reference* R. An event that R reads as ``x_R`` is read by domain
-``d`` as::
-
-    x_d = x_R + offset_d + drift_d * (x_R - t_ref)          (drift_d = drift_ppm_d * 1e-6)
-
-``t_ref`` is a reference time on R's clock (the median timestamp of R's rows in spanning
-instances), so ``offset_d`` is the offset *at* ``t_ref`` and offset and drift are nearly
-uncorrelated. The correction back to R's clock is the exact inverse
-(:func:`apply_clock_correction`).
-
-Estimator
----------
-Each instance ``i`` has one unknown true end ``E_i`` (on R's clock); row ``j`` of domain ``d``
-in instance ``i`` observes ``y_j = E_i + c_d + k_d (y_j - t_ref) + noise``, which is linear in
-the unknowns (the correction form; it converts exactly to offset/drift above). The ``E_i`` are
-eliminated by weighted demeaning within each instance -- every member is compared with its
-instance's mean, never with every other member -- which leaves a least-squares problem with
-two unknowns per domain. It is solved directly from the reduced normal matrix when that is
-cheap to build (cost sum over instances of (domains in the instance)^2), otherwise by
-preconditioned conjugate gradients whose matrix-vector product costs O(rows). Outliers are
-handled by iterated hard rejection: residuals against the per-instance median, robust scale
-from the MAD (floored), rows beyond ``reject_k`` scales are dropped and the fit repeated until
-the rejected set is stable. Only instances whose active rows span >= 2 domains carry
-information; domains not connected to the reference by such instances get null estimates and
-a reason.
-
-For comparison, :func:`thesis_start_median` implements the baseline method (per-rank median
-of kernel-start offsets from each instance's median start, normalised to rank 0, no drift).
+Every node stamps its kernels with its own clock. A collective instance is a natural
+synchronisation point, but only its *end* is: starts are spread by however long the early ranks
+wait for the straggler, while all members finish within a fraction of a microsecond of each
+other. So clocks (an offset and a drift per domain against a reference) are fitted to kernel
+ends by robust weighted least squares. The model and estimator: ``docs/correlation.md`` section 3
+and its module notes.
 """
 
 from __future__ import annotations
