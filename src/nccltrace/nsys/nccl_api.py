@@ -1,46 +1,10 @@
 """NCCL API calls from NCCL's NVTX ranges, each linked to the kernel that executed it.
 
-NCCL (>= 2.8.3) wraps every API call in a push/pop range of its own NVTX domain ``NCCL``
-(``ncclAllReduce``, ``ncclSend``, ``ncclGroupStart``, ``ncclCommInitRank``, ...), whenever nsys
-traces NVTX. NCCL launches its kernels from the calling thread, inside the range of an ungrouped
-call or inside the ``ncclGroupEnd`` that closes the outermost group (nested ``ncclGroupStart``
-calls only raise the depth). The kernel's launch API record (``launch_tid``, ``launch_start``,
-``launch_end`` of :meth:`NsysExport.kernels`) therefore lies inside exactly one *launch range*
-on its thread. This link needs no payload and no log.
-
-**Which ranges are NCCL's.** Push/pop ranges of a domain named ``NCCL`` (its ``eventType = 75``
-creation row names it, per process). A cut or windowed capture can lose that row; then a
-domain (per process, id != 0) whose ranges are all named like an NCCL API call (``nccl`` +
-CamelCase) with at least one known API name is taken as NCCL's. Payload schemas registered under
-that domain id with NCCL entry names (``NCCL communicator ID``, ``Message size [bytes]``, ...)
-are reported as corroboration (the schema tables carry no process, so they cannot decide alone).
-Other domains are never taken, whatever their range names (PyTorch's ``nccl:all_to_all`` lives in
-the default domain 0).
-
-**Group structure** is the per-thread depth walk over ``ncclGroupStart``/``ncclGroupEnd``. A
-capture that begins inside a group shows a ``ncclGroupEnd`` without its start: the thread is
-taken to start at the smallest depth that keeps the walk non-negative, so the calls before it
-belong to the group it closes. A group still open at the end of the capture has no launch range.
-
-**Kernel of a call (exact or refuse).** Let the call's launch range hold K NCCL kernels of the
-export and L launches whose kernel record is missing (``lost_launches``):
-
-* K = 0: ``kernel_missing`` when L > 0 (the record was lost, or the kernel ran after the capture
-  window), else ``no_kernel``.
-* The launch range is the row itself (ungrouped call, closing ``ncclGroupEnd``): ``matched`` when
-  K = 1 and L = 0, else ``several_kernels`` (all of them are its own; none is named).
-* A grouped call, K = 1, L = 0 and the group's calls name at most one communicator id (or none):
-  ``matched``. NCCL launches one kernel per communicator of a group, so otherwise the kernel is
-  chosen by communicator: a kernel's CUDA stream names its communicator where every launch range
-  with one kernel and one communicator id seen on that stream (same process) agrees. A call is
-  ``matched`` when L = 0, every kernel of its range is placed that way and exactly one is on its
-  communicator; ``no_kernel`` when none is; else ``ambiguous_kernel`` (always without
-  communicator ids, and when NCCL split the group into several plans of one communicator).
-
-Assumption for K = 1 without communicator ids: every call of the group used the one kernel (a
-group mixing in calls of a single-rank communicator, which launch nothing, would be linked too).
-Launches from another thread (CUDA graph replays, non-blocking communicators) are in no launch
-range: those kernels stay unlinked and their calls ``no_kernel``.
+NCCL (>= 2.8.3) wraps every API call in a push/pop range of its own NVTX domain, and launches its
+kernels from the calling thread inside the range of an ungrouped call or of the ``ncclGroupEnd``
+closing the outermost group; so a kernel's launch record lies inside exactly one launch range,
+a link that needs no payload and no log. A call is linked to a kernel only when that is exact,
+otherwise the reason is recorded. Details: ``docs/nsys.md``, module notes.
 """
 
 from __future__ import annotations
