@@ -1,44 +1,11 @@
 """Which Megatron-LM parallelism each logical communicator serves.
 
-With the run's declared sizes (:class:`ParallelSizes`) the groups Megatron creates are known
-exactly: :class:`~nccltrace.megatron.layout.MegatronLayout` generates them (core_r0.13 rank
-ordering ``tp-cp-ep-dp-pp``) and every observed communicator is matched to them by its member
-set (global ranks). Labels are the layout's group kinds: ``world``, ``dp-cp``, ``dp``, ``cp``,
-``mp`` (tp-pp), ``tp``, ``pp``, ``embd`` (embedding), ``pos-embd`` (position embedding),
-``tp-dp-cp``, ``tp-dp``, ``tp-cp``, ``ep``, ``etp`` (expert tp), ``tp-ep``, ``tp-ep-pp``,
-``edp`` (expert dp), ``intra-distopt`` (distributed-optimizer instance).
-
-Ambiguity. Several kinds can have identical member sets (cp = 1: ``dp-cp`` = ``dp``; tp = pp = 1:
-``world`` = ``dp``; pp = 2: ``pp`` = ``embd``; etp = tp: ``tp`` = ``etp``; ...). A member set
-cannot tell them apart, so every such communicator gets a canonical label (first in
-:data:`KIND_PREFERENCE`) and ``parallelism_candidates`` lists all kinds still possible. The
-ambiguity is resolved only by evidence that is exact:
-
-* **creation order of eager splits.** With eager initialisation PyTorch splits every new group
-  from the world communicator, all ranks in the same order (Megatron's creation order, which the
-  layout reproduces); non-members take part with NOCOLOR. So the communicators of one member set
-  that were split from the world communicator, ordered by creation, are the layout's groups of
-  that member set in layout order. Creation order is each member's init-line order (and
-  ``splitCount`` where NCCL >= 2.24 prints it); it is used only when all members agree, the
-  number of split communicators equals the number of expected groups, and every one of them is
-  recognisably a split (``kind == 'split'`` with the world as parent, or - NCCL < 2.21.5 printing
-  splits as plain inits - a commId repeated by another communicator, which only splits do).
-  The world communicator itself is the parent of the splits.
-* **pair communicators.** PyTorch gives each un-coalesced isend/irecv between two ranks its own
-  two-rank communicator (never a split, never used for collectives). Such a communicator is
-  labelled by the single parallel dimension both ranks share (``pp`` for pipeline neighbours,
-  ``cp`` for the ring attention, ...). Its owning process group is not in the logs: Megatron's
-  pipeline code uses the world group for one direction when pp = 2, so ``world`` is a candidate
-  there. A two-rank communicator that carries collectives, or is a split, is not a pair.
-
-With lazy initialisation (PyTorch's default without a bound device) creation order is first-use
-order and says nothing about the kind: identical member sets stay ambiguous.
-
-Without sizes the thesis's heuristic (section 4.2.3) is used and reported as such
-(``label_source = 'heuristic'``): a communicator carrying only Send/Recv is ``pp``, the
-communicators with the most ranks are ``dp``, any other one with calls is ``collective``, one
-without calls ``unknown``. With sizes, a member set matching no expected group is ``unknown``
-with ``label_source = 'unmatched'``.
+With the run's declared sizes the groups Megatron creates are known exactly
+(:class:`~nccltrace.megatron.layout.MegatronLayout`), and each observed communicator is matched
+to them by its member set. Kinds with identical member sets get a canonical label and
+``parallelism_candidates``, and are told apart only by exact evidence (eager split order, pair
+communicators); without sizes the thesis's heuristic is used and reported as such. Details:
+``docs/correlation.md`` section 2 and its module notes.
 """
 
 from __future__ import annotations
