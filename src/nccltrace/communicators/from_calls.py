@@ -1,39 +1,12 @@
 """Logical communicators from call sequences, for logs without init lines (thesis 4.2.3).
 
 Without ``Init``/split lines nothing in a log says which communicator pointers of different
-processes are the same communicator. Two inferences are offered, both writing the tables of
-:mod:`nccltrace.communicators.infer` (``COMMUNICATOR_SCHEMA`` / ``MEMBER_SCHEMA``, ``kind = 'sequence'``):
-
-``method='thesis'`` - the thesis's rule: pointers whose sequences of operation names are
-identical form one communicator (eq. 4.5); global rank by eq. 4.6. Ranks within the
-communicator are not inferred (-1). Known failure modes, measured by
-:mod:`nccltrace.validation.communicators`: equally busy groups (every TP group of a stage runs
-the same calls) merge into one; the two ends of a point-to-point communicator (one sends, the
-other receives) never match; one dropped or duplicated line splits a communicator.
-
-``method='improved'``:
-
-* duplicate lines (the log reader's ``duplicate_of``) are dropped;
-* pointers are bucketed by what every member of a communicator logs identically: the size
-  printed on each call (``[nranks=N]``), the sequence of collective calls with their count,
-  datatype, reduction and root, and - for Send/Recv, whose direction and peer differ per
-  member - the set of message sizes; then by the collective sequence alone; then, for lines
-  lost from the log, by sequence similarity;
-* a bucket is cut into communicators of exactly N pointers of N distinct processes; every
-  candidate must be *point-to-point consistent*: some assignment of ranks makes each member's
-  traffic to a peer equal that peer's traffic from it (messages and elements per direction);
-* when one bucket holds several communicators (e.g. all TP groups of a pipeline stage), the
-  logs alone cannot tell which processes belong together unless Send/Recv traffic does; the
-  partition then follows the declared sizes' Megatron groups (``sizes``), else equal rank
-  strides (smallest stride first), and such communicators are marked incomplete with the rule
-  that chose them;
-* the rank of each member comes from ``comm_info`` lines (``comm .. rank .. nRanks``) when
-  given, else from point-to-point traffic where it admits a single assignment, else - only
-  with ``rank_order='pytorch'`` - from PyTorch's convention (ranks in increasing global rank);
-  otherwise it stays -1 and the communicator is incomplete;
-* global rank by eq. 4.6 with hosts in natural order (``node2`` before ``node10``) and, where
-  processes of one host share a ``[cudaDev]`` (one visible GPU per process), the local rank
-  from the order of (cudaDev, pid) on that host, flagged.
+processes are the same communicator, so they are inferred from what every member logs alike.
+``method='thesis'`` is the thesis's rule (identical operation-name sequences, eq. 4.5), kept to
+measure against; ``method='improved'`` buckets pointers by sizes, call sequences and
+point-to-point consistency, and marks a communicator incomplete where the logs cannot decide.
+Both write the tables of :mod:`nccltrace.communicators.infer`. Details: ``docs/correlation.md``
+section 2 and its module notes.
 """
 
 from __future__ import annotations
