@@ -1,37 +1,11 @@
 """Step-window and rank-subset captures: the one definition of the ``capture`` run setting.
 
-Real users profile a few training steps on a few ranks: Megatron-LM's ``--profile
---profile-step-start S --profile-step-end E --profile-ranks r ...`` makes the listed ranks call
-``cudaProfilerStart``/``cudaProfilerStop`` around some steps, and ``nsys profile
---capture-range=cudaProfilerApi --capture-range-end=stop`` records only between them, while
-``NCCL_DEBUG_FILE`` still logs the whole run. A run setting describes such a capture::
-
-    capture:
-      steps: [3, 4]              # Megatron's logged iteration numbers, first and last captured
-      ranks: all                 # or a list of global ranks (only they call cudaProfilerStart)
-      pre_window_metadata: kept  # emulator only: NVTX metadata registered before the window
-
-Absent ``capture`` = the whole run is profiled (no capture range). ``steps`` omitted = every
-step (still a capture range: initialisation before the first step is outside it).
-
-**Which steps are captured** (Megatron-LM ``megatron/training/training.py``, identical in
-core_r0.13 = 73a28a1 and in main as of 2026): the training loop's ``iteration`` counts completed
-steps (0 before the first). At the top of the loop ``if iteration == profile_step_start:
-cudaProfilerStart()``; after the step ``iteration += 1``, the step is logged as ``iteration
-<iteration>/<train_iters>``, and ``post_training_step_callbacks`` calls ``cudaProfilerStop()``
-when ``iteration == profile_step_end``. So the captured steps are the loop indices (0-based)
-``profile_step_start .. profile_step_end - 1``: end is exclusive in 0-based terms, i.e. the
-logged (1-based) iterations ``profile_step_start + 1 .. profile_step_end``. ``steps: [first,
-last]`` uses the logged numbers, both inclusive, the numbers of the emulator's ``iteration N``
-NVTX ranges; hence ``--profile-step-start first-1 --profile-step-end last``. Every step ends
-with a host synchronisation (the loss is read for the log line), so a step's kernels have all
-finished before the next step's ``cudaProfilerStart``/after ``cudaProfilerStop`` is reached:
-membership of a step decides membership of its kernels.
-
-**Which ranks**: only ranks in ``--profile-ranks`` call Start/Stop. Its default is ``[0]`` in
-core_r0.13 and ``[]`` (= all) in later releases, so the list is always passed explicitly.
-Megatron r0.13 also enters ``torch.autograd.profiler.emit_nvtx`` at the start step (per-op NVTX
-ranges in the window), which the emulator does not reproduce.
+Users profile a few training steps on a few ranks (Megatron's ``--profile`` arguments around
+``nsys profile --capture-range=cudaProfilerApi``) while the NCCL log covers the whole run, so the
+config checks, the Megatron arguments, the launch script and the emulator must agree on which
+steps and ranks a capture holds. ``steps: [first, last]`` are Megatron's logged (1-based)
+iteration numbers, both inclusive. How they map to Megatron's arguments: ``docs/emulator.md``
+and the module notes there.
 """
 
 from __future__ import annotations

@@ -1,35 +1,9 @@
 """Chrome Trace Event export of a run's operations (loads in Perfetto and chrome://tracing).
 
-One gzip-compressed JSON file (``trace.json.gz``) per run, optionally one per rank. Layout:
-
-* **one process per rank**: ``pid`` = global rank (processes whose rank is unknown get
-  ``UNKNOWN_RANK_PID_BASE + k``), named ``rank <g> (<host>)`` and sorted by global rank;
-* **threads (tracks) per process**, top to bottom: ``NVTX`` ranges of that process (one track
-  per NVTX thread and domain), ``parallelism`` (one slice per kernel launch, named by the
-  parallelism it served, so the kind of communication reads as a colour band), one track per
-  communicator (``tp comm #2 (4 ranks)``: one slice per call with every argument of the call),
-  one track per CUDA stream (``stream 13``: one slice per NCCL kernel, also kernels no log line
-  explains). Slices that overlap without nesting on one track move to an extra lane
-  (``stream 13 (lane 2)``) instead of being dropped by the viewer;
-* **flow arrows** (trace-event "v2" flows: ``bind_id`` + ``flow_in``/``flow_out`` on the call
-  slices, no extra events) chain the ranks of each collective instance, and each Send with its
-  Recv, in order of kernel start: the arrow ends at the last rank to arrive;
-* **args** as in the thesis (figure 4.2): kernel, grid/block, op, opCount, communicator pointer
-  and logical id, counts, sizes, datatype, parallelism, and from the optional metrics table the
-  bandwidths, theoretical limit, efficiency, wait/transfer split and algorithm/protocol.
-
-Time: kernel times after clock synchronisation (``kernel_*_sync``) for hosts that have them,
-else the host's own clock read as UTC (``kernel_*_utc``); NVTX ranges are put on the same clock
-(session offset, then the host's clock correction). ``ts`` is microseconds since the run's
-first event (3 decimals = exact nanoseconds); the origin (UTC ns, as a string because it exceeds
-2^53) and the clock used are in ``otherData`` and in a global "trace info" instant at ts 0.
-
-Operations without kernel time (unmatched lines) are not drawn at invented times; their counts
-per reason are in the metadata and in each process's labels.
-
-Events are formatted in bounded chunks per rank and streamed into a gzip file written
-atomically. ``window_ns``, ``window_nvtx``, ``ranks``, ``min_message_bytes`` and ``max_events``
-cut large runs into readable traces (see ``docs/trace.md``).
+One gzip-compressed JSON file per run (optionally one per rank): a process per rank, tracks for
+NVTX, parallelism, communicators and CUDA streams, flow arrows across each collective instance,
+on the synchronised clock. Unmatched lines are not drawn at invented times, only counted; events
+are streamed in bounded chunks so large runs fit in memory. Layout and options: ``docs/trace.md``.
 """
 
 from __future__ import annotations
