@@ -334,130 +334,31 @@ class Skeleton:
         return _Info("intra", spec.duration_ns, skew, 0, (s,), [], uid, init, n_k)
 
     def _run(self) -> None:
+        """Walk the stages' programs side by side: each stage advances until it waits for another
+        (a collective spanning stages, a blocking P2P whose peer has not arrived), until every
+        program is done; then store the per-stage arrays."""
         cfg, L = self.cfg, self.layout
         pp = cfg.pp
         self._stage_cache: dict[int, tuple[int, ...]] = {}
         states = [_StageState(RankProgram(cfg, L, L.stage_representative(s)).units()) for s in range(pp)]
-        starts: list[list[int]] = [[] for _ in range(pp)]
-        ends: list[list[int]] = [[] for _ in range(pp)]
-        skews: list[list[int]] = [[] for _ in range(pp)]
-        inits: list[list[int]] = [[] for _ in range(pp)]
-        coll: dict[int, dict[int, int]] = {}
-        coll_left: dict[int, int] = {}
-        p2p_arr: dict[tuple[int, bool], int] = {}
-        settle = self.settle
-
-        def p2p_end(eff: int, info: _Info) -> int | None:
-            end = eff + info.dur
-            for inst, is_send, _ps, dur, sk in info.p2p:
-                other = p2p_arr.get((inst, not is_send))
-                if other is None:
-                    return None
-                end = max(end, max(eff, other) + sk + dur)
-            return end
-
-        def resolve_pending(st: _StageState, s: int) -> bool:
-            ok = True
-            keep = []
-            for idx, info, eff in st.pending:
-                e = p2p_end(eff, info)
-                if e is None:
-                    ok = False
-                    keep.append((idx, info, eff))
-                    continue
-                ends[s][idx] = e
-                st.clock = max(st.clock, e + settle)
-                st.comm_free[info.comm_uid] = max(st.comm_free.get(info.comm_uid, 0), e + settle)
-            st.pending = keep
-            return ok
-
+        walk = _SkeletonWalk(self)
         remaining = pp
         while remaining:
             progress = False
             for s, st in enumerate(states):
-                while not st.done:
-                    if st.unit is None:
-                        nxt = next(st.gen, None)
-                        if nxt is None:
-                            if st.pending and not resolve_pending(st, s):
-                                break
-                            st.done = True
-                            remaining -= 1
-                            progress = True
-                            break
-                        st.unit = nxt
-                        # units are appended in program order: this one gets the next index
-                        self.first_unit[s].setdefault(nxt.iteration, len(starts[s]))
-                        st.info = self._classify(s, nxt)
-                        st.arrived = False
-                    u, info = st.unit, st.info
-                    assert info is not None
-                    blocking = u.blocking or info.kind != "p2p"
-                    if not st.arrived:
-                        same_comm = any(p[1].comm_uid == info.comm_uid for p in st.pending)
-                        if st.pending and (blocking or u.gap_ns > 0 or same_comm):
-                            if not resolve_pending(st, s):
-                                break
-                        arrival = st.clock + int(u.gap_ns) + info.init
-                        eff = max(arrival, st.comm_free.get(info.comm_uid, 0))
-                        # a host that is behind (a CPU-bound run of small calls) delays the
-                        # stage's kernels: the other members then wait for them
-                        h = host_issue(self.tp, st.cpu, eff, eff, info.init, len(u.ops), u.grouped, info.launches)
-                        eff = max(eff, h.kernel_ready) if info.launches else eff
-                        st.cpu = h.cpu_end
-                        st.eff = eff
-                        st.arrived = True
-                        if info.kind == "coll":
-                            coll.setdefault(info.key, {})[s] = eff
-                            coll_left.setdefault(info.key, len(info.stages))
-                        elif info.kind == "p2p":
-                            for inst, is_send, _ps, _d, _sk in info.p2p:
-                                p2p_arr[(inst, is_send)] = eff
-                    eff = st.eff
-                    if info.kind == "none" or info.kind == "intra":
-                        end = eff + info.skew + info.dur
-                    elif info.kind == "coll":
-                        arr = coll[info.key]
-                        if len(arr) < len(info.stages):
-                            break  # wait for the other stages
-                        end = max(arr.values()) + info.skew + info.dur
-                        coll_left[info.key] -= 1
-                        if coll_left[info.key] == 0:
-                            del coll[info.key], coll_left[info.key]
-                    else:
-                        end = p2p_end(eff, info)
-                        if end is None:
-                            if blocking:
-                                break
-                            starts[s].append(eff)
-                            ends[s].append(-1)
-                            skews[s].append(info.skew)
-                            inits[s].append(info.init)
-                            st.pending.append((len(ends[s]) - 1, info, eff))
-                            st.clock = eff + self.tp.issue_ns
-                            st.unit = None
-                            progress = True
-                            continue
-                    starts[s].append(eff)
-                    ends[s].append(end)
-                    skews[s].append(info.skew)
-                    inits[s].append(info.init)
-                    done = end
-                    if info.kind != "none":
-                        done = end + settle
-                        st.comm_free[info.comm_uid] = done
-                    st.clock = done if blocking else eff + self.tp.issue_ns
-                    st.unit = None
+                if not st.done and walk.advance(s, st):
                     progress = True
+                    if st.done:
+                        remaining -= 1
             if not progress:
-                where = [(s, st.unit.phase if st.unit else None, len(ends[s])) for s, st in enumerate(states)]
+                where = [(s, st.unit.phase if st.unit else None, len(walk.ends[s])) for s, st in enumerate(states)]
                 raise RuntimeError(f"timing skeleton deadlocked (stage, phase, unit): {where}")
         for s in range(pp):
-            self.start.append(np.asarray(starts[s], dtype=np.int64))
-            self.end.append(np.asarray(ends[s], dtype=np.int64))
-            self.skew.append(np.asarray(skews[s], dtype=np.int64))
-            self.init.append(np.asarray(inits[s], dtype=np.int64))
-            self.n_units[s] = len(starts[s])
+            self.start.append(np.asarray(walk.starts[s], dtype=np.int64))
+            self.end.append(np.asarray(walk.ends[s], dtype=np.int64))
+            self.skew.append(np.asarray(walk.skews[s], dtype=np.int64))
+            self.init.append(np.asarray(walk.inits[s], dtype=np.int64))
+            self.n_units[s] = len(walk.starts[s])
 
     def window_start_ns(self, stage: int, iteration: int) -> int:
         """A lower bound on the true time of the first activity of ``stage``'s ranks from
@@ -474,6 +375,150 @@ class Skeleton:
     def job_end_ns(self) -> int:
         # a job without a single NCCL unit (one GPU, nothing to communicate) ends at its start
         return int(max((int(e.max()) for e in self.end if len(e)), default=0))
+
+
+class _SkeletonWalk:
+    """The state :meth:`Skeleton._run` shares between the stages while it walks their programs:
+    per stage the unit times found so far, and the arrivals at collectives spanning stages and
+    at P2P transfers whose other side has not been timed yet."""
+
+    def __init__(self, skel: Skeleton) -> None:
+        pp = skel.cfg.pp
+        self.skel = skel
+        self.settle = skel.settle
+        self.issue_ns = skel.tp.issue_ns
+        self.starts: list[list[int]] = [[] for _ in range(pp)]
+        self.ends: list[list[int]] = [[] for _ in range(pp)]
+        self.skews: list[list[int]] = [[] for _ in range(pp)]
+        self.inits: list[list[int]] = [[] for _ in range(pp)]
+        self.coll: dict[int, dict[int, int]] = {}  # collective key -> stage -> arrival
+        self.coll_left: dict[int, int] = {}  # collective key -> stages yet to time it
+        self.p2p_arr: dict[tuple[int, bool], int] = {}  # (instance, is send) -> arrival
+
+    def p2p_end(self, eff: int, info: _Info) -> int | None:
+        """End of a P2P unit arriving at ``eff``, or None while a peer has not arrived."""
+        end = eff + info.dur
+        p2p_arr = self.p2p_arr
+        for inst, is_send, _ps, dur, sk in info.p2p:
+            other = p2p_arr.get((inst, not is_send))
+            if other is None:
+                return None
+            end = max(end, max(eff, other) + sk + dur)
+        return end
+
+    def resolve_pending(self, st: _StageState, s: int) -> bool:
+        """Time the stage's non-blocking P2P units whose peers have arrived since; False while
+        some are still waiting."""
+        ok = True
+        keep = []
+        settle = self.settle
+        ends = self.ends[s]
+        for idx, info, eff in st.pending:
+            e = self.p2p_end(eff, info)
+            if e is None:
+                ok = False
+                keep.append((idx, info, eff))
+                continue
+            ends[idx] = e
+            st.clock = max(st.clock, e + settle)
+            st.comm_free[info.comm_uid] = max(st.comm_free.get(info.comm_uid, 0), e + settle)
+        st.pending = keep
+        return ok
+
+    def advance(self, s: int, st: _StageState) -> bool:
+        """Time stage ``s``'s units until it waits for another stage or its program ends.
+        Returns whether it made progress (timed a unit, or finished)."""
+        progress = False
+        settle = self.settle
+        while not st.done:
+            if st.unit is None and not self._next_unit(s, st):
+                if st.pending and not self.resolve_pending(st, s):
+                    break
+                st.done = True
+                return True
+            u, info = st.unit, st.info
+            assert u is not None and info is not None
+            blocking = u.blocking or info.kind != "p2p"
+            if not st.arrived and not self._arrive(s, st, u, info, blocking):
+                break
+            eff = st.eff
+            kind = info.kind
+            if kind == "none" or kind == "intra":
+                end = eff + info.skew + info.dur
+            elif kind == "coll":
+                arr = self.coll[info.key]
+                if len(arr) < len(info.stages):
+                    break  # wait for the other stages
+                end = max(arr.values()) + info.skew + info.dur
+                self.coll_left[info.key] -= 1
+                if self.coll_left[info.key] == 0:
+                    del self.coll[info.key], self.coll_left[info.key]
+            else:
+                p2p = self.p2p_end(eff, info)
+                if p2p is None:
+                    if blocking:
+                        break
+                    # a non-blocking transfer: the stage goes on, the end is found later
+                    self._record(s, eff, -1, info)
+                    st.pending.append((len(self.ends[s]) - 1, info, eff))
+                    st.clock = eff + self.issue_ns
+                    st.unit = None
+                    progress = True
+                    continue
+                end = p2p
+            self._record(s, eff, end, info)
+            done = end
+            if kind != "none":
+                done = end + settle
+                st.comm_free[info.comm_uid] = done
+            st.clock = done if blocking else eff + self.issue_ns
+            st.unit = None
+            progress = True
+        return progress
+
+    def _next_unit(self, s: int, st: _StageState) -> bool:
+        """Take the stage's next unit and classify it; False when its program has ended."""
+        nxt = next(st.gen, None)
+        if nxt is None:
+            return False
+        st.unit = nxt
+        # units are appended in program order: this one gets the next index
+        self.skel.first_unit[s].setdefault(nxt.iteration, len(self.starts[s]))
+        st.info = self.skel._classify(s, nxt)
+        st.arrived = False
+        return True
+
+    def _arrive(self, s: int, st: _StageState, u: Unit, info: _Info, blocking: bool) -> bool:
+        """The stage arrives at unit ``u``: its effective start (after the compute gap, the
+        communicator's previous unit and a host that is behind), recorded for the collective's
+        or transfer's other stages. False when it must first wait for its pending transfers."""
+        same_comm = any(p[1].comm_uid == info.comm_uid for p in st.pending)
+        if st.pending and (blocking or u.gap_ns > 0 or same_comm):
+            if not self.resolve_pending(st, s):
+                return False
+        arrival = st.clock + int(u.gap_ns) + info.init
+        eff = max(arrival, st.comm_free.get(info.comm_uid, 0))
+        # a host that is behind (a CPU-bound run of small calls) delays the
+        # stage's kernels: the other members then wait for them
+        h = host_issue(self.skel.tp, st.cpu, eff, eff, info.init, len(u.ops), u.grouped, info.launches)
+        eff = max(eff, h.kernel_ready) if info.launches else eff
+        st.cpu = h.cpu_end
+        st.eff = eff
+        st.arrived = True
+        if info.kind == "coll":
+            self.coll.setdefault(info.key, {})[s] = eff
+            self.coll_left.setdefault(info.key, len(info.stages))
+        elif info.kind == "p2p":
+            for inst, is_send, _ps, _d, _sk in info.p2p:
+                self.p2p_arr[(inst, is_send)] = eff
+        return True
+
+    def _record(self, s: int, eff: int, end: int, info: _Info) -> None:
+        """Append one unit's start, end (-1: found later), skew and init cost to stage ``s``."""
+        self.starts[s].append(eff)
+        self.ends[s].append(end)
+        self.skews[s].append(info.skew)
+        self.inits[s].append(info.init)
 
 
 # --------------------------------------------------------------------------- per-rank realisation
