@@ -1100,7 +1100,7 @@ def section_e2e(sec: Section, ctx: Context) -> None:
 RERUN_CHANGE = "\n\n_NCCLTRACE_BENCH_RERUN = 1  # benchmarks/run_benchmarks.py rerun: a new constant\n"
 # quick mode: a module in two stages' code (one of them only imports it), one in one stage's (which
 # calls it), one in none: the traced re-run is then of the metrics, ops and trace jobs only
-QUICK_RERUN_MODULES = ("spill.py", "trace.py", "tables_doc.py")
+QUICK_RERUN_MODULES = ("core/spill.py", "outputs/perfetto.py", "outputs/tables_doc.py")
 
 
 def rerun_campaign(quick: bool) -> tuple[str, dict[str, Any]]:

@@ -58,7 +58,7 @@ def test_quick_benchmarks_report_positive_figures_for_every_section(tmp_path):
     rerun = doc["sections"]["rerun"]
     assert not any(n.startswith("WARNING") for n in rerun["notes"]), rerun["notes"]
     assert [t["header"][0] for t in rerun["tables"]][:2] == ["module", "module"]
-    assert "| spill.py " in proc.stdout  # a row of the per-module table
+    assert "| core/spill.py " in proc.stdout  # a row of the per-module table
     # the e2e run worked in a scratch directory, not in the repository's results/
     assert not (REPO / "results" / "bench-quick").exists()
     assert "machine:" in proc.stdout and "| section" in proc.stdout

@@ -250,7 +250,7 @@ def test_a_code_change_schedules_exactly_its_stages_and_their_dependents_with_or
     another machine, leave them): no change and a comment schedule nothing; a change to
     nccl/versions.py schedules the stamps of the stages whose import closure holds it and every
     job of those stages and of every rule downstream of them, for every run, and no acquisition;
-    a change to trace.py the same for its stages. Counted from Snakemake's job table; the expected
+    a change to outputs/perfetto.py the same for its stages. Counted from Snakemake's job table; the expected
     rules come from the stages' import closures and the workflow's own rule graph."""
     example = finished_example
     for with_records in (True, False):
@@ -259,7 +259,7 @@ def test_a_code_change_schedules_exactly_its_stages_and_their_dependents_with_or
         if not with_records:  # with them, the code hash (a rule parameter) would say the same
             example.edit("nccl/versions.py", "\n# a comment changes nothing a module does\n")
             assert example.dry_run() == {}
-        for module in ("nccl/versions.py", "trace.py"):
+        for module in ("nccl/versions.py", "outputs/perfetto.py"):
             example.reset(with_records)
             example.edit(module, "\n_TOUCHED = 1\n")
             assert example.dry_run() == example.expected(module), (module, with_records)
@@ -286,7 +286,7 @@ def test_a_dry_run_changes_nothing_and_a_reverted_change_re_runs_nothing(finishe
     """As a user would, on the finished example campaign, nothing restored between the steps:
     nccl/versions.py changed, --summary, --list-changes code/input/params, --lint and --dag
     (Snakemake's records at hand), then, the records lost, a dry run: what the change re-runs;
-    the change reverted, a dry run: nothing; trace.py changed, a dry run: trace's stamp and the
+    the change reverted, a dry run: nothing; outputs/perfetto.py changed, a dry run: trace's stamp and the
     jobs of trace and of what follows it, nothing else. None of it changes a file of the
     campaign's results or its code stamps, byte or time (the stamps used to be rewritten as the
     workflow was read: the revert then left them out of date and everything was scheduled)."""
@@ -307,9 +307,9 @@ def test_a_dry_run_changes_nothing_and_a_reverted_change_re_runs_nothing(finishe
     assert example.dry_run() == example.expected("nccl/versions.py")
     example.revert("nccl/versions.py")
     assert example.dry_run() == {}
-    example.edit("trace.py", "\n_TOUCHED = 1\n")
-    assert example.dry_run() == example.expected("trace.py")
-    assert set(example.expected("trace.py")) == {"code_stamp", "trace", "report", "campaign_report", "all"}
+    example.edit("outputs/perfetto.py", "\n_TOUCHED = 1\n")
+    assert example.dry_run() == example.expected("outputs/perfetto.py")
+    assert set(example.expected("outputs/perfetto.py")) == {"code_stamp", "trace", "report", "campaign_report", "all"}
     assert _changed(before, _files(results)) == []
 
 
