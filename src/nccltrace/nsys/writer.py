@@ -1207,19 +1207,8 @@ class NsysExportWriter:
         if n == 0:
             return
         has_blob, has_eid = self._has_blob, self._has_event_id
-        mode = self.payload_mode
         gtid_col = self._gtid_col(c)
-        if c.has("end_tid"):
-            if c.df is not None:
-                end_gtid_list = self._gtid_array(c.df["pid"], c.df["end_tid"].fillna(c.df["tid"])).tolist()
-            else:
-                et_ = c.objects("end_tid")
-                t_ = c.objects("tid")
-                tmp = _Cols({"pid": c.map["pid"], "tid": [t if _is_missing(e) else e for e, t in zip(et_, t_)]})
-                end_gtid_col = self._gtid_col(tmp)
-                end_gtid_list = [end_gtid_col.value] * n if isinstance(end_gtid_col, _Const) else end_gtid_col
-        else:
-            end_gtid_list = None
+        end_gtid_list = self._nvtx_end_gtids(c) if c.has("end_tid") else None
         etypes = c.ints("event_type", default=NVTX_PUSHPOP_RANGE)
         range_ids = c.ints("range_id", nullable=True)
         texts = c.objects("text")
@@ -1233,81 +1222,23 @@ class NsysExportWriter:
         else:
             u64 = [None if v is None else _signed64(v) for v in u64]
         json_texts = [None if _is_missing(v) else v for v in c.objects("json_text")] if c.has("json_text") else None
-        payloads = c.objects("nccl_payload") if c.has("nccl_payload") and mode != "none" else None
+        payloads = c.objects("nccl_payload") if c.has("nccl_payload") and self.payload_mode != "none" else None
 
         # per-row columns
-        intern = self._intern
-        text_col: list | _Const
-        text_id: list | _Const
-        if False not in registered:  # registered strings only (interned in order of first appearance)
-            ids = {t: intern(t) for t in dict.fromkeys(texts)}
-            text_col, text_id = _Const(None), list(map(ids.__getitem__, texts))
-        elif True not in registered:
-            text_col, text_id = texts, _Const(None)
-        else:
-            mask = np.fromiter(registered, dtype=bool, count=n)
-            reg_texts = list(itertools.compress(texts, registered))
-            ids = {t: intern(t) for t in dict.fromkeys(reg_texts)}
-            tc = np.array(texts + [None], dtype=object)[:-1]  # (the None keeps tuples as objects)
-            tc[mask] = None
-            ti = np.full(n, None, dtype=object)
-            ti[mask] = list(map(ids.__getitem__, reg_texts))
-            text_col, text_id = tc.tolist(), ti.tolist()
+        text_col, text_id = self._nvtx_text_columns(texts, registered, n)
         if has_eid:
             event_ids: list | None = list(range(self._next_event_id, self._next_event_id + n))
             self._next_event_id += n
         else:
             event_ids = None
-        # start/end ranges get a range id (when none given) and their ending thread
-        et_list = [etypes.value] * n if isinstance(etypes, _Const) else etypes
-        if NVTX_STARTEND_RANGE in et_list:
-            rids = [range_ids.value] * n if isinstance(range_ids, _Const) else list(range_ids)
-            gt_list = [gtid_col.value] * n if isinstance(gtid_col, _Const) else gtid_col
-            egts = end_gtid_list if end_gtid_list is not None else gt_list
-            end_gt: list | _Const = []
-            for i, et in enumerate(et_list):
-                if et == NVTX_STARTEND_RANGE:
-                    if rids[i] is None:
-                        rids[i] = self._next_range_id
-                        self._next_range_id += 1
-                    end_gt.append(egts[i])
-                else:
-                    end_gt.append(None)
-            range_col: list | _Const = rids
-        else:
-            end_gt = _Const(None)
-            range_col = range_ids
-        # payloads
+        range_col, end_gt = self._nvtx_range_ids(etypes, range_ids, gtid_col, end_gtid_list, n)
         blobs: list | None = [None] * n if has_blob else None
         dynamic: dict[tuple[int, int, int], tuple[PayloadSchema, list]] = {}
-        links = []
+        links: list[tuple] = []
         if payloads is not None:
-            pids = c.int_array("pid").tolist()
-            dom_list = [domains.value] * n if isinstance(domains, _Const) else domains
-            gt_list = [gtid_col.value] * n if isinstance(gtid_col, _Const) else gtid_col
             if json_texts is None:
                 json_texts = [None] * n
-            for i, pl in enumerate(payloads):
-                if not (isinstance(pl, Mapping) and pl):
-                    continue
-                if mode == "json":
-                    if json_texts[i] is not None:
-                        raise ValueError(f"range {texts[i]!r} has both json_text and nccl_payload")
-                    json_texts[i] = json.dumps(dict(pl))
-                    continue
-                schema = self._schema_for(pids[i], dom_list[i], str(texts[i]), pl)
-                values = [self._entry_value(en, pl[en.name]) for en in schema.entries]
-                if mode == "blob":
-                    if blobs is not None:
-                        blobs[i] = _payload_struct(schema).pack(schema.schema_id, *values)
-                else:
-                    event_id = event_ids[i] if event_ids is not None else None
-                    gpid = gt_list[i] & ~_ID24
-                    key = (gpid, dom_list[i], schema.schema_id)
-                    dynamic.setdefault(key, (schema, []))[1].append(
-                        (event_id, *[_signed64(v) if en.fmt == "Q" else v for en, v in zip(schema.entries, values)])
-                    )
-                    links.append((event_id, gpid, dom_list[i], schema.schema_id))
+            self._nvtx_payloads(c, payloads, texts, domains, gtid_col, event_ids, json_texts, blobs, dynamic, links)
         cols: dict[str, list | _Const] = {
             "start": c.ints("start"),
             "end": c.ints("end", nullable=True) if c.has("end") else _Const(None),
@@ -1336,6 +1267,89 @@ class NsysExportWriter:
             self._write_dynamic(gpid, dom, schema, drows)
         if links:
             self._insert("NVTX_EVENTS_PAYLOAD_SCHEMAS", ["eventId", "globalPid", "domainId", "payloadSchemaID"], links)
+
+    def _nvtx_end_gtids(self, c: _Cols) -> list:
+        """Per row, the globalTid of the thread that ended the range (``end_tid``, else ``tid``)."""
+        n = c.n
+        if c.df is not None:
+            return self._gtid_array(c.df["pid"], c.df["end_tid"].fillna(c.df["tid"])).tolist()
+        et_ = c.objects("end_tid")
+        t_ = c.objects("tid")
+        tmp = _Cols({"pid": c.map["pid"], "tid": [t if _is_missing(e) else e for e, t in zip(et_, t_)]})
+        end_gtid_col = self._gtid_col(tmp)
+        return [end_gtid_col.value] * n if isinstance(end_gtid_col, _Const) else end_gtid_col
+
+    def _nvtx_text_columns(self, texts: list, registered: list, n: int) -> tuple[list | _Const, list | _Const]:
+        """The ``text`` and ``textId`` columns: registered strings are interned (in order of first
+        appearance) and go to ``textId``, the others stay as ASCII text."""
+        intern = self._intern
+        if False not in registered:  # registered strings only
+            ids = {t: intern(t) for t in dict.fromkeys(texts)}
+            return _Const(None), list(map(ids.__getitem__, texts))
+        if True not in registered:
+            return texts, _Const(None)
+        mask = np.fromiter(registered, dtype=bool, count=n)
+        reg_texts = list(itertools.compress(texts, registered))
+        ids = {t: intern(t) for t in dict.fromkeys(reg_texts)}
+        tc = np.array(texts + [None], dtype=object)[:-1]  # (the None keeps tuples as objects)
+        tc[mask] = None
+        ti = np.full(n, None, dtype=object)
+        ti[mask] = list(map(ids.__getitem__, reg_texts))
+        return tc.tolist(), ti.tolist()
+
+    def _nvtx_range_ids(self, etypes: list | _Const, range_ids: list | _Const, gtid_col: list | _Const,
+                        end_gtid_list: list | None, n: int) -> tuple[list | _Const, list | _Const]:  # fmt: skip
+        """The ``rangeId`` and ``endGlobalTid`` columns: start/end ranges get a range id (when none
+        is given) and their ending thread; other events neither."""
+        et_list = [etypes.value] * n if isinstance(etypes, _Const) else etypes
+        if NVTX_STARTEND_RANGE not in et_list:
+            return range_ids, _Const(None)
+        rids = [range_ids.value] * n if isinstance(range_ids, _Const) else list(range_ids)
+        gt_list = [gtid_col.value] * n if isinstance(gtid_col, _Const) else gtid_col
+        egts = end_gtid_list if end_gtid_list is not None else gt_list
+        end_gt: list = []
+        for i, et in enumerate(et_list):
+            if et == NVTX_STARTEND_RANGE:
+                if rids[i] is None:
+                    rids[i] = self._next_range_id
+                    self._next_range_id += 1
+                end_gt.append(egts[i])
+            else:
+                end_gt.append(None)
+        return rids, end_gt
+
+    def _nvtx_payloads(self, c: _Cols, payloads: list, texts: list, domains: list | _Const, gtid_col: list | _Const,
+                       event_ids: list | None, json_texts: list, blobs: list | None,
+                       dynamic: dict[tuple[int, int, int], tuple[PayloadSchema, list]], links: list) -> None:  # fmt: skip
+        """Store each row's NCCL payload as ``payload_mode`` says: JSON text (into ``json_texts``),
+        a binary blob (into ``blobs``), or dynamic-payload rows (into ``dynamic``, per table, with
+        the event's schema link in ``links``)."""
+        mode = self.payload_mode
+        n = c.n
+        pids = c.int_array("pid").tolist()
+        dom_list = [domains.value] * n if isinstance(domains, _Const) else domains
+        gt_list = [gtid_col.value] * n if isinstance(gtid_col, _Const) else gtid_col
+        for i, pl in enumerate(payloads):
+            if not (isinstance(pl, Mapping) and pl):
+                continue
+            if mode == "json":
+                if json_texts[i] is not None:
+                    raise ValueError(f"range {texts[i]!r} has both json_text and nccl_payload")
+                json_texts[i] = json.dumps(dict(pl))
+                continue
+            schema = self._schema_for(pids[i], dom_list[i], str(texts[i]), pl)
+            values = [self._entry_value(en, pl[en.name]) for en in schema.entries]
+            if mode == "blob":
+                if blobs is not None:
+                    blobs[i] = _payload_struct(schema).pack(schema.schema_id, *values)
+            else:
+                event_id = event_ids[i] if event_ids is not None else None
+                gpid = gt_list[i] & ~_ID24
+                key = (gpid, dom_list[i], schema.schema_id)
+                dynamic.setdefault(key, (schema, []))[1].append(
+                    (event_id, *[_signed64(v) if en.fmt == "Q" else v for en, v in zip(schema.entries, values)])
+                )
+                links.append((event_id, gpid, dom_list[i], schema.schema_id))
 
     def _write_dynamic(self, gpid: int, domain_id: int, schema: PayloadSchema, rows: list) -> None:
         table = f"DYNAMIC_NVTXPAYLOAD_DATATYPE_{gpid}_{domain_id}_{schema.schema_id}"
