@@ -1,27 +1,11 @@
 """Export Nsight Systems reports to SQLite with the installed ``nsys``, checked and atomic.
 
 ``nsys export --type sqlite`` is where a capture becomes something :class:`nccltrace.nsys.NsysExport`
-can read. Three things make a plain call unreliable in a pipeline, and this module handles them:
-
-* **Flags differ between releases.** 2022.4 (Debian 12's package) knows only ``--force-overwrite
-  --lazy --output --quiet --separate-strings --type``; ``--include-blobs`` (NCCL's extended NVTX
-  payloads) and ``--include-json`` (advanced NCCL tracing metadata) came later, and passing an
-  unknown flag makes nsys fail. :func:`detect_export_capabilities` reads ``nsys export --help``
-  instead of guessing from the version number.
-* **A failed export can leave a file behind** (partial, empty, or not SQLite at all), which a
-  later step would then read. :func:`export_report` writes into a temporary directory next to the
-  destination, opens the result read-only and checks it, and only then renames it into place.
-* **A capture may stop at ``.qdstrm``** when ``nsys profile`` could not run its importer. With
-  Debian 12's package this happens every time (exit code 0, "The importer binary and its
-  dependencies were not found"): nsys looks for ``host-linux-x64/QdstrmImporter`` beside its
-  fully resolved path, but the package installs it under ``/usr/lib/nsight-systems``.
-  :func:`export_report` finds the importer along nsys's symlink chain and imports first.
-
-Typical use::
-
-    caps = detect_export_capabilities()          # once per nsys installation
-    record = export_report(Path("rank0.nsys-rep"), Path("rank0.sqlite"), caps=caps)
-    json.dump(record.to_dict(), manifest)
+can read, and a plain call is unreliable in a pipeline: flags differ between releases
+(:func:`detect_export_capabilities` reads ``nsys export --help``), a failed export can leave a
+file behind (:func:`export_report` checks the result before renaming it into place), and a
+capture may stop at ``.qdstrm`` (the importer is found along nsys's symlink chain and run
+first). Details and typical use: ``docs/nsys.md``, Module notes.
 """
 
 from __future__ import annotations

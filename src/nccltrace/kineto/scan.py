@@ -1,18 +1,11 @@
 """Split a Chrome-trace JSON document into runs of whole events, streaming, in bounded memory.
 
-A PyTorch-profiler (Kineto) trace is one JSON object whose ``traceEvents`` member is an array of
-events, several GB once decompressed for a long capture. Decoding it whole (``json.load``) holds
-every event as Python objects at once. Here the bytes stream through a compiled scanner that
-keeps only the JSON nesting state (depth, inside a string, after a backslash) across blocks and
-reports where each element of the events array closes; each run of whole events is handed to the
-caller (which decodes it, typed, with msgspec) and dropped. Everything outside the events array
-(the trace's header: ``baseTimeNanoseconds``, ``distributedInfo``, ``deviceProperties``, ...) is
-kept as bytes and decoded once at the end.
-
-Both Chrome-trace layouts are accepted: the JSON Object Format (``{"traceEvents": [...], ...}``)
-and the JSON Array Format (``[{...}, {...}`` — whose closing bracket the format allows to be
-missing). A document cut short (a truncated ``.json.gz``) yields every event that was complete
-and says so in ``truncated``.
+A long capture's PyTorch-profiler trace is several GB of JSON, too much to decode whole as Python
+objects. A compiled scanner keeps only the JSON nesting state across blocks and reports where
+each element of the events array closes; each run of whole events goes to the caller (which
+decodes it, typed, with msgspec) and is dropped; the header outside the events array is kept as
+bytes and decoded once at the end. Both Chrome-trace layouts are accepted, and a truncated
+document yields its complete events and says so in ``truncated``. See ``docs/kineto.md``.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Write a PyTorch-profiler trace's kernels as an nsys SQLite export in the real time base.
 
-A test instrument and a conversion for users whose tools read only nsys exports: the NCCL
-kernels with their launch calls (``CUPTI_ACTIVITY_KIND_RUNTIME``, correlation ids kept) and the
-profiler's CPU ranges (``ProfilerStep#N``, ``record_function`` names) as NVTX push/pop ranges,
-with stored times on the host's monotonic clock as nsys >= 2025 stores them (the trace's own
-``ts``) and the session anchored by ``systemClockNs`` and ``utcEpochNs`` (schema 3.28.1). Reading
-the result back gives the trace's UTC times exactly.
+A test instrument and a conversion for users whose tools read only nsys exports: the NCCL kernels
+with their launch calls and the profiler's CPU ranges as NVTX ranges, stored as nsys >= 2025
+stores them, so that reading the result back gives the trace's UTC times exactly. What is
+written: ``docs/kineto.md``, Module notes.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """Compiled fast path of the NCCL log reader.
 
-The bulk of a real per-process NCCL log is call lines (``... NCCL INFO AllReduce: opCount ...``)
-and, on rank 0, TUNING lines. :func:`scan_block` walks a block of bytes (whole lines only) and
-decodes every line that is *certainly* a clean single-record call or TUNING line into a row of a
-column-major record matrix (``R_*`` columns); every other line (init, topology, warnings, torn or
-foreign text, non-ASCII bytes, values out of the range the kernel handles, ...) is returned as a
-``(start, end, line)`` span for the Python reader, which handles it exactly as it always has. A
-line is only taken by the kernel when the Python reader would produce the same result for it, so
-sending a line to Python is always correct and only costs time.
-
-What the kernel does not decide is left to Python on purpose: the host/pid/tid/dev of a record
-is resolved by the reader's own prefix parser, but only where the prefix (with any timestamp
-cut out) differs from the previous record's (``change`` flag), so host-suffix recovery and the
-prefix cache behave exactly as on the line-by-line path.
-
-:func:`apply_state` then replays, in line order, the order-dependent logic of the reader over the
-records of a block (fast records and calls/TUNING lines parsed in Python, merged by line):
-duplicate-call detection per (host, pid, comm) and attachment of TUNING lines to recent calls per
-pid, with the same rules as ``_FileParser._call`` / ``_FileParser._attach_tuning``. Its state
-lives in :class:`FastState` and is carried from block to block.
+Call and TUNING lines are nearly all of a large log. :func:`scan_block` decodes those that are
+*certainly* clean single records into a column-major record matrix and hands every other line
+back to the Python reader, so a line the kernel takes is only ever a speed-up, never a different
+result; :func:`apply_state` replays the reader's order-dependent rules (duplicate calls, TUNING
+attachment) over a block's records, its state carried in :class:`FastState`. Design:
+``docs/nccl-log-parsing.md``, Module notes.
 """
 
 from __future__ import annotations

@@ -1,27 +1,12 @@
 """Streaming reader for NCCL debug logs (``NCCL_DEBUG=INFO``), all versions 2.4 - 2.30.
 
-The reader works on bytes, one line at a time, with constant memory in the file size:
-records go to :class:`~nccltrace.core.tables.TableSink` writers in bounded batches, and the
-only state kept across lines is small (last call per communicator for duplicate
-detection, a short window of recent calls per process for attaching TUNING lines, the
-current topology block, torn prefixes waiting for their tail).
-
-Robustness rules (see ``docs/nccl-log-parsing.md``):
-
-* A record is found by its level token (``NCCL INFO``/``NCCL WARN``); whatever precedes
-  ``host:pid:tid [dev]`` is launcher "prefix soup" (srun --label, mpirun tag-output,
-  torchrun, timestamps) and is skipped, except that timestamps are decoded.
-* Lines holding several records (concurrent writers) are split; a prefix without a
-  message waits for an orphan message line to rejoin it.
-* Nothing is silently dropped: every line that is not an NCCL record, or is one that
-  cannot be parsed, lands in ``unclassified`` with its file, line and reason.
-
-By default (``parse_logs(fast=True)``) the file is read in blocks and the clean call and
-TUNING lines, which make up nearly all of a large log, are decoded by the compiled scanner
-in :mod:`nccltrace.nccl.fast_scan` straight into Arrow columns; every other line goes
-through the line-by-line parser below, in line order. Both paths give identical tables
-and reports (``tests/test_nccl_fast_path.py``); ``fast=False`` uses the line-by-line
-parser for everything.
+Logs are large and come as launchers left them, so the reader works on bytes in constant memory
+(records go to :class:`~nccltrace.core.tables.TableSink` writers in bounded batches), finds
+records in launcher "prefix soup", rejoins torn lines and drops nothing silently: every line it
+cannot take lands in ``unclassified`` with its file, line and reason. By default
+(``parse_logs(fast=True)``) the clean call and TUNING lines go through the compiled scanner of
+:mod:`nccltrace.nccl.fast_scan`, with the same tables as the line-by-line parser below. Rules,
+limits and the fast path's design: ``docs/nccl-log-parsing.md``.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """Reader for Nsight Systems SQLite exports (``nsys export --type sqlite``), schema major 3.
 
-What it extracts: CUDA kernels joined to the API call that launched them, CUDA runtime/driver
-calls, NVTX ranges (with NCCL's extended payloads decoded when present), processes, threads,
-GPUs and the session's UTC anchor. Columns are feature-detected (``PRAGMA table_info``) rather
-than inferred from the version number, and a missing table means "no such events" (lazy export).
-
-Conventions of every frame returned here:
-
-* timestamps are int64 ns on the file's timeline (``utc = t + utc_offset_ns``);
-* integer columns that may be NULL use pandas' nullable ``Int64`` (``UInt64`` for 64-bit
-  unsigned values such as NCCL communicator ids); text columns are ``object`` (str or None);
-* PID/TID are decoded from serialized ``globalTid``/``globalPid`` with shifts and masks, which
-  stay correct when a HW byte >= 0x80 makes the stored int64 negative.
+It turns an export of any nsys release into the frames the analysis needs: CUDA kernels joined to
+the API call that launched them, CUDA runtime/driver calls, NVTX ranges (NCCL's extended payloads
+decoded), processes, threads, GPUs and the session's UTC anchor. Columns are feature-detected
+(``PRAGMA table_info``) rather than inferred from the version number, and a missing table means
+"no such events" (lazy export). Frame conventions (times, nullable integers, PID/TID decoding):
+``docs/nsys.md``.
 """
 
 from __future__ import annotations

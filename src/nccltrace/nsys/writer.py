@@ -1,19 +1,10 @@
 """Writer for Nsight Systems SQLite exports (schemas 3.0.0, 3.16.1, 3.28.1).
 
 Produces files that look like ``nsys export --type sqlite`` output so that the reader, and any
-third-party tool, can be exercised without a GPU. Table DDL comes from ``ddl/schema-<v>.sql``
-(3.0.0 verbatim from a real export; newer versions derived from documented column changes).
-
-Design notes:
-
-* Lazy export: like nsys' default ``--lazy=true``, event tables are created only when rows are
-  written; the session/process/string/metadata tables and the referenced ENUM tables always exist.
-* Atomic output: everything is written to a temporary file next to the target and renamed on
-  :meth:`NsysExportWriter.close`, so a crash never leaves a half-written export at ``path``.
-* Speed: rows are inserted with ``executemany`` over column lists built from the given frame (or
-  mapping of columns, which skips pandas), several rows per ``INSERT``, constant and all-NULL
-  columns as SQL literals, so memory is proportional to the batch passed in and 10^6-row batches
-  take seconds. How rows are batched never changes the file: the same rows in the same order.
+third-party tool, can be exercised without a GPU. Tables come from ``ddl/schema-<v>.sql`` and are
+created lazily, as nsys exports them; a file appears at its path only once complete; how rows are
+batched never changes the file. Schemas, ids, lazy and atomic output, speed: ``docs/nsys.md``,
+"Writer".
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """PyTorch Flight Recorder dumps: the process groups of each rank and the ops they ran.
 
-A dump is one rank's pickled dict, as ``TORCH_FR_DUMP_TEMP_FILE`` (``<prefix><rank>``) or
-``torch.distributed._dump_nccl_trace()`` write it: ``version``, ``nccl_version``, ``pg_config``
-(every process group the rank belongs to: PyTorch's ``name``, the ``desc`` Megatron gave it such
-as ``TENSOR_MODEL_PARALLEL_GROUP``, and its member ``ranks`` as a JSON list in a string) and
-``entries`` (the ring buffer of recorded ops: ``process_group`` (name, desc), ``profiling_name``
-such as ``nccl:all_to_all`` or ``nccl:send 0->3``, ``collective_seq_id``/``p2p_seq_id``, sizes,
-dtypes, state, times).
-
-Dumps are found by content, whatever their names. They are read with an unpickler that builds
-only plain values (dicts, lists, tuples, strings, numbers, bytes, booleans, None): a pickle that
-references any Python object (a class, a function) is refused with its name, never executed.
+A dump (one rank's pickled dict) lists every process group of the rank with the description
+Megatron gave it and its member ranks: names and ranks for communicators where no profiler trace
+says them. Dumps are found by content, whatever their names, and read with an unpickler that
+builds only plain values: a pickle that references any Python object (a class, a function) is
+refused with its name, never executed. Dump layout: ``docs/correlation.md``, Module notes.
 """
 
 from __future__ import annotations
