@@ -26,6 +26,7 @@ import pyarrow as pa
 from nccltrace.align.correlate import ALIGNMENT_SCHEMA
 from nccltrace.align.quality import CROSS_RANK_REASON, INFORMATIONAL_CHECKS, P2P_REASON
 from nccltrace.communicators.infer import run_world_size
+from nccltrace.core.settings import RunSettings
 from nccltrace.core.spill import PartSpill
 from nccltrace.core.tables import (
     atomic_path,
@@ -125,10 +126,9 @@ _P2P_SPILL_SCHEMA = pa.schema([
 
 @dataclass
 class RunOps:
-    """The enriched ops of a run, the parallelism labels and the clock model. ``ops`` is None
-    when the table was streamed to a file (``stream_run_ops``)."""
+    """What building a run's ops found besides the ops table (which :func:`stream_run_ops`
+    streams to a file): the parallelism labels, the clock model and the counts."""
 
-    ops: pd.DataFrame | None
     labels: pd.DataFrame
     clock: pd.DataFrame
     partial: bool
@@ -499,13 +499,42 @@ def _run_checks(checks: _CheckRows, model: Any, processes: list[str], ranks: pd.
             _merged([d for d, _ in pairing]), _summed([t for _, t in pairing], processes))  # fmt: skip
 
 
+@dataclass
+class _RunInputs:
+    """What every process's pass reads: the run's communicators, members and labels, and each
+    node's UTC offset."""
+
+    processes: list[str]
+    records: list[Mapping[str, Any]]  # each process's alignment-quality record
+    comms: pd.DataFrame
+    members: pd.DataFrame
+    proc_rank: pd.Series  # global rank per (host, pid)
+    labels: pd.DataFrame
+    pg_seqs: pd.DataFrame | None
+    utc: dict[str, int]  # UTC offset (ns) per host
+
+
+@dataclass
+class _FirstPass:
+    """Pass 1's results: one ops part per process on disk, the spilled rows of the run-level
+    checks, every process's (communicator, rank in it, global rank) and the call counts."""
+
+    parts: list[Path]
+    checks: _CheckRows
+    ranks: pd.DataFrame
+    unresolved: int = 0
+    calls: int = 0
+    matched: int = 0
+    by_reason: collections.Counter = field(default_factory=collections.Counter)
+
+
 def stream_run_ops(
     alignment_paths: Iterable[Path | str],
     calls_dirs: Iterable[Path | str],
     communicators_path: Path | str,
     members_path: Path | str,
     sessions: Mapping[str, Path | str],
-    settings: Mapping[str, Any] | None,
+    settings: RunSettings | Mapping[str, Any] | None,
     ops_path: Path | str,
     *,
     clock_rows_budget: int = CLOCK_ROWS_BUDGET,
@@ -524,11 +553,49 @@ def stream_run_ops(
     The run-level checks hold one part of about ``check_part_rows`` alignment rows (whole
     logical communicators) at a time. ``flight_recorder``: a directory of the run's Flight
     Recorder dumps, which name process groups (:func:`.process_groups.name_by_flight_recorder`)."""
-    import pyarrow.parquet as pq
-
-    from nccltrace.ops.clock_sync import add_sync_columns, estimate_clock_model
     alignment_paths = [Path(p) for p in alignment_paths]
     calls_dirs = [Path(d) for d in calls_dirs]
+    problems: list[str] = []
+    notes: list[str] = []
+    run = _run_inputs(alignment_paths, calls_dirs, communicators_path, members_path, sessions, settings,
+                      quality_paths, flight_recorder, notes, problems)  # fmt: skip
+    ops_path = Path(ops_path)
+    parts_dir = Path(tempfile.mkdtemp(prefix=".ops-parts-", dir=ops_path.parent))
+    try:
+        first = _first_pass(alignment_paths, calls_dirs, run, parts_dir, check_part_rows, progress)
+        if first.unresolved:
+            problems.append(f"{first.unresolved} call lines on communicators without init lines "
+                            "(no logical communicator)")  # fmt: skip
+        clock, model = _run_clock(first.checks, clock_rows_budget, notes, problems)
+        # Cross-rank check: kernels of one instance must overlap in synchronised time. P2P
+        # pairing: the k-th Recv on a channel cannot end before its k-th Send started.
+        stood_down: dict[str, list[dict]] = {}
+        p2p_stood_down: dict[str, list[dict]] = {}
+        demote, cross, demote_p2p, p2p_summary = _run_checks(first.checks, model, run.processes, first.ranks,
+                                                             stood_down, p2p_stood_down)  # fmt: skip
+        first.ranks = pd.DataFrame()
+        first.checks.spill.close()
+        _second_pass(first.parts, model, demote, demote_p2p, ops_path, progress)
+    finally:
+        shutil.rmtree(parts_dir, ignore_errors=True)
+    quality = _quality_table(run.processes, run.records, cross, p2p_summary, stood_down, p2p_stood_down)
+    matched_n = _report_quality(quality, notes, problems, first.matched, first.by_reason)
+    # (communicators inferred from call sequences carry their own message: communicator_problems)
+    comms = run.comms
+    exact = comms[comms["kind"].astype(str) != "sequence"] if len(comms) else comms
+    if len(exact) and not bool(exact["complete"].astype(bool).all()):
+        n_bad = int((~exact["complete"].astype(bool)).sum())
+        problems.append(f"{n_bad} of {len(comms)} communicators incomplete (ranks without a log)")
+    partial = bool(problems) or not len(comms)
+    return RunOps(labels=run.labels, clock=clock, partial=partial, problems=problems, notes=notes, calls=first.calls,
+                  matched=matched_n, unmatched_by_reason=dict(first.by_reason), quality=quality)  # fmt: skip
+
+
+def _run_inputs(alignment_paths: list[Path], calls_dirs: list[Path], communicators_path: Path | str,
+                members_path: Path | str, sessions: Mapping[str, Path | str],
+                settings: RunSettings | Mapping[str, Any] | None, quality_paths: Iterable[Path | str] | None,
+                flight_recorder: Path | str | None, notes: list[str], problems: list[str]) -> _RunInputs:  # fmt: skip
+    """Read the run-wide inputs of :func:`stream_run_ops` and label its communicators."""
     from nccltrace.align.quality import read_quality
 
     # each process's own quality record, read once (lost lines gate the P2P check; all go in the table)
@@ -537,8 +604,6 @@ def stream_run_ops(
     processes = [p.parent.name for p in alignment_paths]  # aligned/<process>/alignment.parquet
     if len(alignment_paths) != len(calls_dirs):
         raise ValueError(f"{len(alignment_paths)} alignment tables but {len(calls_dirs)} parsed call directories")
-    problems: list[str] = []
-    notes: list[str] = []
     comms = read_table(communicators_path)
     members = read_table(members_path)
     proc_rank = members.dropna(subset=["global_rank"]).groupby(["host", "pid"])["global_rank"].first()
@@ -552,88 +617,98 @@ def stream_run_ops(
     pg_seqs = seq_parts[0] if seq_parts else None
     del call_kinds
     utc = {h: int(json.loads(Path(p).read_text()).get("utc_offset_ns") or 0) for h, p in sessions.items()}
+    return _RunInputs(processes, records, comms, members, proc_rank, labels, pg_seqs, utc)
 
-    ops_path = Path(ops_path)
-    parts_dir = Path(tempfile.mkdtemp(prefix=".ops-parts-", dir=ops_path.parent))
+
+def _first_pass(alignment_paths: list[Path], calls_dirs: list[Path], run: _RunInputs, parts_dir: Path,
+                check_part_rows: int, progress: Any) -> _FirstPass:  # fmt: skip
+    """Pass 1: per process, everything but the synchronised times (kept on disk under
+    ``parts_dir``), and the rows of the run-level checks (spilled in parts of whole communicators)."""
+    import pyarrow.parquet as pq
+
+    n_rows = sum(pq.ParquetFile(a).metadata.num_rows for a in alignment_paths)
+    out = _FirstPass([], _CheckRows(parts_dir, -(-n_rows // max(1, check_part_rows))), pd.DataFrame())
+    gapped = _lost_lines(run.records)
+    ranks: list[pd.DataFrame] = []
+    for i, (a, d) in enumerate(zip(alignment_paths, calls_dirs)):
+        ops = _process_ops(a, d, run.members, run.proc_rank, run.labels, run.utc, run.pg_seqs)
+        is_call = ops["row_kind"] == "call"
+        out.unresolved += int((is_call & ops["logical_id"].isna()).sum())
+        out.calls += int(is_call.sum())
+        out.matched += int((is_call & (ops["status"] == "matched")).sum())
+        out.by_reason.update({str(k): int(v) for k, v in ops.loc[is_call, "reason"].value_counts().items()})
+        out.checks.add(_sync_rows(ops, i), _p2p_rows(ops, i), i in gapped)
+        ranks.append(ops.loc[is_call, ["logical_id", "rank_in_comm"]].assign(global_rank=_member_keys(ops, i))
+                     .dropna().drop_duplicates().rename(columns={"logical_id": "comm"}))  # fmt: skip
+        part = parts_dir / f"{i:06d}.parquet"
+        pq.write_table(frame_to_table(coerce_to_schema(ops, OPS_SCHEMA), OPS_SCHEMA), part)
+        out.parts.append(part)
+        del ops
+        if progress is not None:
+            progress()
+    out.ranks = pd.concat(ranks, ignore_index=True) if ranks else pd.DataFrame()
+    return out
+
+
+def _run_clock(checks: _CheckRows, budget: int, notes: list[str], problems: list[str]) -> tuple[pd.DataFrame, Any]:
+    """The clock model of a run of several clock domains (None and an empty table for one), and
+    a problem for each domain it could not place."""
+    from nccltrace.ops.clock_sync import estimate_clock_model
+
+    if len(checks.domains) <= 1:
+        return pd.DataFrame(), None
+    fit = _clock_fit_rows(checks, budget, notes)
+    model = estimate_clock_model(fit.astype({"start_ns": "int64", "end_ns": "int64", "global_rank": "int64",
+                                             "nranks": "int64"}))  # fmt: skip
+    del fit
+    clock = model.domains.reset_index()
+    bad = clock[clock["status"].isin(["disconnected", "no_shared_instances", "all_rejected"])]
+    for row in bad.itertuples():
+        problems.append(f"clock of {row[1]}: {row.reason}")
+    return clock, model
+
+
+def _second_pass(parts: list[Path], model: Any, demote: _Demotions, demote_p2p: _Demotions, ops_path: Path,
+                 progress: Any) -> None:  # fmt: skip
+    """Pass 2: synchronised times and the checks' demotions, appended process by process to the
+    one output file (written atomically); each part is removed once copied."""
+    import pyarrow.parquet as pq
+
+    from nccltrace.ops.clock_sync import add_sync_columns
+
+    tmp = atomic_path(ops_path)
     try:
-        # Pass 1: per process, everything but the synchronised times (kept on disk), and the
-        # rows of the run-level checks (spilled in parts of whole communicators).
-        parts: list[Path] = []
-        n_rows = sum(pq.ParquetFile(a).metadata.num_rows for a in alignment_paths)
-        checks = _CheckRows(parts_dir, -(-n_rows // max(1, check_part_rows)))
-        gapped = _lost_lines(records)
-        ranks: list[pd.DataFrame] = []
-        unresolved = calls_n = matched_n = 0
-        by_reason: collections.Counter = collections.Counter()
-        for i, (a, d) in enumerate(zip(alignment_paths, calls_dirs)):
-            ops = _process_ops(a, d, members, proc_rank, labels, utc, pg_seqs)
-            is_call = ops["row_kind"] == "call"
-            unresolved += int((is_call & ops["logical_id"].isna()).sum())
-            calls_n += int(is_call.sum())
-            matched_n += int((is_call & (ops["status"] == "matched")).sum())
-            by_reason.update({str(k): int(v) for k, v in ops.loc[is_call, "reason"].value_counts().items()})
-            checks.add(_sync_rows(ops, i), _p2p_rows(ops, i), i in gapped)
-            ranks.append(ops.loc[is_call, ["logical_id", "rank_in_comm"]].assign(global_rank=_member_keys(ops, i))
-                         .dropna().drop_duplicates().rename(columns={"logical_id": "comm"}))  # fmt: skip
-            part = parts_dir / f"{i:06d}.parquet"
-            pq.write_table(frame_to_table(coerce_to_schema(ops, OPS_SCHEMA), OPS_SCHEMA), part)
-            parts.append(part)
-            del ops
-            if progress is not None:
-                progress()
-        if unresolved:
-            problems.append(f"{unresolved} call lines on communicators without init lines (no logical communicator)")
-        clock = pd.DataFrame()
-        model = None
-        if len(checks.domains) > 1:
-            fit = _clock_fit_rows(checks, clock_rows_budget, notes)
-            model = estimate_clock_model(fit.astype({"start_ns": "int64", "end_ns": "int64", "global_rank": "int64",
-                                                     "nranks": "int64"}))  # fmt: skip
-            del fit
-            clock = model.domains.reset_index()
-            bad = clock[clock["status"].isin(["disconnected", "no_shared_instances", "all_rejected"])]
-            for row in bad.itertuples():
-                problems.append(f"clock of {row[1]}: {row.reason}")
-        # Cross-rank check: kernels of one instance must overlap in synchronised time. P2P
-        # pairing: the k-th Recv on a channel cannot end before its k-th Send started.
-        stood_down: dict[str, list[dict]] = {}
-        p2p_stood_down: dict[str, list[dict]] = {}
-        demote, cross, demote_p2p, p2p_summary = _run_checks(
-            checks, model, processes, pd.concat(ranks, ignore_index=True) if ranks else pd.DataFrame(), stood_down,
-            p2p_stood_down)
-        del ranks
-        checks.spill.close()
-        # Pass 2: synchronised times, appended process by process to the one output file.
-        tmp = atomic_path(ops_path)
-        try:
-            with pq.ParquetWriter(tmp, file_schema(OPS_SCHEMA), compression="zstd") as writer:
-                for i, part in enumerate(parts):
-                    ops = read_table(part)
-                    if model is None:
-                        # one node: one clock, nothing to synchronise
-                        ops["kernel_start_sync"] = ops["kernel_start_utc"]
-                        ops["kernel_end_sync"] = ops["kernel_end_utc"]
-                    else:
-                        has = ops["kernel_start_utc"].notna()
-                        tmpf = pd.DataFrame({"clock_domain": ops.loc[has, "host"].astype(str),
-                                             "start_ns": ops.loc[has, "kernel_start_utc"],
-                                             "end_ns": ops.loc[has, "kernel_end_utc"]})  # fmt: skip
-                        synced = add_sync_columns(tmpf, model)
-                        ops.loc[has, "kernel_start_sync"] = synced["start_ns_sync"].to_numpy()
-                        ops.loc[has, "kernel_end_sync"] = synced["end_ns_sync"].to_numpy()
-                    _demote(ops, demote.get(i, np.zeros(0, np.int64)), CROSS_RANK_REASON)
-                    _demote(ops, demote_p2p.get(i, np.zeros(0, np.int64)), P2P_REASON)
-                    writer.write_table(frame_to_table(coerce_to_schema(ops, OPS_SCHEMA), OPS_SCHEMA))
-                    part.unlink()
-                    if progress is not None:
-                        progress()
-            os.replace(tmp, ops_path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-    finally:
-        shutil.rmtree(parts_dir, ignore_errors=True)
-    quality = _quality_table(processes, records, cross, p2p_summary, stood_down, p2p_stood_down)
+        with pq.ParquetWriter(tmp, file_schema(OPS_SCHEMA), compression="zstd") as writer:
+            for i, part in enumerate(parts):
+                ops = read_table(part)
+                if model is None:
+                    # one node: one clock, nothing to synchronise
+                    ops["kernel_start_sync"] = ops["kernel_start_utc"]
+                    ops["kernel_end_sync"] = ops["kernel_end_utc"]
+                else:
+                    has = ops["kernel_start_utc"].notna()
+                    tmpf = pd.DataFrame({"clock_domain": ops.loc[has, "host"].astype(str),
+                                         "start_ns": ops.loc[has, "kernel_start_utc"],
+                                         "end_ns": ops.loc[has, "kernel_end_utc"]})  # fmt: skip
+                    synced = add_sync_columns(tmpf, model)
+                    ops.loc[has, "kernel_start_sync"] = synced["start_ns_sync"].to_numpy()
+                    ops.loc[has, "kernel_end_sync"] = synced["end_ns_sync"].to_numpy()
+                _demote(ops, demote.get(i, np.zeros(0, np.int64)), CROSS_RANK_REASON)
+                _demote(ops, demote_p2p.get(i, np.zeros(0, np.int64)), P2P_REASON)
+                writer.write_table(frame_to_table(coerce_to_schema(ops, OPS_SCHEMA), OPS_SCHEMA))
+                part.unlink()
+                if progress is not None:
+                    progress()
+        os.replace(tmp, ops_path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _report_quality(quality: pd.DataFrame, notes: list[str], problems: list[str], matched: int,
+                    by_reason: collections.Counter) -> int:  # fmt: skip
+    """Add the quality table's messages to the notes or problems and count the checks' demoted
+    matches under their reasons (``by_reason``, updated); returns the matched calls left."""
     for check, msg in zip(quality["check"], quality["message"], strict=True):
         if pd.isna(msg):
             continue
@@ -644,16 +719,9 @@ def stream_run_ops(
     for check, reason in (("cross_rank", CROSS_RANK_REASON), ("p2p_pairing", P2P_REASON)):
         n_demoted = int(quality.loc[quality["check"] == check, "contradicted"].sum())
         if n_demoted:
-            matched_n -= n_demoted
+            matched -= n_demoted
             by_reason[reason] = by_reason.get(reason, 0) + n_demoted
-    # (communicators inferred from call sequences carry their own message: communicator_problems)
-    exact = comms[comms["kind"].astype(str) != "sequence"] if len(comms) else comms
-    if len(exact) and not bool(exact["complete"].astype(bool).all()):
-        n_bad = int((~exact["complete"].astype(bool)).sum())
-        problems.append(f"{n_bad} of {len(comms)} communicators incomplete (ranks without a log)")
-    partial = bool(problems) or not len(comms)
-    return RunOps(ops=None, labels=labels, clock=clock, partial=partial, problems=problems, notes=notes,
-                  calls=calls_n, matched=matched_n, unmatched_by_reason=dict(by_reason), quality=quality)  # fmt: skip
+    return matched
 
 
 def _flight_recorder_names(comms: pd.DataFrame, members: pd.DataFrame, dumps_dir: Path | None,
@@ -712,8 +780,8 @@ def _pytorch_log_names(members: pd.DataFrame, calls_dirs: list[Path], notes: lis
 
 
 def _named(labels: pd.DataFrame, comms: pd.DataFrame, members: pd.DataFrame, records: list[Mapping[str, Any]],
-           sessions: Mapping[str, Path | str], settings: Mapping[str, Any] | None, call_kinds: pd.DataFrame,
-           notes: list[str], dumps_dir: Path | None = None, calls_dirs: list[Path] = (),
+           sessions: Mapping[str, Path | str], settings: RunSettings | Mapping[str, Any] | None,
+           call_kinds: pd.DataFrame, notes: list[str], dumps_dir: Path | None = None, calls_dirs: list[Path] = (),
            pg_seqs: list | None = None) -> pd.DataFrame:  # fmt: skip
     """Labels with the communicators' PyTorch process-group names (:mod:`.process_groups`: from
     the kernels' records, and from Flight Recorder dumps in ``dumps_dir`` joined by the calls
@@ -762,7 +830,8 @@ def _named(labels: pd.DataFrame, comms: pd.DataFrame, members: pd.DataFrame, rec
 
 
 def run_labels(comms: pd.DataFrame, members: pd.DataFrame, call_kinds: pd.DataFrame,
-               settings: Mapping[str, Any] | None, notes: list[str], problems: list[str]) -> pd.DataFrame:
+               settings: RunSettings | Mapping[str, Any] | None, notes: list[str], problems: list[str]
+               ) -> pd.DataFrame:  # fmt: skip
     """Every communicator's parallelism label (:data:`~nccltrace.communicators.labels.LABEL_SCHEMA`) from
     the declared sizes; without them from the sizes the member sets determine, else from the
     layout what each communicator did makes most likely (marked 'behaviour'), else the
@@ -928,34 +997,14 @@ def _p2p_stand_down_record(proc: str, recs: list[dict]) -> dict[str, Any]:
         "or processes, a clock fit without shared collectives), ranks time-sharing a GPU"))
 
 
-def build_run_ops(
-    alignment_paths: Iterable[Path | str],
-    calls_dirs: Iterable[Path | str],
-    communicators_path: Path | str,
-    members_path: Path | str,
-    sessions: Mapping[str, Path | str],
-    settings: Mapping[str, Any] | None = None,
-) -> RunOps:
-    """Assemble the enriched ops of one run in memory (``stream_run_ops`` into a temporary
-    file, read back): for tests and small runs; the workflow streams."""
-    with tempfile.TemporaryDirectory(prefix="nccltrace-ops-") as tmp:
-        path = Path(tmp) / "ops.parquet"
-        result = stream_run_ops(alignment_paths, calls_dirs, communicators_path, members_path, sessions, settings,
-                                path)  # fmt: skip
-        result.ops = coerce_to_schema(read_table(path), OPS_SCHEMA)
-    return result
-
-
-def write_run_ops(result: RunOps, ops_path: Path | str | None, labels_path: Path | str, clock_path: Path | str,
+def write_run_ops(result: RunOps, labels_path: Path | str, clock_path: Path | str,
                   quality_path: Path | str | None = None) -> None:  # fmt: skip
-    """Write the ops table (when held in memory; None skips it), the parallelism labels, the
-    clock model and (``quality_path``) the alignment-quality table atomically."""
+    """Write the parallelism labels, the clock model and (``quality_path``) the alignment-quality
+    table atomically (the ops table itself is written by :func:`stream_run_ops`)."""
     if quality_path is not None and result.quality is not None:
         from nccltrace.align.quality import QUALITY_SCHEMA
 
         write_table_atomic(frame_to_table(result.quality, QUALITY_SCHEMA), Path(quality_path))
-    if result.ops is not None and ops_path is not None:
-        write_table_atomic(frame_to_table(result.ops, OPS_SCHEMA), Path(ops_path))
     from nccltrace.communicators.labels import LABEL_SCHEMA
 
     write_table_atomic(frame_to_table(result.labels, LABEL_SCHEMA), Path(labels_path))

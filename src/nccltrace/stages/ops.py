@@ -9,6 +9,7 @@ from typing import Any
 from nccltrace.align.quality import QUALITY_FILE
 from nccltrace.core.layout import RunLayout
 from nccltrace.core.provenance import write_manifest
+from nccltrace.core.settings import RunSettings
 from nccltrace.ops.build import stream_run_ops, write_run_ops
 from nccltrace.stages import StageResult
 
@@ -16,10 +17,10 @@ __all__ = ["run_ops"]
 
 
 def run_ops(layout: RunLayout, procs: Iterable[str], hosts: Iterable[str],
-            settings: Mapping[str, Any] | None = None) -> StageResult:  # fmt: skip
+            settings: RunSettings | Mapping[str, Any] | None = None) -> StageResult:  # fmt: skip
     """Write ``ops/`` from the aligned processes ``procs`` and the parsed exports of ``hosts``.
     ``details['run_ops']`` is the :class:`~nccltrace.ops.build.RunOps` (labels, counts)."""
-    procs, hosts = list(procs), list(hosts)
+    procs, hosts, settings = list(procs), list(hosts), RunSettings.of(settings)
     alignments = [layout.aligned(p) / "alignment.parquet" for p in procs]
     qualities = [layout.aligned(p) / QUALITY_FILE for p in procs]
     sessions = {h: layout.parsed_nsys(h) / "session.json" for h in hosts}
@@ -28,7 +29,7 @@ def run_ops(layout: RunLayout, procs: Iterable[str], hosts: Iterable[str],
     result = stream_run_ops(alignments, [layout.parsed_nccl(p) for p in procs], layout.communicators, layout.members,
                             sessions, settings, layout.ops, quality_paths=qualities,
                             flight_recorder=dumps)  # fmt: skip
-    write_run_ops(result, None, layout.labels, layout.clock, layout.quality)
+    write_run_ops(result, layout.labels, layout.clock, layout.quality)
     outputs = [layout.ops, layout.labels, layout.clock, layout.quality]
     write_manifest(layout.manifest(layout.ops_dir), stage="ops",
                    inputs=[*alignments, *qualities, layout.communicators, layout.members, *sessions.values(),
