@@ -1,22 +1,11 @@
 """Logical communicators and global ranks, exactly, from NCCL init and split lines.
 
-Every process logs one init line per communicator it joins (``comms`` table of the log
-reader). Lines of different processes that belong to one communicator are grouped by what
-NCCL prints for that version:
-
-* plain inits: the ``commId`` all members print (2.16.2+; it is a hash of the unique id);
-* splits from 2.21.5: the parent communicator (resolved recursively to its logical id),
-  the split ``color`` and, from 2.24, the ``splitCount`` all members print; before 2.24 the
-  k-th split with the same (parent, color) of each process is taken to be the same one,
-  since members create communicators collectively, in the same order;
-* splits before 2.21.5 print the plain form with a commId mixed from parent and color, so
-  repeated splits with the same color repeat the commId: the k-th occurrence rule separates
-  them.
-
-A process's global rank is its rank in the world communicator: the parent of its splits, or
-else its first-initialised communicator spanning every process. A logical communicator whose
+Every process logs one init line per communicator it joins; the lines of one communicator are
+grouped by what NCCL prints alike on every member for that version (``commId``; parent, color
+and ``splitCount`` of a split; the k-th occurrence where nothing else tells repeated splits
+apart). A process's global rank is its rank in the world communicator. A communicator whose
 members do not cover ranks 0..nranks-1 exactly once is kept but marked incomplete with the
-reason (e.g. a missing rank log), never silently completed.
+reason, never silently completed. Version rules: ``docs/correlation.md``, Module notes.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """PyTorch's process groups joined with NCCL's communicators: every communicator named.
 
-PyTorch creates one NCCL communicator per process group (and device); Megatron names each group
-(``group_desc``: ``TENSOR_MODEL_PARALLEL_GROUP``, ``EMBEDDING_GROUP``, ...). Two views of the
-same run meet here:
-
-* a profiler trace records, for each NCCL kernel, the process group that launched it
-  (``pg_name``, ``pg_desc``); the alignment matched kernels to call lines, so each process's
-  communicators (pointers in its log) collect the groups their matched calls' kernels name
-  (``process_groups`` of the alignment-quality record);
-* the trace's ``distributedInfo.pg_config`` lists every group of the rank with its global
-  member ranks.
-
-A logical communicator is named when its processes' matched kernels name one group whose members
-are the communicator's (``kernel-records``); conflicting records name nothing (the reason is
-kept). A communicator no kernel names (batched Send/Recv kernels carry no group) is named when
-exactly one group with its member set is left once every other communicator with that member
-set is named (``elimination``): the pipeline and embedding groups of a two-stage pipeline have
-the same members and stay two communicators. Anything else stays unnamed, with the reason.
+PyTorch creates one NCCL communicator per process group and Megatron names each group
+(``group_desc``), so a name is exact evidence of what a communicator is. Names come from a
+profiler trace's kernel records (``kernel-records``: the groups the matched kernels name, with
+members from ``distributedInfo.pg_config``), PyTorch's own log lines and Flight Recorder dumps;
+a communicator no record names gets the one group left with its member set (``elimination``).
+Conflicting records name nothing and keep the reason. Rules and measurements:
+``docs/correlation.md`` section 2.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """Which consistent layout is most likely, from what each group does.
 
 Member sets alone often leave several layouts (cp and dp swap, the split of etp·ep); the groups'
-behaviour tells them apart as a Megatron engineer would:
-
-* the busiest group (most recorded collectives per member, all-to-all and Send/Recv not
-  counted) carries the per-layer all-gather/reduce-scatter (or all-reduce) of activations:
-  tensor parallelism; where the logs tell how often a group repeats one call a step and the
-  busiest repeats none 3 times (gradient buckets, not layers), tp = 1;
-* a group running all-to-all dispatches tokens to experts: expert parallelism;
-* a group running only Send/Recv passes activations between pipeline stages (or, under context
-  parallelism, KV blocks around a ring);
-* context parallelism and expert tensor parallelism are opt-in (cp = 1, etp = 1 by default);
-  so is expert parallelism, a weaker prior where no group runs all-to-all (ep = 1; an all-gather
-  token dispatcher runs experts without one).
-
-Each rule scores the candidates that satisfy it (points below); the best score is the most
-likely layout, reported with every rule that ranked it and with the runner-up. This ranks;
-it never makes a size certain (that takes every consistent candidate agreeing).
+behaviour tells them apart as a Megatron engineer would: the busiest group is tensor parallel,
+a group running all-to-all is expert parallel, one running only Send/Recv is pipeline (or
+context) parallel, and the opt-in dimensions default to 1. Each rule scores the candidates that
+satisfy it; the best score is reported with the rules that ranked it and the runner-up. This
+ranks; it never makes a size certain. The rules and their points: ``docs/correlation.md``
+section 2, "Flight Recorder dumps as input, and the most likely layout".
 """
 
 from __future__ import annotations

@@ -1,30 +1,12 @@
 """Infer Megatron-LM's parallel sizes from the member sets of a job's communicators.
 
-Input: the world size and the member sets (global ranks) of the communicators seen, each
-optionally with the PyTorch group description Megatron gave it (``group_desc``, e.g.
-``TENSOR_MODEL_PARALLEL_GROUP``, as Flight Recorder dumps record it).
-
-Candidates. Every size tuple Megatron accepts for the world: tp*cp*dp*pp = world and
-etp*ep*edp*pp = world (divisors only), under each order tried (default ``tp-cp-ep-dp-pp``),
-with ``initialize_model_parallel``'s constraints (:func:`.groups.order_problem`).
-
-Explaining. A candidate explains an observed set when one of the group kinds it generates has
-exactly that member set; a described set must be a group of the described kind. Single ranks
-and the world explain themselves and carry no evidence unless described. A candidate is
-consistent when it explains every observed set.
-
-Matching without generating every group. A Megatron group is a *box*: its offsets from its
-lowest rank are the mixed-radix numbers over the dimensions it spans, and its lowest rank has
-coordinate 0 in each of them. Each observed set is reduced once to a canonical box (size-1
-dimensions dropped, a dimension merged into the previous one when it continues it), compared
-with each kind's box, and only then is its lowest rank's coordinate checked.
-
-What the data decide. A size is reported only when every consistent candidate has the same
-value; otherwise it is None ("unknown") with the values still possible. Member sets alone
-often cannot decide: in the default order cp = 1, dp = d generates exactly the member sets of
-cp = d, dp = 1 (cp and dp groups swap, tp-cp and tp-dp swap), and the split of etp*ep can be
-invisible too.
-Descriptions pin the kind of a set and so the sizes.
+The candidates are every size tuple Megatron accepts for the world (under the rank orders
+tried); a candidate is consistent when one of its group kinds has exactly each observed member
+set (a described set: one of the described kind). A size is reported only when every consistent
+candidate has the same value, else it is None with the values still possible: member sets alone
+often cannot decide (cp and dp swap in the default order), descriptions pin them. Groups are
+compared as boxes of dimensions, without generating every group. Rules and measurements:
+``docs/correlation.md`` section 2, "Layout inference".
 """
 
 from __future__ import annotations

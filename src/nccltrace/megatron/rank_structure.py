@@ -1,25 +1,12 @@
 """Global ranks from the communicators' structure alone, solved against Megatron's group layouts.
 
-A job whose process groups are created lazily may leave no communicator of every rank, and no
-other record of the ranks (profiler trace, launcher prefix, Flight Recorder dump). What its NCCL
-logs still say exactly is which processes share each communicator and each one's rank in it.
-PyTorch orders a group's members by global rank (``new_group`` sorts them; a split's key is the
-global rank), so a communicator whose members are global ranks ``g`` has them in increasing order.
-
-:func:`solve_global_ranks` searches every assignment of global ranks 0..W-1 to the W processes
-under which each communicator (of two or more members) is one of the groups a Megatron layout
-creates, or a pair of one group's members (PyTorch's two-rank communicator for un-coalesced
-point-to-point calls), with its members in rank order, and no member set is used by more
-communicators than the layout has groups and pairs with those members. The layouts are the declared sizes (both rank orders
-Megatron accepts), else every size combination of the world. The answer is certain only when a
-single assignment fits across all of them; otherwise the ranks stay unknown and the number of
-fitting assignments is said. Layouts are symmetric (swapping two dimensions of one size maps the
-groups onto each other), so structure alone decides mostly where the sizes are declared and
-differ between dimensions.
-
-The search is exact (constraint propagation: once one member of a communicator is placed, the
-layout's groups of that size holding that rank at that position are its only candidates) and
-bounded: past ``budget`` steps it gives up and says so.
+A job whose process groups are created lazily may leave no communicator of every rank and no
+other record of the ranks, yet its logs still say which processes share each communicator and
+each one's rank in it. :func:`solve_global_ranks` searches, exactly and within a step
+``budget``, the assignments of global ranks under which every communicator is one of the groups
+(or pairs) a Megatron layout creates, members in rank order; the ranks are taken only when a
+single assignment fits. Rules, limits and measurements: ``docs/correlation.md`` section 2,
+"Global ranks".
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """Megatron-LM's own per-iteration log line, as evidence of where training iterations lie in a log.
 
-``training.training_log`` prints, on the last rank only (``print_rank_last``) and every
-``--log-interval`` iterations, one line per logged iteration::
-
-     [2025-10-09 08:53:20] iteration        5/      10 | consumed samples: ... | elapsed time per ...
-
-(older releases omit the bracketed time). It is printed after the iteration's ``train_step``, so
-in a stream that also holds the process's NCCL call lines (a combined stdout with
-``NCCL_DEBUG`` on stdout; log discovery routes the line to the process whose launcher prefix it
-shares), every call logged before line ``k`` belongs to iterations ``<= k`` and every call of
-iteration ``k + 1`` comes after it. Counting the lines before a call therefore gives the number of
-training iterations completed before it, whatever the first iterations did (extra broadcasts,
-communicators created on first use): the evidence :mod:`nccltrace.align.window` uses to number
-the log's steps for ``--capture-steps``.
-
-The lines reach the analysis as application output: the log reader files them in its
-``unclassified`` table (file, line, text), and :func:`iteration_lines` picks them out.
+Megatron's last rank prints ``iteration N/ M | ...`` after each logged iteration's train step, so
+in a stream that also holds a process's NCCL call lines, the lines before a call count the
+training iterations completed before it, whatever the first iterations did: the evidence
+:mod:`nccltrace.align.window` uses to number the log's steps for ``--capture-steps``. The lines
+reach the analysis as application output (the log reader's ``unclassified`` table), and
+:func:`iteration_lines` picks them out. Line format: ``docs/correlation.md``, Module notes.
 """
 
 from __future__ import annotations

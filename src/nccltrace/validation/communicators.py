@@ -1,20 +1,12 @@
 """Accuracy of communicator inference and parallelism labels against emulator ground truth.
 
-:func:`label_accuracy` emulates small Megatron-LM runs (:data:`CONFIGS`), parses their NCCL
-logs, infers the exact communicators from init/split lines, labels them from the declared
-sizes and compares every communicator and every call with the emulator's group kind. A label
-is ``exact`` when it equals the true kind, ``ambiguous`` when the true kind is among the
-candidates *and* the data cannot separate them (the true group has exactly the communicator's
-members, or - pair communicators - both ranks lie in one group of that kind), else ``wrong``.
-
-:func:`fallback_accuracy` drops the init lines and measures the sequence-based fallback
-(:mod:`nccltrace.communicators.from_calls`), thesis and improved versions, on clean logs and
-on logs with lost and duplicated lines: the fraction of communicator pointers whose inferred
-communicator has exactly the true set of pointers, pairwise precision/recall of "same
-communicator", global-rank accuracy (eq. 4.6) and how many ranks within communicators were
-determined and how many of those are right.
-
-Both return DataFrames (:func:`validate` bundles them for the CLI).
+:func:`label_accuracy` emulates small Megatron-LM runs (:data:`CONFIGS`), infers the exact
+communicators from their logs, labels them from the declared sizes and grades each label
+``exact``, ``ambiguous`` (the data cannot separate the true kind from the others) or ``wrong``.
+:func:`fallback_accuracy` drops the init lines and measures the call-sequence fallback
+(:mod:`nccltrace.communicators.from_calls`, both methods) on clean and damaged logs. Both return
+DataFrames (:func:`validate` bundles them for the CLI); the measures: ``docs/correlation.md``,
+Module notes.
 """
 
 from __future__ import annotations

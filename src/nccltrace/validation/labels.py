@@ -1,11 +1,9 @@
 """Labels without declared sizes against the labels with them, on an analysed run.
 
-A run analysed with its sizes declared (emulated runs record them in ``run.yaml``) has exact
-labels in ``ops/parallelism.parquet``. :func:`behaviour_vs_declared` labels the same
-communicators again as if nothing had been declared (:func:`nccltrace.ops.build.run_labels`: the sizes
-the member sets determine, else the layout what each communicator did makes most likely, else
-the heuristic) and counts, per run, how many labels agree, which evidence they rest on and how
-many that are presented as certain are wrong (the number that must be 0).
+A run analysed with its sizes declared has exact labels; :func:`behaviour_vs_declared` labels the
+same communicators again as if nothing had been declared (:func:`nccltrace.ops.build.run_labels`)
+and counts, per run, how many labels agree, which evidence they rest on and how many that are
+presented as certain are wrong (the number that must be 0).
 """
 
 from __future__ import annotations
