@@ -290,6 +290,24 @@ class _RecentCall:
 DEFAULT_BLOCK_SIZE = 32 << 20  # bytes read per block by the compiled fast path
 
 
+class _PrefixGroups:
+    """Runs of fast records sharing one resolved line prefix (``start``: index of a run's first
+    record), with what the prefix resolves to, one list entry per run."""
+
+    __slots__ = ("dev", "hid", "host", "pid", "pidid", "rec", "start", "tid", "ver")
+
+    def __init__(self) -> None:
+        self.start: list[int] = []
+        self.host: list = []
+        self.pid: list = []
+        self.tid: list = []
+        self.dev: list = []
+        self.rec: list = []  # recovery marker of the prefix
+        self.hid: list = []  # host id
+        self.pidid: list = []  # pid id
+        self.ver: list = []  # row of the datatype-size table (the process's NCCL version)
+
+
 class _FileParser:
     """Parses one file into the shared sinks."""
 
@@ -581,24 +599,40 @@ class _FileParser:
         """Parse the whole lines in buf[:n] (first line number lineno0 + 1); returns the last line number."""
         fs = self._fs
         n_lines, S, R, T = fs.scan(np.frombuffer(buf, np.uint8), n, lineno0 + 1)
-        s_start, s_end, s_line = S[:, 0].tolist(), S[:, 1].tolist(), S[:, 2].tolist()
-        data = memoryview(buf)
         f_line = np.ascontiguousarray(R[:, fs.R_LINE])
+        groups, deferred = self._fast_prefix_groups(memoryview(buf), S, R, f_line)
+
+        # Per-record values from the groups (vectorised).
+        mark = np.zeros(len(f_line), np.int64)
+        mark[np.asarray(groups.start, np.int64)] = 1
+        gid = np.cumsum(mark) - 1
+        R[:, fs.R_HID] = np.asarray(groups.hid, np.int64)[gid]
+        R[:, fs.R_PID] = np.asarray(groups.pidid, np.int64)[gid]
+        R[:, fs.R_TID] = np.asarray(groups.tid, np.int64)[gid]
+        kind = R[:, fs.R_KIND]
+        is_call = kind == fs.KIND_CALL
+        dsize = self._dsize[np.asarray(groups.ver, np.int64)[gid], np.where(is_call, R[:, fs.R_DTYPE], 0)]
+        R[:, fs.R_BYTES] = np.where(is_call, R[:, fs.R_COUNT] * dsize, R[:, fs.R_BYTES])
+
+        f_out, slow_rows = self._fast_state(R, deferred)
+        self._fast_tables(R, T, f_line, groups, gid, is_call, dsize, f_out, slow_rows)
+        return lineno0 + n_lines
+
+    def _fast_prefix_groups(self, data: memoryview, S: np.ndarray, R: np.ndarray,
+                            f_line: np.ndarray) -> tuple[_PrefixGroups, list]:  # fmt: skip
+        """Resolve the fast records' prefixes and parse the Python-side lines (``S``), in line order.
+
+        A fast record whose prefix differs from the previous record's, or that follows Python-side
+        lines which changed what a prefix resolves to, starts a group resolved by _parse_prefix.
+        Returns the groups and the Python-side rows deferred for duplicate detection and TUNING
+        attachment."""
+        fs = self._fs
+        s_start, s_end, s_line = S[:, 0].tolist(), S[:, 1].tolist(), S[:, 2].tolist()
         f_ls, f_ip = R[:, fs.R_LS], R[:, fs.R_IP]
         nf = len(f_line)
-
-        # Prefix groups: a fast record whose prefix differs from the previous record's, or that follows
-        # Python-side lines which changed what a prefix resolves to, starts a group resolved by
-        # _parse_prefix, in line order with the Python-side lines.
-        g_start: list[int] = []
-        g_host: list = []
-        g_pid: list = []
-        g_tid: list = []
-        g_dev: list = []
-        g_rec: list = []
-        g_hid: list = []
-        g_pidid: list = []
-        g_ver: list = []
+        g = _PrefixGroups()
+        g_start, g_host, g_pid, g_tid, g_dev, g_rec, g_hid, g_pidid, g_ver = (
+            g.start, g.host, g.pid, g.tid, g.dev, g.rec, g.hid, g.pidid, g.ver)  # fmt: skip
         epoch = [None]
 
         def resolve(i: int) -> None:
@@ -640,20 +674,13 @@ class _FileParser:
             deferred = self._defer
         finally:
             self._defer = None
+        return g, deferred
 
-        # Per-record values from the groups (vectorised).
-        mark = np.zeros(nf, np.int64)
-        mark[np.asarray(g_start, np.int64)] = 1
-        gid = np.cumsum(mark) - 1
-        R[:, fs.R_HID] = np.asarray(g_hid, np.int64)[gid]
-        R[:, fs.R_PID] = np.asarray(g_pidid, np.int64)[gid]
-        R[:, fs.R_TID] = np.asarray(g_tid, np.int64)[gid]
-        kind = R[:, fs.R_KIND]
-        is_call = kind == fs.KIND_CALL
-        dsize = self._dsize[np.asarray(g_ver, np.int64)[gid], np.where(is_call, R[:, fs.R_DTYPE], 0)]
-        R[:, fs.R_BYTES] = np.where(is_call, R[:, fs.R_COUNT] * dsize, R[:, fs.R_BYTES])
-
-        # Duplicate detection and TUNING attachment over fast records and deferred lines, in line order.
+    def _fast_state(self, R: np.ndarray, deferred: list) -> tuple[np.ndarray, dict[str, list]]:
+        """Duplicate detection and TUNING attachment over the fast records and the deferred
+        Python-side rows, in line order. Returns the fast records' results and the deferred rows
+        (completed) per table."""
+        fs = self._fs
         ops = [_state_op(d[0], (fs.R_COMM, fs.R_SEND, fs.R_RECV, fs.R_STREAM) if d[1] == "calls" else ())
                for d in deferred]
         s_ops = np.asfortranarray(np.array(ops, np.int64).reshape(-1, fs.S_NFIELDS))
@@ -671,8 +698,13 @@ class _FileParser:
                 row[20] = a if a >= 0 else None
                 row[21] = b or None
             slow_rows[table].append(row)
+        return f_out, slow_rows
 
-        # Tables.
+    def _fast_tables(self, R: np.ndarray, T: np.ndarray, f_line: np.ndarray, groups: _PrefixGroups, gid: np.ndarray,
+                     is_call: np.ndarray, dsize: np.ndarray, f_out: np.ndarray, slow_rows: dict[str, list]) -> None:  # fmt: skip
+        """The block's calls and tuning tables (fast records and Python-side rows merged in line
+        order), queued for the sinks."""
+        fs = self._fs
         fc = self._fast_counts
         for name, sel in (("calls", is_call), ("tuning", ~is_call)):
             idx = np.flatnonzero(sel)
@@ -682,13 +714,13 @@ class _FileParser:
                 wk = R[idx, fs.R_WK]
                 common = [
                     _strings([self.name], np.zeros(len(idx), np.int64)), pa.array(f_line[idx]),
-                    _strings(g_host, gi), pa.array(np.asarray(g_pid, np.int64)[gi]),
-                    pa.array(np.asarray(g_tid, np.int64)[gi]), pa.array(np.asarray(g_dev, np.int32)[gi]),
+                    _strings(groups.host, gi), pa.array(np.asarray(groups.pid, np.int64)[gi]),
+                    pa.array(np.asarray(groups.tid, np.int64)[gi]), pa.array(np.asarray(groups.dev, np.int32)[gi]),
                     _masked(R[idx, fs.R_WALL], wk == fs.WALL_NONE, pa.int64()), _strings([None, "local", "epoch"], wk),
-                ]
+                ]  # fmt: skip
                 if name == "calls":
                     ds = dsize[idx]
-                    parts.append(self._fast_calls_table(R, idx, common, ds, f_out[idx, 0], _strings(g_rec, gi)))
+                    parts.append(self._fast_calls_table(R, idx, common, ds, f_out[idx, 0], _strings(groups.rec, gi)))
                     fc["call"] += len(idx)
                     fc["unknown_datatype"] += int(np.count_nonzero(ds == 0))
                 else:
@@ -710,7 +742,6 @@ class _FileParser:
                 t = parts[0]
             self._pending[name].append(t)
             self._flush_pending(name)
-        return lineno0 + n_lines
 
     def _fast_calls_table(self, R: np.ndarray, idx: np.ndarray, common: list, dsize: np.ndarray, dup: np.ndarray,
                           recovery: pa.Array) -> pa.Table:
