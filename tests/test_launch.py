@@ -75,7 +75,7 @@ def test_a_configured_dataset_replaces_mock_data():
 
 
 @pytest.mark.parametrize("change, field", [
-    ({"tp": 3}, "tp/pp/cp"),
+    ({"tp": 3}, "tp"),
     ({"precision": "bf16", "num_experts": 6, "ep": 4}, "num_experts"),
     ({"num_experts": 4, "ep": 4}, "precision"),
     ({"pp": 2, "vpp": 3}, "vpp"),

@@ -51,7 +51,7 @@ def _members(comms: pd.DataFrame) -> pd.DataFrame:
 
 
 @pytest.mark.parametrize("kw, field", [
-    ({"tp": 3, "world_size": 8}, "world_size"),
+    ({"tp": 3, "world_size": 8}, "tp"),  # world % (tp*pp*cp)
     ({"tp": 2, "pp": 2, "world_size": 8, "dp": 4}, "dp"),
     ({"tp": 2, "ep": 4, "world_size": 4}, "ep"),
     ({"vpp": 2, "world_size": 4}, "vpp"),

@@ -15,89 +15,65 @@ from collections.abc import Mapping
 from typing import Any
 
 from nccltrace.core.capture_window import CaptureWindow, capture_problems
+from nccltrace.megatron.constraints import LaunchShape, problems
+from nccltrace.megatron.model import MODEL_DEFAULTS, padded_vocab_size
 
-DEFAULT_VOCAB_SIZE = 50257  # GPT-2 BPE; NullTokenizer with --mock-data needs an explicit size
-
-
-def _int(s: Mapping[str, Any], key: str, default: int) -> int:
+def _int(s: Mapping[str, Any], key: str, default: int | None = None) -> int:
+    """Setting ``key`` as an integer; unset: ``default``, else Megatron's model default."""
     value = s.get(key)
-    return default if value is None else int(value)
+    if value is None:
+        return MODEL_DEFAULTS[key] if default is None else default
+    return int(value)
+
+
+def launch_shape(settings: Mapping[str, Any]) -> LaunchShape:
+    """What Megatron's launch rules check of a run's settings (unset model settings: their
+    defaults; etp is tp, as the launch passes no --expert-tensor-parallel-size)."""
+    s = settings
+    tp, seq, hidden = _int(s, "tp"), _int(s, "seq_length"), _int(s, "hidden_size")
+    overlap = s.get("overlap_p2p_comm")
+    return LaunchShape(
+        world=_int(s, "nodes", 1) * _int(s, "gpus_per_node", 1), tp=tp, pp=_int(s, "pp"), cp=_int(s, "cp"),
+        ep=_int(s, "ep"), vpp=_int(s, "vpp"), num_layers=_int(s, "num_layers"), hidden_size=hidden,
+        num_attention_heads=_int(s, "num_attention_heads"),
+        ffn_hidden_size=int(s["ffn_hidden_size"]) if s.get("ffn_hidden_size") else 4 * hidden,
+        padded_vocab_size=padded_vocab_size(_int(s, "vocab_size"), tp), seq_length=seq,
+        micro_batch_size=_int(s, "micro_batch_size"), global_batch_size=_int(s, "global_batch_size"),
+        num_experts=_int(s, "num_experts"), moe_router_topk=_int(s, "moe_router_topk"),
+        precision=str(s.get("precision") or MODEL_DEFAULTS["precision"]),
+        sequence_parallel=bool(s.get("sequence_parallel")),
+        overlap_p2p=True if overlap is None else bool(overlap),  # Megatron's default with the interleaved schedule
+    )  # fmt: skip
 
 
 def launch_problems(settings: Mapping[str, Any]) -> list[str]:
     """Everything that would make Megatron-LM refuse (or silently change) this configuration.
 
     Returns messages of the form ``"<field>: <what is wrong>; <what to do>"``; empty when the
-    run can be launched. Mirrors Megatron's own argument checks so that a bad matrix entry fails
-    at workflow start, not after hours in the queue.
+    run can be launched. Megatron's own argument checks (:mod:`nccltrace.megatron.constraints`)
+    and the capture window's, so that a bad matrix entry fails at workflow start, not after
+    hours in the queue.
     """
-    s = settings
-    out: list[str] = []
-    nodes, gpn = _int(s, "nodes", 1), _int(s, "gpus_per_node", 1)
-    world = nodes * gpn
-    tp, pp, cp, ep, vpp = (_int(s, k, 1) for k in ("tp", "pp", "cp", "ep", "vpp"))
-    layers = _int(s, "num_layers", 16)
-    heads = _int(s, "num_attention_heads", 8)
-    hidden = _int(s, "hidden_size", 512)
-    seq = _int(s, "seq_length", 1024)
-    mbs, gbs = _int(s, "micro_batch_size", 4), _int(s, "global_batch_size", 64)
-    experts = _int(s, "num_experts", 0)
-    precision = s.get("precision", "fp16")
-    mp = tp * pp * cp
-    if world % mp:
-        out.append(f"tp/pp/cp: world size {world} ({nodes} nodes x {gpn} GPUs) is not divisible by "
-                   f"tp*pp*cp = {tp}*{pp}*{cp}; change the parallel sizes or the hardware profile")
-        return out  # everything below needs dp
-    dp = world // mp
-    # Megatron folds expert parallelism over the data- and context-parallel ranks: the expert
-    # grid etp x ep x pp (etp defaults to tp) must tile the world.
-    if ep > 1 and world % (tp * ep * pp):
-        out.append(f"ep: world size {world} is not divisible by tp*ep*pp = {tp}*{ep}*{pp} "
-                   f"(Megatron's expert grid); change ep or the hardware profile")
-    if ep > 1 and experts == 0:
-        out.append("ep: expert parallelism needs a MoE model; set num_experts or use ep: 1")
-    if experts and experts % ep:
-        out.append(f"num_experts: {experts} experts are not divisible by ep={ep}; use an ep that divides them")
-    if experts and precision != "bf16":
-        out.append(f"precision: MoE with grouped GEMM needs bf16 (got {precision}); set precision: bf16")
-    if heads % tp:
-        out.append(f"num_attention_heads: {heads} heads are not divisible by tp={tp}")
-    if hidden % heads:
-        out.append(f"hidden_size: {hidden} is not divisible by num_attention_heads={heads}")
-    if layers % pp:
-        out.append(f"num_layers: {layers} layers are not divisible by pp={pp}")
-    elif vpp > 1:
-        if pp < 2:
-            out.append("vpp: virtual pipeline stages need pp > 1")
-        elif layers % (pp * vpp):
-            out.append(f"vpp: {layers} layers cannot be split into pp*vpp = {pp}*{vpp} chunks of equal size "
-                       f"(--num-layers-per-virtual-pipeline-stage must be a whole number)")
-    if s.get("sequence_parallel") and tp == 1:
-        out.append("sequence_parallel: needs tp > 1 (Megatron would silently turn it off); "
-                   "drop it or set tp")
-    if cp > 1 and seq % (2 * cp):
-        out.append(f"seq_length: context parallelism needs seq_length divisible by 2*cp = {2 * cp}")
-    if gbs % (mbs * dp):
-        out.append(f"global_batch_size: {gbs} is not divisible by micro_batch_size*dp = {mbs}*{dp}")
-    elif vpp > 1 and pp > 1:
-        m = gbs // (mbs * dp)
-        if m % pp:
-            out.append(f"global_batch_size: the interleaved schedule needs the number of microbatches ({m}) "
-                       f"to be a multiple of pp ({pp})")
+    shape = launch_shape(settings)
+    found = list(problems(shape))
+    out = [str(p) for p in found]
+    if any(p.rule == "world_tiles" for p in found):
+        return out  # the capture window's ranks need a world Megatron accepts
     out += [f"{field}: {message}" for field, message in
-            capture_problems(s.get("capture"), iterations=_int(s, "iterations", 10), world_size=world)]
+            capture_problems(settings.get("capture"), iterations=_int(settings, "iterations"),
+                             world_size=int(shape.world))]  # fmt: skip
     return out
 
 
 def megatron_arguments(settings: Mapping[str, Any], *, dataset: Mapping[str, Any] | None = None) -> list[str]:
     """The ``pretrain_gpt.py`` command-line arguments for a run (list of strings, no shell quoting)."""
     s = settings
-    tp, pp, cp, ep, vpp = (_int(s, k, 1) for k in ("tp", "pp", "cp", "ep", "vpp"))
-    layers, seq = _int(s, "num_layers", 16), _int(s, "seq_length", 1024)
+    tp, pp, cp, ep, vpp = (_int(s, k) for k in ("tp", "pp", "cp", "ep", "vpp"))
+    layers, seq = _int(s, "num_layers"), _int(s, "seq_length")
     args = [
         "--num-layers", str(layers),
-        "--hidden-size", str(_int(s, "hidden_size", 512)),
-        "--num-attention-heads", str(_int(s, "num_attention_heads", 8)),
+        "--hidden-size", str(_int(s, "hidden_size")),
+        "--num-attention-heads", str(_int(s, "num_attention_heads")),
         "--seq-length", str(seq),
         "--max-position-embeddings", str(seq),
     ]  # fmt: skip
@@ -108,16 +84,16 @@ def megatron_arguments(settings: Mapping[str, Any], *, dataset: Mapping[str, Any
     if s.get("untie_embeddings"):
         args += ["--untie-embeddings-and-output-weights"]
     args += [
-        "--micro-batch-size", str(_int(s, "micro_batch_size", 4)),
-        "--global-batch-size", str(_int(s, "global_batch_size", 64)),
-        "--train-iters", str(_int(s, "iterations", 10)),
+        "--micro-batch-size", str(_int(s, "micro_batch_size")),
+        "--global-batch-size", str(_int(s, "global_batch_size")),
+        "--train-iters", str(_int(s, "iterations")),
         "--weight-decay", "0.1", "--adam-beta1", "0.9", "--adam-beta2", "0.95",
         "--init-method-std", "0.006", "--clip-grad", "1.0",
         "--lr", "6.0e-5", "--lr-decay-style", "cosine", "--min-lr", "6.0e-6",
         "--lr-warmup-fraction", ".001", "--lr-decay-iters", "430000",
         "--seed", str(_int(s, "seed", 42)),
     ]  # fmt: skip
-    precision = s.get("precision", "fp16")
+    precision = s.get("precision", MODEL_DEFAULTS["precision"])
     if precision in ("fp16", "bf16"):
         args.append(f"--{precision}")
     args += ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp)]
@@ -129,24 +105,24 @@ def megatron_arguments(settings: Mapping[str, Any], *, dataset: Mapping[str, Any
         args.append("--sequence-parallel")
     if s.get("distributed_optimizer"):
         args.append("--use-distributed-optimizer")
-    recompute = s.get("recompute", "none")
+    recompute = s.get("recompute", MODEL_DEFAULTS["recompute"])
     if recompute == "selective":
         args.append("--recompute-activations")
     elif recompute == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
-    experts = _int(s, "num_experts", 0)
+    experts = _int(s, "num_experts")
     if experts:
         args += [
             "--num-experts", str(experts),
             "--expert-model-parallel-size", str(ep),
-            "--moe-router-topk", str(_int(s, "moe_router_topk", 2)),
+            "--moe-router-topk", str(_int(s, "moe_router_topk")),
             "--moe-router-load-balancing-type", "aux_loss",
             "--moe-aux-loss-coeff", "0.01",
             "--moe-grouped-gemm",
-            "--moe-token-dispatcher-type", str(s.get("moe_token_dispatcher", "alltoall")),
+            "--moe-token-dispatcher-type", str(s.get("moe_token_dispatcher", MODEL_DEFAULTS["moe_token_dispatcher"])),
             "--disable-bias-linear",
         ]  # fmt: skip
-        if _int(s, "moe_layer_freq", 1) > 1:
+        if _int(s, "moe_layer_freq") > 1:
             args += ["--moe-layer-freq", str(int(s["moe_layer_freq"]))]
     ds = dict(dataset or {})
     if ds.get("data_path"):
@@ -159,7 +135,7 @@ def megatron_arguments(settings: Mapping[str, Any], *, dataset: Mapping[str, Any
     else:
         # No corpus download: synthetic tokens with the run's vocabulary size.
         args += ["--mock-data", "--tokenizer-type", "NullTokenizer",
-                 "--vocab-size", str(_int(s, "vocab_size", DEFAULT_VOCAB_SIZE))]  # fmt: skip
+                 "--vocab-size", str(_int(s, "vocab_size"))]  # fmt: skip
     # Per-iteration timers (the NVTX/timeline context the analysis uses); no evaluation, no checkpoints.
     args += ["--log-interval", "1", "--eval-interval", "1000000", "--eval-iters", "0", "--log-timers-to-tensorboard"]
     window = CaptureWindow.of_settings(s)

@@ -13,6 +13,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from nccltrace.core.errors import ConfigError
+from nccltrace.megatron.constraints import LaunchShape, first_problem, positive_problem
 
 if TYPE_CHECKING:  # layout.py imports this module; the method below imports it when called
     from nccltrace.megatron.layout import MegatronLayout
@@ -84,31 +85,20 @@ class ParallelSizes:
     gpus_per_node: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "cp", "ep", "vpp"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(name, f"must be a positive integer, got {v!r}")
-        for name in ("etp", "dp", "world_size", "gpus_per_node"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise ConfigError(name, f"must be a positive integer (or omitted), got {v!r}")
-        mp = self.tp * self.pp * self.cp
+        for name in ("tp", "pp", "cp", "ep", "vpp", "etp", "dp", "world_size", "gpus_per_node"):
+            why = positive_problem(getattr(self, name), optional=name in ("etp", "dp", "world_size", "gpus_per_node"))
+            if why:
+                raise ConfigError(name, why)
         world, dp = self.world_size, self.dp
         if world is None and dp is None:
             raise ConfigError("world_size", "give the world size (or nodes and gpus_per_node) or dp")
         if world is None:
-            world = dp * mp
-        if world % mp:
-            raise ConfigError("world_size", f"world size {world} is not divisible by tp*pp*cp = "
-                                            f"{self.tp}*{self.pp}*{self.cp} = {mp}")
-        if dp is not None and dp != world // mp:
-            raise ConfigError("dp", f"dp={dp} does not match world size {world} / (tp*pp*cp = {mp}) = {world // mp}")
-        emp = self.expert_tp * self.ep * self.pp
-        if world % emp:
-            raise ConfigError("ep", f"world size {world} is not divisible by etp*ep*pp = {emp} "
-                                    "(expert parallelism is carved out of dp*cp*tp)")
-        if self.vpp > 1 and self.pp == 1:
-            raise ConfigError("vpp", "virtual pipeline stages (vpp > 1) need pp > 1")
+            world = dp * self.tp * self.pp * self.cp
+        problem = first_problem(LaunchShape(world=world, tp=self.tp, pp=self.pp, cp=self.cp, ep=self.ep, etp=self.etp,
+                                            vpp=self.vpp, dp=dp))  # fmt: skip
+        if problem is not None:
+            raise ConfigError(problem.field, problem.message)
+        mp = self.tp * self.pp * self.cp
         # Both are set from here on: readers may take world_size and dp as ints.
         object.__setattr__(self, "world_size", world)
         object.__setattr__(self, "dp", world // mp)
