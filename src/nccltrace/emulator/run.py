@@ -1,27 +1,11 @@
 """Write the raw outputs an emulated run leaves, plus ground truth.
 
-Layout of ``out_dir``::
-
-    nccl/nccl_<host>_<pid>.log      one NCCL debug log per process (NCCL_DEBUG_FILE=nccl_%h_%p.log)
-    nsys/<host>.sqlite              one Nsight Systems SQLite export per node (all its processes); with
-                                    ``capture``: only the window of the profiled ranks, and none for a
-                                    node without a profiled rank (nsys writes no report then)
-    ground_truth/ops.parquet        one row per NCCL call per rank (also calls whose line was dropped)
-    ground_truth/kernels.parquet    every emulated NCCL kernel (also dropped ones and ones without a log line)
-    ground_truth/communicators.parquet  every communicator of every process
-    ground_truth/clock.parquet      per-node clock offset and drift
-    run.yaml                        resolved configuration + nccltrace version
-    stdout.log                      only with imperfections.torn_lines: all processes' lines interleaved
-
-With a ``capture`` setting (:mod:`nccltrace.core.capture_window`) the export holds what a
-``--capture-range=cudaProfilerApi`` export of the step window holds (docs/emulator.md §3.1):
-rows are filtered while they are written, the NCCL logs stay complete, and ground truth gains an
-``in_capture`` column. Without one every output is byte-identical to an emulation without the
-feature.
-
-Every file is written to a temporary sibling and renamed into place. Memory is bounded by one
-rank's output at a time: ranks are processed node by node, each rank's program is generated
-lazily and its rows are streamed to the writers.
+An emulated run leaves what a real one would (NCCL logs per process, an nsys export per node,
+``run.yaml``) and, beside it, the ground truth the analysis is measured against
+(``ground_truth/``: every call, kernel, communicator and clock). Every file is written to a
+temporary sibling and renamed into place, and memory is bounded by one rank's output: ranks are
+processed node by node, each rank's program generated lazily and streamed to the writers. The
+layout, and the ``capture`` window's effect: ``docs/emulator.md`` section 3.
 """
 
 from __future__ import annotations

@@ -3,20 +3,10 @@
 :class:`RankProgram` replays, for one global rank, every NCCL call the real training script
 issues, in program order, as a generator of :class:`Unit` objects (one NCCL *kernel plan*: a
 single call, or the calls between one ``ncclGroupStart``/``ncclGroupEnd``), each holding its
-:class:`Op` records. Memory is one unit at a time. What is modelled, the message-size formulas
-and the source files each op comes from are listed in ``docs/emulator.md``; the comments below
-name the Megatron/PyTorch function each op belongs to.
-
-Conventions
------------
-* ``iteration`` is -1 for initialisation, 0..N-1 for training steps, N for shutdown.
-* ``root`` is the NCCL rank (in the communicator) of the root (Broadcast) or of the peer
-  (Send/Recv); ``peer`` is the peer's global rank.
-* ``instance`` is the same integer on every rank taking part in the same NCCL operation
-  instance: for collectives ``(communicator, k-th collective on it)``, for Send/Recv
-  ``(communicator, sender, receiver, k-th message from sender to receiver)``.
-* Ops on single-rank communicators are emitted according to
-  ``imperfections.single_rank_comm_ops`` (they are logged but launch no kernel).
+:class:`Op` records; memory is one unit at a time. What is modelled, the message-size formulas,
+the field conventions (``iteration``, ``root``, ``peer``, ``instance``) and the source files each
+op comes from are in ``docs/emulator.md`` section 1.3; the comments below name the
+Megatron/PyTorch function each op belongs to.
 """
 
 from __future__ import annotations

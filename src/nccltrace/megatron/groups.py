@@ -1,21 +1,12 @@
 """Megatron-LM's process groups: rank orderings and the member sets of every group kind.
 
 The one home of Megatron's group generation in nccltrace (:mod:`.layout` and the layout
-inference both use it). Source, read and re-expressed here: NVIDIA/Megatron-LM
-``megatron/core/parallel_state.py`` (core_r0.13 and main): ``RankGenerator``,
-``generate_masked_orthogonal_rank_groups``, ``initialize_model_parallel``,
-``default_embedding_ranks`` / ``default_position_embedding_ranks``.
-
-* Two rank grids share the world and the pipeline dimension. The *decoder* grid has sizes
-  tp, cp, ep = 1, dp, pp; the *expert* grid etp, cp = 1, ep, edp, pp with
-  edp = world / (etp * ep * pp).
-* An order string (default ``tp-cp-ep-dp-pp``; ``--use-tp-pp-dp-mapping`` gives
-  ``tp-cp-ep-pp-dp``, old releases ``tp-pp-dp``) lists the dimensions fastest-varying first:
-  a rank is the mixed-radix number whose digits are the coordinates. Megatron appends every
-  dimension the string leaves out, which is only allowed when its size is 1.
-* A group of type ``a-b`` holds the ranks that differ only in their ``a`` and ``b`` coordinates.
-* Embedding group: first and last rank of each pipeline group (one rank when pp = 1);
-  position-embedding group: the first rank.
+inference both use it), so that the emulator and the analysis agree with Megatron on which ranks
+form a group. Re-expressed from NVIDIA/Megatron-LM ``megatron/core/parallel_state.py``
+(core_r0.13 and main): ``RankGenerator``, ``generate_masked_orthogonal_rank_groups``,
+``initialize_model_parallel``, ``default_embedding_ranks`` /
+``default_position_embedding_ranks``. The grids and order strings: ``docs/emulator.md``, Module
+notes.
 """
 
 from __future__ import annotations

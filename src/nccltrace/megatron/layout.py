@@ -1,20 +1,10 @@
 """Megatron-LM rank layout: every process group Megatron creates, in creation order, and where
 each rank sits (coordinates, pipeline stage, node).
 
-Member sets come from :mod:`.groups` (default order ``tp-cp-ep-dp-pp``). Creation order is the
-order every rank calls ``torch.distributed.new_group`` in ``initialize_model_parallel``
-(NVIDIA/Megatron-LM core_r0.13, commit 73a28a1, ``megatron/core/parallel_state.py``): dp-cp,
-dp, cp, tp-pp (the "model parallel" group), tp, then for each pp group: pp, embedding,
-position-embedding; tp-dp-cp, tp-dp, tp-cp; expert ep, expert tp, expert tp-ep, expert tp-ep-pp,
-expert dp; the intra-distributed-optimizer-instance group. PyTorch's default (world) group
-exists before all of them (``init_process_group``).
-
-PyTorch sorts the ranks passed to ``new_group``, so a rank's NCCL rank in a communicator is its
-position in the sorted member list. Global rank -> node is ``rank // gpus_per_node`` (torchrun
-fills nodes with consecutive ranks).
-
-Not modelled: encoder pipelines, hierarchical CP groups, multiple distributed-optimizer instances,
-gloo groups (they create no NCCL communicators).
+Member sets come from :mod:`.groups`; the order of creation (``initialize_model_parallel`` of
+core_r0.13) matters because eager splits happen in it, and a rank's NCCL rank in a communicator
+is its position in the sorted member list (PyTorch sorts ``new_group``'s ranks). The creation
+order, the node mapping and what is not modelled: ``docs/emulator.md`` section 1.2.
 """
 from __future__ import annotations
 

@@ -2,15 +2,9 @@
 state, which layers a pipeline chunk holds, and how many parameters each rank's gradient
 buffers contain.
 
-Parameter layout follows Megatron-core's GPT with the Transformer-Engine layer spec
-(``megatron/core/models/gpt/gpt_layer_specs.py``): per layer a fused layernorm+QKV column-parallel
-linear, a row-parallel projection, a fused layernorm+fc1 and a row-parallel fc2 (LayerNorm has
-weight and bias; row-parallel biases are replicated over TP). MoE layers replace the MLP by a
-separate pre-MLP layernorm, a router (``num_experts x hidden``) and ``num_experts/ep`` local
-experts whose fc1/fc2 are split over the expert-TP group; MoE runs use no linear biases
-(``--disable-bias-linear``, thesis A.3). Word embeddings are split over TP; learned absolute
-position embeddings live on the first stage; with tied embeddings and pp > 1 the last stage
-holds a copy of the word embeddings as its output layer.
+The parameter counts follow Megatron-core's GPT with the Transformer-Engine layer spec exactly,
+since gradient buffer sizes are what the data-parallel collectives carry. The layout counted:
+``docs/emulator.md``, Module notes; the volume model built on it: ``docs/volume.md``.
 """
 
 from __future__ import annotations
@@ -23,12 +17,6 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from nccltrace.core.errors import ConfigError
-from nccltrace.megatron.constraints import (
-    SHARD_RULES,
-    LaunchShape,
-    first_problem,
-    positive_problem,
-)
 
 __all__ = [
     "MODEL_DEFAULTS",
@@ -116,19 +104,21 @@ class ModelShape:
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "ffn_hidden_size", "padded_vocab_size", "seq_length",
                      "moe_layer_freq", "tp", "pp", "vpp", "ep", "etp"):  # fmt: skip
-            why = positive_problem(getattr(self, name))
-            if why:
-                raise ConfigError(name, why)
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(name, f"must be a positive integer, got {v!r}")
         if self.num_experts < 0:
             raise ConfigError("num_experts", "must be >= 0 (0 = dense model)")
-        # the shards of every matrix must be whole (the parameter layout); the other launch rules
-        # are the run's, checked where it is described
-        shape = LaunchShape(tp=self.tp, pp=self.pp, vpp=self.vpp, ep=self.ep, etp=self.etp, num_layers=self.num_layers,
-                            hidden_size=self.hidden_size, ffn_hidden_size=self.ffn_hidden_size,
-                            padded_vocab_size=self.padded_vocab_size, num_experts=self.num_experts)  # fmt: skip
-        problem = first_problem(shape, SHARD_RULES)
-        if problem is not None:
-            raise ConfigError(problem.field, problem.message)
+        if self.num_layers % (self.pp * self.vpp):
+            raise ConfigError("num_layers", f"{self.num_layers} layers cannot be split into pp*vpp = "
+                                            f"{self.pp * self.vpp} equal model chunks")
+        for name in ("hidden_size", "ffn_hidden_size", "padded_vocab_size"):  # split over TP
+            if getattr(self, name) % self.tp:
+                raise ConfigError(name, f"{getattr(self, name)} is not divisible by tp={self.tp}")
+        if self.is_moe and self.num_experts % self.ep:
+            raise ConfigError("num_experts", f"num_experts ({self.num_experts}) must be divisible by ep ({self.ep})")
+        if self.is_moe and self.ffn_hidden_size % self.etp:
+            raise ConfigError("etp", f"ffn hidden size {self.ffn_hidden_size} is not divisible by etp={self.etp}")
 
     @property
     def is_moe(self) -> bool:
