@@ -8,12 +8,12 @@ sys.path.insert(0, str(Path(snakemake.scriptdir)))  # noqa: F821
 from _bootstrap import setup
 
 setup(snakemake)  # noqa: F821
-from nccltrace.core.capture_window import CaptureWindow
 from nccltrace.core.layout import RunLayout
+from nccltrace.core.settings import RunSettings
 from nccltrace.stages.align_node import run_align_node
 
 sm = snakemake  # noqa: F821
-window = CaptureWindow.of_settings(dict(sm.params.settings))
+window = RunSettings.from_mapping(sm.params.settings).capture
 run_align_node(RunLayout(Path(sm.output.aligned).parents[1]), sm.wildcards.host, sm.params.processes,
                mode=sm.params.mode, nccl_version=sm.params.nccl_version,
                capture_steps=window.loop_indices if window else None).echo()

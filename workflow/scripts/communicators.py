@@ -9,8 +9,9 @@ from _bootstrap import setup  # noqa: E402
 
 setup(snakemake)  # noqa: F821
 from nccltrace.core.layout import RunLayout  # noqa: E402
+from nccltrace.core.settings import RunSettings  # noqa: E402
 from nccltrace.stages.communicators import run_communicators  # noqa: E402
 
 sm = snakemake  # noqa: F821
 run_communicators(RunLayout(Path(sm.output.communicators).parents[1]), sm.params.processes,
-                  dict(sm.params.settings), sm.params.hosts).echo()
+                  RunSettings.from_mapping(sm.params.settings), sm.params.hosts).echo()

@@ -8,8 +8,9 @@ from _bootstrap import setup  # noqa: E402
 
 setup(snakemake)  # noqa: F821
 from nccltrace.core.layout import RunLayout  # noqa: E402
+from nccltrace.core.settings import RunSettings  # noqa: E402
 from nccltrace.stages.ops import run_ops  # noqa: E402
 
 sm = snakemake  # noqa: F821
 run_ops(RunLayout(Path(sm.output.ops).parents[1]), sm.params.processes, sm.params.hosts,
-        dict(sm.params.settings)).echo()
+        RunSettings.from_mapping(sm.params.settings)).echo()

@@ -10,6 +10,7 @@ from _bootstrap import setup
 setup(snakemake)  # noqa: F821
 from nccltrace.acquisition.raw import read_status
 from nccltrace.core.layout import RunLayout
+from nccltrace.core.settings import RunSettings
 from nccltrace.stages.parse_node import run_parse_node
 
 sm = snakemake  # noqa: F821
@@ -20,5 +21,5 @@ unusable = (read_status(sm.input.raw).get("unusable_exports") or {}).get(host)
 # one export per node, or one per process (merged on one clock by the parse)
 exports = layout.raw_exports(host)
 run_parse_node(layout, host, {proc: layout.raw_log(proc) for proc in sm.params.processes},
-               exports if len(exports) > 1 else layout.raw_export(host), dict(sm.params.settings),
+               exports if len(exports) > 1 else layout.raw_export(host), RunSettings.from_mapping(sm.params.settings),
                unusable=unusable).echo()

@@ -9,8 +9,9 @@ from _bootstrap import setup  # noqa: E402
 
 setup(snakemake)  # noqa: F821
 from nccltrace.core.layout import RunLayout  # noqa: E402
+from nccltrace.core.settings import RunSettings  # noqa: E402
 from nccltrace.stages.volume import run_volume  # noqa: E402
 
 sm = snakemake  # noqa: F821
 layout = RunLayout.of_raw(sm.input.raw)
-run_volume(layout, sm.wildcards.run, dict(sm.params.settings), run_yaml=layout.run_yaml).echo()
+run_volume(layout, sm.wildcards.run, RunSettings.from_mapping(sm.params.settings), run_yaml=layout.run_yaml).echo()

@@ -24,6 +24,7 @@ from nccltrace.core.capture_window import (
     CaptureWindow,
     capture_run_id_tag,
 )
+from nccltrace.core.settings import RunSettings
 
 PARALLEL_KEYS = ("tp", "pp", "ep", "cp", "vpp")
 EMULATOR_PRESETS = ("a100", "a40", "h100")  # nccltrace.emulator.config.HARDWARE_PRESETS
@@ -65,6 +66,12 @@ class RunSpec:
         # likewise the rank order: Megatron's default unless the run passes --use-tp-pp-dp-mapping
         mapping = "--use-tp-pp-dp-mapping" in (self.settings.get("megatron_args") or [])
         return {**{k: 1 for k in ("tp", "pp", "cp", "ep")}, ORDER_SETTING: mapping, **self.settings}
+
+    @property
+    def run_settings(self) -> RunSettings:
+        """The typed settings the analysis of this run reads (:attr:`analysis_settings`, validated:
+        raises :class:`~nccltrace.core.errors.ConfigError` naming the setting)."""
+        return RunSettings.from_mapping(self.analysis_settings)
 
     def config_hash(self) -> str:
         blob = json.dumps({"settings": self.settings, "hardware": self.hardware, "backend": self.backend},
@@ -184,6 +191,11 @@ def run_problems(spec: RunSpec) -> list[str]:
     from nccltrace.acquisition.megatron import launch_problems
 
     problems = launch_problems(spec.settings)
+    if not problems:  # what Megatron's rules leave: a value the analysis cannot read, named before any job
+        try:
+            spec.run_settings  # noqa: B018
+        except ValueError as exc:
+            problems.append(str(exc))
     if spec.backend == "emulate" and not problems:
         from nccltrace.emulator.config import ConfigError, EmulatorConfig
 

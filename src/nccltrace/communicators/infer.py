@@ -11,69 +11,19 @@ reason, never silently completed. Version rules: ``docs/correlation.md``, Module
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pyarrow as pa
 
+from nccltrace.communicators.schema import (
+    COMMUNICATOR_SCHEMA,
+    MEMBER_SCHEMA,
+    CommunicatorTables,
+)
+from nccltrace.core.settings import RunSettings
 from nccltrace.core.tables import frame_to_table, write_table_atomic
-
-COMMUNICATOR_SCHEMA = pa.schema(
-    [
-        pa.field("logical_id", pa.int32(), metadata={"doc": "logical communicator id in this run (0-based)"}),
-        pa.field("kind", pa.string(), metadata={"doc": "'init' (ncclCommInitRank*) or 'split' (ncclCommSplit)"}),
-        pa.field("nranks", pa.int32(), metadata={"doc": "communicator size printed by its init lines"}),
-        pa.field("comm_id", pa.uint64(), metadata={"doc": "commId printed by the members (null when not printed)"}),
-        pa.field("parent_logical_id", pa.int32(), metadata={"doc": "logical id of the parent of a split comm"}),
-        pa.field("color", pa.int64(), metadata={"doc": "split color"}),
-        pa.field("split_count", pa.int32(), metadata={"doc": "splitCount/childCount printed (>= 2.24)"}),
-        pa.field("members", pa.list_(pa.int32()), metadata={"doc": "global rank of each member, by rank in comm "
-                                                                     "(-1 where the member's log is missing or its "
-                                                                     "global rank is unknown)"}),
-        pa.field("complete", pa.bool_(), metadata={"doc": "every rank 0..nranks-1 present exactly once"}),
-        pa.field("problem", pa.string(), metadata={"doc": "why the communicator is incomplete (null if complete)"}),
-        pa.field("world", pa.bool_(), metadata={"doc": "the communicator of every rank whose member order gave the "
-                                                       "global ranks: its size is the world size"}),
-    ]
-)
-MEMBER_SCHEMA = pa.schema(
-    [
-        pa.field("logical_id", pa.int32(), metadata={"doc": "logical communicator"}),
-        pa.field("host", pa.string(), metadata={"doc": "host of the member process"}),
-        pa.field("pid", pa.int64(), metadata={"doc": "process id"}),
-        pa.field("comm", pa.uint64(), metadata={"doc": "process-local communicator pointer (join key for calls)"}),
-        pa.field("rank_in_comm", pa.int32(), metadata={"doc": "rank of this process in the communicator"}),
-        pa.field("global_rank", pa.int32(), metadata={
-            "doc": "global rank of this process: its rank in a communicator of every rank, else from the run's "
-                   "other records (the profiler trace's distributedInfo.rank, a launcher prefix, the log file name "
-                   "the user described, a Flight Recorder dump, the communicators' structure where one assignment "
-                   "fits); null when nothing tells it"}),
-        pa.field("file", pa.string(), metadata={"doc": "log file of the init line"}),
-        pa.field("line", pa.int64(), metadata={"doc": "line of the init line"}),
-    ]
-)
-
-
-@dataclass
-class CommunicatorTables:
-    """Result of :func:`infer_communicators`. ``world_size`` is None when nothing tells it (no
-    communicator spans every rank and no other record names the ranks); ``rank_sources``: how
-    many processes got their global rank from each source; ``unranked``: the processes
-    (``host:pid``) whose global rank is unknown; ``rank_conflicts``: sources that disagree."""
-
-    communicators: pd.DataFrame
-    members: pd.DataFrame
-    world_size: int | None
-    rank_sources: dict[str, int] = field(default_factory=dict)
-    unranked: list[str] = field(default_factory=list)
-    rank_conflicts: list[str] = field(default_factory=list)
-    rank_notes: list[str] = field(default_factory=list)  # why a source could not name a rank
-
-    @property
-    def complete(self) -> bool:
-        return bool(self.communicators["complete"].all()) if len(self.communicators) else False
 
 
 def _init_lines(comms: pd.DataFrame) -> pd.DataFrame:
@@ -119,8 +69,7 @@ def _log_origins(parsed_dirs: Iterable[Path | str]) -> dict[tuple[str, int], dic
     """(host, pid) -> the parse stage's ``log_origin.json`` (where log discovery found its lines)."""
     import json
 
-    from nccltrace.core.layout import process_key
-    from nccltrace.stages.parse_nccl import LOG_ORIGIN_FILE
+    from nccltrace.core.layout import LOG_ORIGIN_FILE, process_key
 
     out = {}
     for d in parsed_dirs:
@@ -409,7 +358,7 @@ def _hosts_off_consecutive_ranks(ranks: Mapping[tuple[str, int], int]) -> list[s
     return sorted(h for h, rs in by_host.items() if max(rs) - min(rs) + 1 != len(rs))
 
 
-def _structure_ranks(result: CommunicatorTables, settings: Mapping[str, Any] | None, notes: list[str]
+def _structure_ranks(result: CommunicatorTables, settings: RunSettings | Mapping[str, Any] | None, notes: list[str]
                      ) -> dict[tuple[str, int], tuple[int, int | None]]:  # fmt: skip
     """Ranks from the communicators' member lists solved against Megatron's layouts
     (:func:`nccltrace.megatron.rank_structure.solve_global_ranks`), only where exactly one
@@ -441,7 +390,8 @@ def _structure_ranks(result: CommunicatorTables, settings: Mapping[str, Any] | N
     return named
 
 
-def infer_run_communicators(parsed_dirs: Iterable[Path], out_dir: Path, settings: Mapping[str, Any] | None = None,
+def infer_run_communicators(parsed_dirs: Iterable[Path], out_dir: Path,
+                            settings: RunSettings | Mapping[str, Any] | None = None,
                             sessions: Iterable[Path | str] = (), dumps_dir: Path | None = None
                             ) -> CommunicatorTables:  # fmt: skip
     """Read the ``comms.parquet`` of each parsed process and write ``communicators.parquet`` and
@@ -521,7 +471,8 @@ def _refuse_mixed_jobs(comms: pd.DataFrame) -> None:
                      "each job's logs and nsys exports in a directory of its own and analyse them one by one")
 
 
-def _from_call_sequences(parsed_dirs: list[Path], settings: Mapping[str, Any] | None) -> CommunicatorTables:
+def _from_call_sequences(parsed_dirs: list[Path], settings: RunSettings | Mapping[str, Any] | None
+                         ) -> CommunicatorTables:  # fmt: skip
     """Communicators of logs without init lines, from the processes' call sequences."""
     from nccltrace.communicators.from_calls import infer_communicators_from_calls
     from nccltrace.communicators.labels import declares_sizes

@@ -9,28 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nccltrace.core.errors import ConfigError
+from nccltrace.core.settings import declares_sizes, declares_world, flatten_settings
 from nccltrace.megatron.constraints import LaunchShape, first_problem, positive_problem
 
-if TYPE_CHECKING:  # layout.py imports this module; the method below imports it when called
-    from nccltrace.megatron.layout import MegatronLayout
-
-__all__ = ["ParallelSizes", "declares_sizes", "flatten_settings"]
-
-
-def flatten_settings(settings: Mapping[str, Any], *, skip_none: bool = False) -> dict[str, Any]:
-    """A flat or run.yaml-like mapping (``config`` and ``derived`` nested) as one flat mapping:
-    top level over config over derived. ``skip_none``: a null never hides a value from a lower
-    level. The one reading of run settings' nesting."""
-    flat: dict[str, Any] = {}
-    for part in (settings.get("derived"), settings.get("config"), settings):
-        if isinstance(part, Mapping):
-            flat.update({k: v for k, v in part.items()
-                         if k not in ("config", "derived") and not (skip_none and v is None)})  # fmt: skip
-    return flat
+# declares_sizes, declares_world and flatten_settings live in core.settings (the one reading of
+# run settings); they are re-exported here for the readers of the sizes.
+__all__ = ["ParallelSizes", "declares_sizes", "declares_world", "flatten_settings"]
 
 
 def _int(settings: Mapping[str, Any], *names: str) -> int | None:
@@ -144,39 +131,3 @@ class ParallelSizes:
             distributed_optimizer=_bool(s, "distributed_optimizer", "use_distributed_optimizer"),
             gpus_per_node=gpn,
         )
-
-    def layout(self) -> MegatronLayout:
-        """Megatron's groups for these sizes (cached per sizes)."""
-        return _layout(self)
-
-
-@lru_cache(maxsize=32)
-def _layout(sizes: ParallelSizes) -> MegatronLayout:
-    from nccltrace.megatron.layout import (
-        MegatronLayout,  # here, not at the top: layout.py builds on this module
-    )
-
-    return MegatronLayout(sizes)
-
-
-_SIZE_KEYS = ("tp", "pp", "cp", "ep", "etp", "dp", "tensor_model_parallel_size", "pipeline_model_parallel_size",
-              "context_parallel_size", "expert_model_parallel_size")
-
-
-_WORLD_KEYS = ("world_size", "world", "dp", "data_parallel_size")
-
-
-def declares_world(settings: Mapping[str, Any]) -> bool:
-    """Whether flat run settings give the world size (directly, through dp, or as nodes times
-    GPUs per node): what :meth:`ParallelSizes.from_settings` needs besides the sizes."""
-    return any(settings.get(k) is not None for k in _WORLD_KEYS) or (
-        settings.get("nodes") is not None and settings.get("gpus_per_node") is not None)
-
-
-def declares_sizes(settings: Mapping[str, Any] | None) -> bool:
-    """Whether run settings say anything about the parallel sizes (top level, or nested under
-    ``config``/``derived`` as in run.yaml): what :meth:`ParallelSizes.from_settings` reads."""
-    if not settings:
-        return False
-    parts = [settings, *(settings.get(k) for k in ("config", "derived") if isinstance(settings.get(k), Mapping))]
-    return any(k in part for part in parts for k in _SIZE_KEYS)

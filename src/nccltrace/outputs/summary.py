@@ -38,6 +38,7 @@ from nccltrace.core.batch_stats import (
     PartialSums,
     median_of_counts,
 )
+from nccltrace.core.settings import flatten_settings
 from nccltrace.core.tables import (
     atomic_output,
     coerce_to_schema,
@@ -47,6 +48,7 @@ from nccltrace.core.tables import (
     write_table_atomic,
 )
 from nccltrace.core.tables import documented_field as _f
+from nccltrace.megatron.model import MODEL_DEFAULTS
 
 # The ops columns run_tables and nccltrace.outputs.plots.run_plots read (the workflow reads only these;
 # tests check the result equals the one from every column).
@@ -835,20 +837,18 @@ def match_check_tables(quality: pd.DataFrame) -> dict[str, pd.DataFrame]:
 
 # --------------------------------------------------------------------------- campaign tables
 
-_DEFAULTS = {"tp": 1, "pp": 1, "vpp": 1, "ep": 1, "cp": 1, "num_experts": 0, "sequence_parallel": False,
-             "distributed_optimizer": False}  # fmt: skip
+# The configuration columns a run that does not state them shows with Megatron's default.
+_DEFAULTS = {k: MODEL_DEFAULTS[k] for k in ("tp", "pp", "vpp", "ep", "cp", "num_experts", "sequence_parallel",
+                                            "distributed_optimizer")}  # fmt: skip
 
 
 def config_row(settings: Mapping[str, Any]) -> dict[str, Any]:
     """The configuration columns (``CONFIG_FIELDS``) of one run from its settings. Accepts a flat
-    settings mapping or a run.yaml-like one with ``config`` (and ``derived``) sections."""
-    s: dict[str, Any] = {}
-    if isinstance(settings.get("config"), Mapping):
-        s.update(settings["config"])
-        if isinstance(settings.get("derived"), Mapping):
-            s.update({k: v for k, v in settings["derived"].items() if s.get(k) is None})
-    else:
-        s.update(settings)
+    settings mapping, a run.yaml-like one with ``config`` (and ``derived``) sections, or
+    :class:`~nccltrace.core.settings.RunSettings`; nesting is read as everywhere else
+    (:func:`~nccltrace.core.settings.flatten_settings`: top level over config over derived, and
+    a null here shows the lower level's value)."""
+    s = flatten_settings(settings, skip_none=True)
     for k, v in _DEFAULTS.items():
         if s.get(k) is None:
             s[k] = v

@@ -16,16 +16,19 @@ from nccltrace.communicators.infer import (
 )
 from nccltrace.core.layout import RunLayout
 from nccltrace.core.provenance import write_manifest
+from nccltrace.core.settings import RunSettings
 from nccltrace.stages import StageResult
 
 __all__ = ["run_communicators"]
 
 
-def run_communicators(layout: RunLayout, procs: Iterable[str], settings: Mapping[str, Any] | None = None,
+def run_communicators(layout: RunLayout, procs: Iterable[str],
+                      settings: RunSettings | Mapping[str, Any] | None = None,
                       hosts: Iterable[str] = ()) -> StageResult:  # fmt: skip
     """Build ``communicators.parquet`` and ``communicator_members.parquet`` from the parsed logs
     of ``procs`` (and the parsed exports of ``hosts``, whose profiler records can name global
     ranks). ``details['tables']`` is the :class:`~nccltrace.communicators.infer.CommunicatorTables`."""
+    settings = RunSettings.of(settings)
     dirs = [layout.parsed_nccl(p) for p in procs]
     sessions = [layout.session(h) for h in hosts if layout.session(h).is_file()]
     dumps = layout.flight_recorder if layout.flight_recorder.is_dir() else None

@@ -10,7 +10,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from nccltrace.core.layout import LOG_ORIGIN_FILE
 from nccltrace.core.provenance import write_manifest
+from nccltrace.core.settings import RunSettings
 from nccltrace.core.tables import write_json_atomic
 from nccltrace.nccl.log_reader import TABLE_NAMES, ParseReport, parse_logs
 from nccltrace.stages import StageResult
@@ -43,13 +45,6 @@ def log_problems(report: ParseReport | Mapping[str, Any]) -> list[str]:
     return out
 
 
-LOG_ORIGIN_FILE = "log_origin.json"
-"""Beside a process's parsed tables, when log discovery made its log: ``launcher``, the global
-rank its launcher prefix named in a combined stdout (:func:`nccltrace.inputs.logs.launcher_ranks`),
-and ``own_file``, the source file holding this process's lines and no other's (whose name may
-carry the rank: :class:`nccltrace.inputs.logs.RankNamePattern`)."""
-
-
 def _log_origin(log_file: Path) -> dict[str, Any] | None:
     import json
 
@@ -64,7 +59,7 @@ def _log_origin(log_file: Path) -> dict[str, Any] | None:
     return out if any(out.values()) else None
 
 
-def run_parse_nccl(log_file: Path | str, out_dir: Path | str, settings: Mapping[str, Any] | None = None
+def run_parse_nccl(log_file: Path | str, out_dir: Path | str, settings: RunSettings | Mapping[str, Any] | None = None
                    ) -> StageResult:  # fmt: skip
     """Parse ``log_file`` (one process's NCCL log) into ``out_dir``: the tables of
     :data:`~nccltrace.nccl.log_reader.TABLE_NAMES`, ``parse_report.json`` and the manifest."""

@@ -18,6 +18,7 @@ from typing import Any
 
 from nccltrace.acquisition.raw import WORKFLOW_REMEDY, Remedy
 from nccltrace.core.layout import RunLayout
+from nccltrace.core.settings import RunSettings
 from nccltrace.stages import StageResult, each_process
 from nccltrace.stages.parse_nccl import run_parse_nccl
 from nccltrace.stages.parse_nsys import run_parse_nsys
@@ -27,14 +28,14 @@ __all__ = ["run_parse_node"]
 
 def run_parse_node(layout: RunLayout, host: str, logs: Mapping[str, Path | str],
                    export: Path | str | Sequence[Path | str] | None,
-                   settings: Mapping[str, Any] | None = None, *, unusable: str | None = None,
+                   settings: RunSettings | Mapping[str, Any] | None = None, *, unusable: str | None = None,
                    remedy: Remedy = WORKFLOW_REMEDY, done: Callable[[str], None] | None = None) -> StageResult:  # fmt: skip
     """Parse node ``host``'s logs (``logs``: process -> its log, every process of the node) into
     ``layout.parsed_nccl(proc)`` and its export into ``layout.parsed_nsys(host)``; ``export`` (one
     export, a list of kernel sources, or None), ``unusable`` and ``remedy`` as
     :func:`~nccltrace.stages.parse_nsys.run_parse_nsys` takes
     them. ``done(unit)`` after the export and after each process (progress)."""
-    settings = dict(settings or {})
+    settings = RunSettings.of(settings)  # read once, for both parsers
     strangers = [p for p in logs if layout.host_of(p) != host]
     if strangers:
         raise ValueError(f"parse_node of node {host}: {', '.join(strangers)} belong to other nodes")

@@ -22,16 +22,17 @@ from nccltrace.acquisition.raw import (
     missing_export_problem,
 )
 from nccltrace.core.provenance import write_manifest
+from nccltrace.core.settings import RunSettings
 from nccltrace.core.tables import write_json_atomic, write_table_atomic
-from nccltrace.nsys import reader
 from nccltrace.nsys.nccl_api import NCCL_API_CALLS_SCHEMA, format_summary
 from nccltrace.nsys.reader import NsysExport, NsysFormatError
+from nccltrace.nsys.schema import KERNEL_SOURCE_TABLES, spec_schema
 from nccltrace.stages import StageResult
 
 __all__ = ["NSYS_TABLES", "run_parse_nsys"]
 
 # The schemas of the tables ``NsysExport.export_tables`` writes (same names and types).
-_SCHEMAS = {**{name: reader.spec_schema(spec) for name, spec in reader.KERNEL_SOURCE_TABLES.items()},
+_SCHEMAS = {**{name: spec_schema(spec) for name, spec in KERNEL_SOURCE_TABLES.items()},
             "nccl_api_calls": NCCL_API_CALLS_SCHEMA}
 NSYS_TABLES: tuple[str, ...] = tuple(_SCHEMAS)
 """The tables of a parsed export (``<name>.parquet``), beside ``session.json``."""
@@ -55,7 +56,7 @@ def _unavailable(export_file: Path | None, out: Path, host: str, problem: str,
 
 
 def run_parse_nsys(export_file: Path | str | Sequence[Path | str] | None, out_dir: Path | str, host: str,
-                   settings: Mapping[str, Any] | None = None, *, unusable: str | None = None,
+                   settings: RunSettings | Mapping[str, Any] | None = None, *, unusable: str | None = None,
                    remedy: Remedy = WORKFLOW_REMEDY) -> StageResult:  # fmt: skip
     """Read node ``host``'s kernel source into ``out_dir``. ``export_file``: its nsys export;
     None or absent: the node has no export; a list: several sources of the node (nsys exports
@@ -66,7 +67,7 @@ def run_parse_nsys(export_file: Path | str | Sequence[Path | str] | None, out_di
     in use says to fix it."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    settings = dict(settings or {})
+    settings = dict(settings or {})  # recorded as given
     if isinstance(export_file, (list, tuple)):
         sources = [Path(p) for p in export_file]
         if len(sources) == 1 and not sources[0].is_dir():

@@ -20,6 +20,7 @@ from nccltrace.acquisition.raw import WORKFLOW_REMEDY, Remedy, missing_export_pr
 from nccltrace.align.correlate import process_key
 from nccltrace.core.layout import RunLayout
 from nccltrace.core.provenance import write_manifest
+from nccltrace.core.settings import RunSettings
 from nccltrace.core.tables import write_json_atomic
 from nccltrace.stages import StageResult
 from nccltrace.stages.parse_nccl import log_problems
@@ -44,7 +45,7 @@ def _orphan_kernels(kernels: Path, host: str, logged_pids: set[int]) -> str | No
 
 def run_parse_summary(layout: RunLayout, procs: Iterable[str], hosts: Iterable[str], *, run_id: str | None,
                       expected_processes: int | None, expected_nodes: int | None,
-                      settings: Mapping[str, Any] | None = None, warnings: Iterable[str] = (),
+                      settings: RunSettings | Mapping[str, Any] | None = None, warnings: Iterable[str] = (),
                       input_problems: Iterable[str] = (), remedy: Remedy = WORKFLOW_REMEDY) -> StageResult:  # fmt: skip
     """Summarise the parse of processes ``procs`` (``parsed/nccl/<proc>/``) and nodes ``hosts``
     (``parsed/nsys/<host>/``) into ``layout.parse_summary``. ``expected_*``: how many rank logs

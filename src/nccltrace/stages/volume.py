@@ -10,14 +10,17 @@ import yaml
 
 from nccltrace.core.layout import RunLayout
 from nccltrace.core.provenance import write_manifest
+from nccltrace.core.settings import RunSettings
 from nccltrace.metrics.volume import volume_validation_of_file, write_volume_validation
 from nccltrace.stages import StageResult
 
 
-def run_volume(layout: RunLayout, run_id: str, settings: Mapping[str, Any] | None, run_yaml: Path | None = None
-               ) -> StageResult:  # fmt: skip
+def run_volume(layout: RunLayout, run_id: str, settings: RunSettings | Mapping[str, Any] | None,
+               run_yaml: Path | None = None) -> StageResult:  # fmt: skip
     """Write the volume validation. The model is the run's own record (``run_yaml``) when it
-    has one, else ``settings``."""
+    has one, else ``settings``. The record is read nested (its ``derived`` facts fill the
+    configuration's nulls, as :func:`~nccltrace.core.settings.flatten_settings` with ``skip_none``
+    does), so it is passed as recorded."""
     has_record = run_yaml is not None and run_yaml.is_file()
     model = yaml.safe_load(run_yaml.read_text()) if has_record else dict(settings or {})
     # the ops table is read in batches: memory holds one batch and the sums, not the run
