@@ -26,7 +26,7 @@ from nccltrace.nsys import (
     decode_tid,
     encode_global_tid,
 )
-from nccltrace.nsys.reader import KERNEL_TABLE_COLUMNS
+from nccltrace.nsys.schema import KERNEL_TABLE_COLUMNS
 
 REF = NSYS_REFERENCE
 SAMPLE = REF / "nsys-2022.4.2.1-nvtx-sample.sqlite"

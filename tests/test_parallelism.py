@@ -16,6 +16,7 @@ from nccltrace.communicators.labels import (
     pair_kinds,
     truth_label,
 )
+from nccltrace.megatron.layout import megatron_layout
 from nccltrace.validation.communicators import (
     emulate_config,
     label_accuracy,
@@ -77,7 +78,7 @@ def test_sizes_from_settings_of_every_origin():
     with pytest.raises(ValueError, match="world_size"):
         ParallelSizes.from_settings({"world_size": 6, "nodes": 2, "gpus_per_node": 4})
     # The layout is Megatron's: tp groups are consecutive ranks, dp groups strided by tp.
-    groups = {g.kind: g.ranks for g in emu.layout().groups if g.index == 0}
+    groups = {g.kind: g.ranks for g in megatron_layout(emu).groups if g.index == 0}
     assert groups["tp"] == (0, 1) and groups["dp"] == (0, 2) and groups["pp"] == (0, 4)
 
 
@@ -110,7 +111,7 @@ def test_unique_member_set_and_unmatched_and_partial():
 
 def test_pair_communicators_take_the_kind_of_their_group():
     sizes = ParallelSizes(pp=4, world_size=4)
-    layout = sizes.layout()
+    layout = megatron_layout(sizes)
     assert [k for k, _ in pair_kinds(layout, 1, 2)] == ["pp"]
     comms = _comms([(0, 2, [1, 2])])
     lab = label_communicators(comms, sizes).iloc[0]
@@ -121,7 +122,7 @@ def test_pair_communicators_take_the_kind_of_their_group():
     lab = label_communicators(comms, sizes, members=_members(comms), calls=calls).iloc[0]
     assert lab.label_source == "unmatched"
     # pp = 2: Megatron sends one direction over the world group, which is therefore a candidate.
-    assert [k for k, _ in pair_kinds(ParallelSizes(pp=2, world_size=2).layout(), 0, 1)] == ["pp", "world"]
+    assert [k for k, _ in pair_kinds(megatron_layout(ParallelSizes(pp=2, world_size=2)), 0, 1)] == ["pp", "world"]
     assert truth_label("p2p:pp") == "pp" and truth_label("tp") == "tp"
 
 

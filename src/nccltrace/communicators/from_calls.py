@@ -22,11 +22,6 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from nccltrace.communicators.infer import (
-    COMMUNICATOR_SCHEMA,
-    MEMBER_SCHEMA,
-    CommunicatorTables,
-)
 from nccltrace.communicators.labels import (
     KIND_PREFERENCE,
     P2P_OPS,
@@ -34,6 +29,12 @@ from nccltrace.communicators.labels import (
     ParallelSizes,
     expected_member_sets,
 )
+from nccltrace.communicators.schema import (
+    COMMUNICATOR_SCHEMA,
+    MEMBER_SCHEMA,
+    CommunicatorTables,
+)
+from nccltrace.megatron.layout import megatron_layout
 
 __all__ = ["global_ranks", "infer_communicators_from_calls"]
 
@@ -308,7 +309,7 @@ def _candidate_sets(ranks: set[int], n: int, sizes: ParallelSizes | None) -> dic
             out[r].append((s, why))
 
     if sizes is not None:
-        layout = sizes.layout()
+        layout = megatron_layout(sizes)
         pref = {k: i for i, k in enumerate(KIND_PREFERENCE)}
         groups = sorted((g for g in layout.groups if g.size == n), key=lambda g: (pref.get(g.kind, len(pref)), g.order))
         for g in groups:
@@ -360,7 +361,7 @@ def _partition(bucket: list[_Stream], n: int, sizes: ParallelSizes | None, tol: 
         return [_Group(list(bucket), tolerant=tol)], []
     caps: dict[frozenset[int], int] = {}
     if sizes is not None:
-        caps = {k: len(v) for k, v in expected_member_sets(sizes.layout()).items()}
+        caps = {k: len(v) for k, v in expected_member_sets(megatron_layout(sizes)).items()}
     free = {id(s) for s in bucket}
     groups: list[_Group] = []
     several = len(bucket) > n

@@ -20,7 +20,7 @@ import pandas as pd
 import pyarrow as pa
 
 from nccltrace.megatron.groups import GROUP_KINDS, PAIR_DIMS
-from nccltrace.megatron.layout import Group, MegatronLayout
+from nccltrace.megatron.layout import Group, MegatronLayout, megatron_layout
 from nccltrace.megatron.sizes import ParallelSizes, declares_sizes
 
 __all__ = [
@@ -254,7 +254,7 @@ def _heuristic(comms: pd.DataFrame, lists: dict[int, list[int]], ops_by_lid: dic
 def _match(comms: pd.DataFrame, lists: dict[int, list[int]], by_lid: dict[int, list[int]] | None,
            sizes: ParallelSizes, members: pd.DataFrame | None, ops_by_lid: dict[int, set[str]] | None
            ) -> list[tuple]:  # fmt: skip
-    layout = sizes.layout()
+    layout = megatron_layout(sizes)
     world = int(sizes.world_size)
     expected = expected_member_sets(layout)
     lines = _order_key(members)

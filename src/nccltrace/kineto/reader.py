@@ -21,6 +21,7 @@ import pandas as pd
 
 from nccltrace.kineto.scan import ScanResult, iter_event_runs, sniff_trace
 from nccltrace.nsys import reader as nsys_reader
+from nccltrace.nsys import schema as nsys_schema
 from nccltrace.nsys.nccl_api import NCCL_API_CALLS_SCHEMA
 
 __all__ = ["KINETO_DOMAIN", "KinetoFormatError", "KinetoTrace", "is_kineto_trace", "iter_kineto_files"]
@@ -218,7 +219,7 @@ class KinetoTrace:
     def kernels(self) -> pd.DataFrame:
         """NCCL kernels with their launch call, in nsys's kernel columns plus
         :data:`KERNEL_ARG_COLUMNS`, ordered by start."""
-        spec = nsys_reader.KERNEL_TABLE_COLUMNS
+        spec = nsys_schema.KERNEL_TABLE_COLUMNS
         rows = self._c.kernels
         cols: dict[str, list[Any]] = {name: [r.get(name) for r in rows] for name, _ in spec}
         frame = nsys_reader._frame(cols, spec)
@@ -232,14 +233,14 @@ class KinetoTrace:
                 "text": [x[4] for x in r], "domain": [KINETO_DOMAIN] * len(r), "pid": [x[2] for x in r],
                 "tid": [x[3] for x in r], "global_tid": [_gtid(x[2], x[3]) for x in r],
                 "payload_source": [None] * len(r)}  # fmt: skip
-        return nsys_reader._frame(cols, nsys_reader.NVTX_COLUMNS)
+        return nsys_reader._frame(cols, nsys_schema.NVTX_COLUMNS)
 
     def processes(self) -> pd.DataFrame:
         """The OS processes of the trace (pid, name)."""
         pids = self.pids
         cols = {"global_pid": [p << 24 for p in pids], "pid": pids,
                 "name": [self._c.process_names.get(p) for p in pids]}
-        return nsys_reader._frame(cols, nsys_reader.PROCESS_COLUMNS)
+        return nsys_reader._frame(cols, nsys_schema.PROCESS_COLUMNS)
 
     def session_info(self) -> dict[str, Any]:
         """Session metadata as written to ``session.json`` (the keys of an nsys export's, plus
@@ -288,11 +289,11 @@ class KinetoTrace:
         paths = {name: out / f"{name}.parquet" for name in
                  ("kernels", "nvtx", "processes", "launches_without_kernel", "nccl_api_calls")}
         paths["session"] = out / "session.json"
-        specs = nsys_reader.KERNEL_SOURCE_TABLES
+        specs = nsys_schema.KERNEL_SOURCE_TABLES
         frames = {"kernels": self.kernels(), "nvtx": self.nvtx(), "processes": self.processes(),
                   "launches_without_kernel": nsys_reader._frame({}, specs["launches_without_kernel"])}
         for key, frame in frames.items():
-            write_table_atomic(frame_to_table(frame, nsys_reader.spec_schema(specs[key])), paths[key])
+            write_table_atomic(frame_to_table(frame, nsys_schema.spec_schema(specs[key])), paths[key])
         write_table_atomic(NCCL_API_CALLS_SCHEMA.empty_table(), paths["nccl_api_calls"])
         with atomic_output(paths["session"]) as tmp:
             tmp.write_text(json.dumps(self.session_info(), indent=2, sort_keys=True) + "\n", encoding="utf-8")

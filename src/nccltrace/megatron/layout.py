@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
 
 from nccltrace.megatron.groups import GROUP_KINDS, KIND_ORDER, megatron_groups
 from nccltrace.megatron.sizes import ParallelSizes
 
-__all__ = ["Group", "MegatronLayout", "PairComm"]
+__all__ = ["Group", "MegatronLayout", "PairComm", "megatron_layout"]
 
 
 @dataclass(frozen=True)
@@ -194,3 +194,11 @@ class MegatronLayout:
 
     def stages_of(self, ranks) -> tuple[int, ...]:
         return tuple(sorted({self.pp_rank(r) for r in ranks}))
+
+
+@lru_cache(maxsize=32)
+def megatron_layout(sizes: ParallelSizes) -> MegatronLayout:
+    """Megatron's groups for ``sizes``, built once per sizes: labelling asks for the layout of
+    the same sizes once per communicator. A function here, not a method of the sizes, so that
+    the sizes need not import the layout built on them."""
+    return MegatronLayout(sizes)

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from nccltrace.nsys.reader import _GPID_MASK, _NCCL_COLUMN_KINDS, spec_schema
+from nccltrace.nsys.schema import GPID_MASK, NCCL_COLUMN_KINDS, spec_schema
 
 __all__ = [
     "CALL_OPS",
@@ -79,13 +79,13 @@ PAYLOAD_STATES: dict[str, str] = {
 }
 """Values of :attr:`NcclApiCalls.payload`."""
 
-_PAYLOAD_COLUMNS = list(_NCCL_COLUMN_KINDS)
+_PAYLOAD_COLUMNS = list(NCCL_COLUMN_KINDS)
 
 NCCL_API_CALL_COLUMNS: list[tuple[str, str]] = [
     ("pid", "Int64"), ("tid", "Int64"), ("global_tid", "Int64"), ("domain_id", "Int64"),
     ("start", "int64"), ("end", "int64"), ("op", "object"),
     ("group_id", "Int64"), ("group_depth", "Int64"), ("launch_range_start", "Int64"),
-    *_NCCL_COLUMN_KINDS.items(), ("payload_source", "object"),
+    *NCCL_COLUMN_KINDS.items(), ("payload_source", "object"),
     ("kernel_global_pid", "Int64"), ("kernel_correlation_id", "Int64"),
     ("kernels_in_launch_range", "Int64"), ("lost_launches_in_launch_range", "Int64"), ("status", "object"),
 ]  # fmt: skip
@@ -276,7 +276,7 @@ def _proc_of(frame: pd.DataFrame, gtid_col: str | None) -> np.ndarray:
     """Process key per row: the process bits of ``gtid_col`` (exact within one export), else pid."""
     if gtid_col is not None and gtid_col in frame.columns:
         g = frame[gtid_col].astype("Int64")
-        return np.where(g.notna().to_numpy(bool), g.fillna(0).to_numpy("int64") & _GPID_MASK, -1)
+        return np.where(g.notna().to_numpy(bool), g.fillna(0).to_numpy("int64") & GPID_MASK, -1)
     return _int(frame["pid"]) if "pid" in frame.columns else np.full(len(frame), -1, np.int64)
 
 
@@ -348,7 +348,7 @@ def _prepare_ranges(nvtx: pd.DataFrame, proc: list[str], *, mask: np.ndarray | N
     keep_mask = nccl_range_mask(nvtx) if mask is None else mask
     cols = [*proc, "tid", "start", "end", "text", *[c for c in keep if c not in proc]]
     r = nvtx.loc[keep_mask, cols + [p for p in _PAYLOAD_COLUMNS if p in nvtx.columns]].copy()
-    for p, dt in _NCCL_COLUMN_KINDS.items():
+    for p, dt in NCCL_COLUMN_KINDS.items():
         r[p] = r[p].astype(dt) if p in r.columns else pd.array([None] * len(r), dtype=dt)
     r["start"] = r["start"].astype("int64")
     r["end"] = r["end"].astype("int64")
@@ -597,7 +597,7 @@ def _output(r: pd.DataFrame, k: pd.DataFrame, op: pd.Series, lr: np.ndarray, lau
         "start": start, "end": r.end.to_numpy("int64"), "op": text(op),
         "group_id": nullable(grp, grp >= 0), "group_depth": pd.array(r.depth.to_numpy("int64"), dtype="Int64"),
         "launch_range_start": nullable(start[np.maximum(lr, 0)], launching),
-        **{c: r[c].astype(kind).array for c, kind in _NCCL_COLUMN_KINDS.items()},
+        **{c: r[c].astype(kind).array for c, kind in NCCL_COLUMN_KINDS.items()},
         "payload_source": text(r.payload_source),
         "kernel_global_pid": nullable(kpid, has_k), "kernel_correlation_id": nullable(kcorr, has_k),
         "kernels_in_launch_range": nullable(K, launching),

@@ -33,6 +33,20 @@ from nccltrace.core.tables import (
     parquet_writer,
     write_table_atomic,
 )
+from nccltrace.nsys.schema import (
+    GPID_MASK,
+    GPU_COLUMNS,
+    KERNEL_COLUMNS,
+    KERNEL_TABLE_COLUMNS,
+    LAUNCH_COLUMNS,
+    NCCL_COLUMN_KINDS,
+    NVTX_COLUMNS,
+    PAYLOAD_SCHEMA_ENTRY_COLUMNS,
+    PROCESS_COLUMNS,
+    RUNTIME_COLUMNS,
+    THREAD_COLUMNS,
+    spec_schema,
+)
 
 __all__ = [
     "KERNEL_COLUMNS",
@@ -51,8 +65,6 @@ __all__ = [
 KNOWN_SCHEMA_VERSIONS: tuple[str, ...] = ("3.0.0", "3.16.1", "3.25.0", "3.28.1")
 SUPPORTED_MAJOR = 3
 
-# 0xFFFFFFFFFF000000 as a signed int64: keeps HW, VM and PID bits (globalTid -> globalPid).
-_GPID_MASK = -16777216
 _ID24 = 0xFFFFFF
 _U64 = 1 << 64
 _SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -74,19 +86,6 @@ NCCL_ENTRY_COLUMNS: dict[str, str] = {
     "Key": "nccl_key",
     "key": "nccl_key",
     "Parent NCCL communicator ID": "nccl_parent_comm_id",
-}
-_NCCL_COLUMN_KINDS: dict[str, str] = {
-    "nccl_message_bytes": "Int64",
-    "nccl_comm_id": "UInt64",
-    "nccl_root": "Int64",
-    "nccl_peer": "Int64",
-    "nccl_redop": "Int64",
-    "nccl_rank": "Int64",
-    "nccl_nranks": "Int64",
-    "nccl_cuda_dev": "Int64",
-    "nccl_color": "Int64",
-    "nccl_key": "Int64",
-    "nccl_parent_comm_id": "UInt64",
 }
 # ncclRedOp_t values of NVTX enum entry names (JSON payloads may carry names).
 _REDOP_VALUES = {"sum": 0, "product": 1, "prod": 1, "max": 2, "min": 3, "avg": 4}
@@ -112,60 +111,6 @@ _ENUM_ALIASES = {
 _DYNAMIC_RE = re.compile(r"^DYNAMIC_NVTXPAYLOAD_DATATYPE_(-?\d+)_(\d+)_(\d+)$")
 _API_VERSION_RE = re.compile(r"_v\d+$")
 
-# (column, kind) specs. Kinds: int64 (never NULL), Int64/UInt64 (nullable), float64, object.
-KERNEL_COLUMNS: list[tuple[str, str]] = [
-    ("start", "int64"), ("end", "int64"), ("device_id", "int64"), ("context_id", "int64"),
-    ("stream_id", "int64"), ("correlation_id", "Int64"), ("global_pid", "Int64"), ("pid", "Int64"),
-    ("name", "object"), ("short_name", "object"),
-    ("grid_x", "int64"), ("grid_y", "int64"), ("grid_z", "int64"),
-    ("block_x", "int64"), ("block_y", "int64"), ("block_z", "int64"),
-    ("registers_per_thread", "int64"), ("static_shared_memory", "int64"), ("dynamic_shared_memory", "int64"),
-    ("green_context_id", "Int64"),
-    ("launch_start", "Int64"), ("launch_end", "Int64"), ("launch_global_tid", "Int64"), ("launch_tid", "Int64"),
-    ("launch_api", "object"), ("launch_event_class", "Int64"),
-    ("graph_id", "Int64"), ("graph_node_id", "Int64"),
-]  # fmt: skip
-NVTX_COLUMNS: list[tuple[str, str]] = [
-    ("start", "int64"), ("end", "Int64"), ("event_type", "int64"), ("text", "object"),
-    ("domain", "object"), ("domain_id", "Int64"), ("category", "Int64"), ("category_name", "object"),
-    ("color", "Int64"), ("global_tid", "Int64"), ("pid", "Int64"), ("tid", "Int64"),
-    ("end_global_tid", "Int64"), ("range_id", "Int64"), ("event_id", "Int64"),
-    ("uint64_value", "UInt64"), ("int64_value", "Int64"), ("double_value", "float64"), ("json_text", "object"),
-    *_NCCL_COLUMN_KINDS.items(),
-    ("payload_source", "object"),
-]  # fmt: skip
-RUNTIME_COLUMNS: list[tuple[str, str]] = [
-    ("start", "int64"), ("end", "int64"), ("event_class", "int64"), ("global_tid", "Int64"),
-    ("pid", "Int64"), ("tid", "Int64"), ("correlation_id", "Int64"), ("name", "object"), ("api", "object"),
-    ("return_value", "Int64"),
-]  # fmt: skip
-LAUNCH_COLUMNS: list[tuple[str, str]] = [*RUNTIME_COLUMNS, ("capture_span", "Int64")]
-"""Columns of :meth:`NsysExport.launches_without_kernel`: the runtime columns plus
-``capture_span``, the 0-based stream capture (``cudaStreamBeginCapture`` .. ``EndCapture`` on the
-launching thread, numbered per process in time order) the launch was made in, null outside
-captures. A launch during capture makes a graph node, not a kernel: it has no kernel record
-by design, and its kernel runs in the graph's replays."""
-PROCESS_COLUMNS: list[tuple[str, str]] = [("global_pid", "int64"), ("pid", "int64"), ("name", "object")]
-KERNEL_TABLE_COLUMNS: list[tuple[str, str]] = [*KERNEL_COLUMNS, *KERNEL_ARG_COLUMNS]
-"""Columns of every written ``kernels.parquet``, whatever the source: an nsys export records no
-call arguments, so its kernels have them null (one schema per table, whoever writes it)."""
-KERNEL_SOURCE_TABLES: dict[str, list[tuple[str, str]]] = {
-    "kernels": KERNEL_TABLE_COLUMNS, "nvtx": NVTX_COLUMNS, "processes": PROCESS_COLUMNS,
-    "launches_without_kernel": LAUNCH_COLUMNS,
-}  # fmt: skip
-"""The column specs of the tables a kernel source's parse writes beside ``nccl_api_calls``
-(nsys exports, profiler traces, their per-node merge): the one home of their schemas."""
-THREAD_COLUMNS: list[tuple[str, str]] = [
-    ("global_tid", "Int64"), ("pid", "Int64"), ("tid", "Int64"), ("name", "object"), ("priority", "Int64"),
-]
-PAYLOAD_SCHEMA_ENTRY_COLUMNS: list[tuple[str, str]] = [
-    ("domain_id", "Int64"), ("schema_id", "Int64"), ("idx", "Int64"), ("type", "Int64"), ("name", "object"),
-    ("offset", "Int64"),
-]  # fmt: skip
-GPU_COLUMNS: list[tuple[str, str]] = [
-    ("device_id", "Int64"), ("name", "object"), ("bus_location", "object"), ("uuid", "object"),
-    ("cu_device", "Int64"), ("pid", "Int64"), ("cuda_id", "Int64"),
-]  # fmt: skip
 
 
 class NsysFormatError(ValueError):
@@ -325,20 +270,6 @@ def _rows_to_columns(rows: list[tuple], names: Sequence[str]) -> dict[str, Seque
 def _null_columns(spec: list[tuple[str, str]], n: int) -> dict[str, Any]:
     """All-null columns of ``spec`` for a frame of ``n`` rows."""
     return {name: pd.array([None] * n, dtype=kind if kind != "object" else object) for name, kind in spec}
-
-
-def spec_schema(spec: list[tuple[str, str]]):
-    """The Arrow schema of a reader column spec ((name, pandas kind) pairs): how its tables are written."""
-    import pyarrow as pa
-
-    types = {
-        "int64": pa.int64(),
-        "Int64": pa.int64(),
-        "UInt64": pa.uint64(),
-        "float64": pa.float64(),
-        "object": pa.string(),
-    }
-    return pa.schema([(name, types[kind]) for name, kind in spec])
 
 
 # --------------------------------------------------------------------------- reader
@@ -637,7 +568,7 @@ class NsysExport:
             # (SQLite builds an automatic index on the runtime table for this join).
             launch = f"""LEFT JOIN {rt} r
                    ON r.correlationId = k.correlationId
-                  AND (r.globalTid & {_GPID_MASK}) = (k.globalPid & {_GPID_MASK})"""
+                  AND (r.globalTid & {GPID_MASK}) = (k.globalPid & {GPID_MASK})"""
             event_class = self._col(rt, "r", "eventClass")
             launch_cols = ["r.start", "r.end", "r.globalTid", "r.nameId", event_class]
             order = "ORDER BY k.start, k.rowid, r.start"
@@ -844,8 +775,8 @@ class NsysExport:
                                       "kernel records; re-export the report with `nsys export --type sqlite`")
             # non-correlated anti-join: SQLite builds the key set once (a correlated NOT EXISTS
             # scans the unindexed kernel table per launch)
-            exists = f"""AND (r.correlationId, r.globalTid & {_GPID_MASK}) NOT IN
-                              (SELECT k.correlationId, k.globalPid & {_GPID_MASK} FROM CUPTI_ACTIVITY_KIND_KERNEL k)"""
+            exists = f"""AND (r.correlationId, r.globalTid & {GPID_MASK}) NOT IN
+                              (SELECT k.correlationId, k.globalPid & {GPID_MASK} FROM CUPTI_ACTIVITY_KIND_KERNEL k)"""
         rows = self._query(
             f"""SELECT r.start, r.end, {self._col(t, 'r', 'eventClass')}, r.globalTid, (r.globalTid >> 24) & 16777215,
                        r.globalTid & 16777215, r.correlationId, s.value, NULL, {self._col(t, 'r', 'returnValue')}
@@ -939,13 +870,13 @@ class NsysExport:
         if "domainId" in self.columns(t) and "category" in self.columns(t):
             # Domain and category ids are per process: resolve names on (process bits, id).
             name_joins = f"""
-            LEFT JOIN (SELECT d.globalTid & {_GPID_MASK} AS gp, d.domainId AS did, {name_expr} AS name, MIN(d.start)
+            LEFT JOIN (SELECT d.globalTid & {GPID_MASK} AS gp, d.domainId AS did, {name_expr} AS name, MIN(d.start)
                        FROM {t} d {name_join} WHERE d.eventType = 75 GROUP BY gp, did) dom
-                   ON dom.gp = (e.globalTid & {_GPID_MASK}) AND dom.did = e.domainId
-            LEFT JOIN (SELECT d.globalTid & {_GPID_MASK} AS gp, d.domainId AS did, d.category AS cid,
+                   ON dom.gp = (e.globalTid & {GPID_MASK}) AND dom.did = e.domainId
+            LEFT JOIN (SELECT d.globalTid & {GPID_MASK} AS gp, d.domainId AS did, d.category AS cid,
                               {name_expr} AS name, MIN(d.start)
                        FROM {t} d {name_join} WHERE d.eventType = 33 GROUP BY gp, did, cid) cat
-                   ON cat.gp = (e.globalTid & {_GPID_MASK}) AND cat.did = e.domainId AND cat.cid = e.category"""
+                   ON cat.gp = (e.globalTid & {GPID_MASK}) AND cat.did = e.domainId AND cat.cid = e.category"""
         else:  # very old layouts: nothing to resolve
             name_joins = "LEFT JOIN (SELECT NULL AS name) dom ON 0 LEFT JOIN (SELECT NULL AS name) cat ON 0"
         sql = f"""
@@ -1053,7 +984,7 @@ class NsysExport:
                 for (_, target), v in zip(picked, row[1:]):
                     v = _as_int(v)  # a damaged (non-integer) value is left out like a NULL
                     if v is not None:
-                        vals[target] = _unsigned(v) if _NCCL_COLUMN_KINDS[target] == "UInt64" else v
+                        vals[target] = _unsigned(v) if NCCL_COLUMN_KINDS[target] == "UInt64" else v
         return out
 
     def _decode_blob(self, domain_id: int | None, blob: Any) -> dict[str, int] | None:
@@ -1073,7 +1004,7 @@ class NsysExport:
             if target is None or 8 + offset + struct.calcsize(fmt) > len(blob):
                 continue
             (v,) = struct.unpack_from("<" + fmt, blob, 8 + offset)
-            out[target] = _unsigned(int(v)) if _NCCL_COLUMN_KINDS[target] == "UInt64" else int(v)
+            out[target] = _unsigned(int(v)) if NCCL_COLUMN_KINDS[target] == "UInt64" else int(v)
         return out or None
 
     @staticmethod
@@ -1097,12 +1028,12 @@ class NsysExport:
                     iv = int(v)
             except (KeyError, TypeError, ValueError):
                 continue
-            out[target] = _unsigned(iv) if _NCCL_COLUMN_KINDS[target] == "UInt64" else iv
+            out[target] = _unsigned(iv) if NCCL_COLUMN_KINDS[target] == "UInt64" else iv
         return out or None
 
     def _decode_payloads(self, cols: dict[str, Sequence[Any]]) -> dict[str, list[Any]]:
         n = len(cols["start"])
-        out: dict[str, list[Any]] = {name: [None] * n for name in _NCCL_COLUMN_KINDS}
+        out: dict[str, list[Any]] = {name: [None] * n for name in NCCL_COLUMN_KINDS}
         source: list[str | None] = [None] * n
         blobs = cols.pop("_blob")
 
@@ -1147,11 +1078,11 @@ class NsysExport:
         every process on the machine), with their name from ``PROCESSES`` when known."""
         parts = []
         if "CUPTI_ACTIVITY_KIND_RUNTIME" in self._tables:
-            parts.append(f"SELECT DISTINCT globalTid & {_GPID_MASK} AS gp FROM CUPTI_ACTIVITY_KIND_RUNTIME")
+            parts.append(f"SELECT DISTINCT globalTid & {GPID_MASK} AS gp FROM CUPTI_ACTIVITY_KIND_RUNTIME")
         if "CUPTI_ACTIVITY_KIND_KERNEL" in self._tables:
-            parts.append(f"SELECT DISTINCT globalPid & {_GPID_MASK} AS gp FROM CUPTI_ACTIVITY_KIND_KERNEL")
+            parts.append(f"SELECT DISTINCT globalPid & {GPID_MASK} AS gp FROM CUPTI_ACTIVITY_KIND_KERNEL")
         if "NVTX_EVENTS" in self._tables:
-            parts.append(f"SELECT DISTINCT globalTid & {_GPID_MASK} AS gp FROM NVTX_EVENTS")
+            parts.append(f"SELECT DISTINCT globalTid & {GPID_MASK} AS gp FROM NVTX_EVENTS")
         names = [c for c, _ in PROCESS_COLUMNS]
         if not parts:
             return _frame(_rows_to_columns([], names), PROCESS_COLUMNS)

@@ -29,12 +29,12 @@ def documented_schemas() -> dict[str, pa.Schema]:
     renders and :func:`documented_schema_of` looks written files up in."""
     from nccltrace.align.correlate import ALIGNMENT_SCHEMA
     from nccltrace.align.quality import QUALITY_SCHEMA
-    from nccltrace.communicators.infer import COMMUNICATOR_SCHEMA, MEMBER_SCHEMA
     from nccltrace.communicators.labels import LABEL_SCHEMA
+    from nccltrace.communicators.schema import COMMUNICATOR_SCHEMA, MEMBER_SCHEMA
     from nccltrace.metrics.compute import TABLE_SCHEMAS as METRICS_SCHEMAS
     from nccltrace.metrics.volume import VOLUME_SCHEMA
     from nccltrace.nsys.nccl_api import NCCL_API_CALLS_SCHEMA
-    from nccltrace.nsys.reader import KERNEL_SOURCE_TABLES, spec_schema
+    from nccltrace.nsys.schema import KERNEL_SOURCE_TABLES, spec_schema
     from nccltrace.ops.build import CLOCK_SYNC_SCHEMA, OPS_SCHEMA
     from nccltrace.outputs.summary import (
         CAMPAIGN_RUNS_SCHEMA,
