@@ -1,29 +1,12 @@
 """Launch one Megatron-LM training run under Nsight Systems with NCCL logging (backend ``slurm``).
 
-The workflow's ``train`` rule runs :func:`run_training` inside the run's SLURM allocation. It
-renders the per-node script (``templates/launch_node.sh.j2``: training environment, NCCL and
-nsys settings of the thesis's launch script, ``nsys profile ... torchrun ... pretrain_gpt.py``),
-starts it once per node with ``srun``, and leaves a *capture directory*::
-
-    launch/launch_node.sh        the exact script every node ran
-    launch/launch.json           the launch record: status, job id, nodes, commands, environment,
-                                 software versions per node, timings, attempt
-    launch/node_<host>.log       each node's stdout/stderr (torchrun and Megatron output)
-    launch/versions_<host>.env   python/torch/CUDA/NCCL/nsys/driver/Megatron versions per node
-    nccl/nccl_<host>_<pid>.log   NCCL_DEBUG_FILE, one per process
-    nccl/topo_<host>.xml         NCCL_TOPO_DUMP_FILE
-    nsys/<host>.nsys-rep         one Nsight Systems report per node (all its ranks); a .qdstrm
-                                 when the installed nsys cannot import its own capture. With a
-                                 ``capture`` setting nsys records only the step window
-                                 (``--capture-range=cudaProfilerApi``) and a node none of whose
-                                 ranks profiles leaves no report
-
-A training run that fails or outlives its time budget is retried in the same job
-(``training.retries``); after the last attempt the failure itself is recorded (``status:
-failed`` with the reason and the log tail) so that the other configurations and the campaign
-report go on. Everything is written to a
-``.partial`` sibling and renamed into place at the end: a killed job never leaves a capture
-that looks finished.
+The workflow's ``train`` rule runs :func:`run_training` inside the run's SLURM allocation: it
+renders the per-node script (``templates/launch_node.sh.j2``, the thesis's launch settings),
+starts it once per node with ``srun`` and leaves a *capture directory*. A failed training run is
+retried, and after the last attempt the failure itself is recorded, so that the other
+configurations and the campaign report go on; everything is written under a ``.partial`` name
+first, so a killed job never leaves a capture that looks finished. The capture directory's
+layout: ``docs/architecture.md``, Module notes.
 """
 
 from __future__ import annotations

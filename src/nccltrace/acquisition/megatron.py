@@ -1,12 +1,12 @@
 """Megatron-LM ``pretrain_gpt.py`` arguments for a run, and the checks a run must pass before
 anything is queued.
 
-The arguments follow the thesis's launch script (appendix A.3): GPT model dimensions, Adam with
-the GPT-3 recipe, fp16 (bf16 for MoE), sequence parallelism whenever TP > 1 unless the run says
-otherwise, MoE with aux-loss balancing and grouped GEMM, and ``--mock-data`` unless a dataset is
-configured. They are written for Megatron-Core r0.13 (the thesis's pinned commit) and later; the
-flags used here exist unchanged in both. A ``capture`` setting adds ``--profile
---profile-step-start/-end --profile-ranks`` (mapping and step semantics: :mod:`nccltrace.core.capture_window`).
+The arguments follow the thesis's launch script (appendix A.3), written for Megatron-Core r0.13
+and later (the flags used exist unchanged in both), so that a captured run is the run the thesis
+measured: GPT dimensions, Adam with the GPT-3 recipe, fp16 (bf16 for MoE), sequence parallelism
+whenever TP > 1 unless the run says otherwise, MoE with aux-loss balancing and grouped GEMM,
+``--mock-data`` unless a dataset is configured. A ``capture`` setting adds ``--profile`` and its
+step and rank flags (:mod:`nccltrace.core.capture_window`).
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """A run's immutable ``raw/`` directory, the same for every backend.
 
-Layout (what the analysis stages read)::
-
-    nccl/nccl_<host>_<pid>.log   NCCL debug log per process (+ topo_<host>.xml when dumped)
-    nsys/<host>.sqlite           nsys SQLite export per node (+ <host>.nsys-rep for real runs)
-    flight_recorder/             PyTorch Flight Recorder dumps of the ranks, when an import found any
-    launch/                      the launch's own record (launch.json, node scripts and logs)
-    run.yaml                     the run's settings (``config``) as launched
-    status.json                  {"status": "ok" | "failed", "reason": ..., "stage": step that failed,
-                                  "warnings": [...], "unusable_exports": {host: why}}
-    manifest.json                provenance
-
-:func:`assemble_raw` builds it from a SLURM capture and its exports, :func:`import_raw` from a
-directory of logs and exports made elsewhere. Files are hard-linked where possible (a raw tree
-costs no extra disk next to the capture it came from) and the directory is built under a
-``.partial`` name and renamed when complete.
+Every backend (emulator, SLURM capture, import of files made elsewhere) leaves the same tree, so
+the analysis stages read one layout. :func:`assemble_raw` builds it from a SLURM capture and its
+exports, :func:`import_raw` from a directory of logs and exports made elsewhere. Files are
+hard-linked where possible (a raw tree costs no extra disk next to its capture) and the
+directory is built under a ``.partial`` name and renamed when complete. The layout:
+``docs/architecture.md``, Module notes.
 """
 
 from __future__ import annotations

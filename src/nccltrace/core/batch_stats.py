@@ -1,17 +1,10 @@
 """Exact statistics over a table read in batches, in memory that grows by bytes, not rows.
 
 The run report reads a run's ops table one record batch at a time (:mod:`nccltrace.stages.report`).
-Counts and sums add up across batches; what does not is kept here in compact form:
-
-* :class:`FirstSeen`: which rows carry a kernel key (host, process, correlation id) no earlier
-  row carried; one int64 per distinct key, so a fused kernel whose calls straddle two batches
-  counts once, wherever the batch edge falls;
-* :class:`GroupValues`: the values of a few float columns per group (for medians and
-  quantiles), as float64 arrays without the frames they came from;
-* :class:`PartialSums`: per-group sums (or minima, maxima) of every batch, folded into one frame;
-* :func:`group_codes` and :class:`KeyIds`: an integer per distinct key tuple of a frame;
-* :func:`median_of_counts`: the median of a value histogram, equal to the median of the
-  values it counts.
+Counts and sums add up across batches; what does not (first sightings of a kernel key, values
+for medians and quantiles, per-group partial sums, integer ids of key tuples, the median of a
+histogram) is kept here in compact form, so the results equal those of the whole table wherever
+the batch edges fall.
 """
 
 from __future__ import annotations

@@ -2,27 +2,10 @@
 
 The workflow's rules, the stages and ``nccltrace analyze`` all name a run's files through
 :class:`RunLayout`, so the layout is written once. Paths are plain joins, so a layout built on a
-wildcard pattern (``RunLayout("results/c/{run}")``) gives the rules their output patterns::
-
-    <run>/raw/                                  acquired inputs (nccl/<proc>.log, nsys/<host>.sqlite or
-                                                nsys/<host>/<per-process>.sqlite, run.yaml)
-    <run>/parsed/nccl/<host>/<proc>/            per-process log tables, by node
-    <run>/parsed/nsys/<host>/                   per-node export tables
-    <run>/communicators/                        communicators.parquet, communicator_members.parquet
-    <run>/aligned/<host>/<proc>/                alignment.parquet, alignment_quality.json, by node
-    <run>/ops/                                  ops, parallelism, clock_sync, alignment_quality
-    <run>/metrics/                              op_metrics, instances, stragglers, limits, algorithms
-    <run>/volume/                               volume_validation (.parquet, .csv)
-    <run>/trace/                                trace.json.gz, trace.summary.json.gz
-    <run>/report/                               tables/, plots/, report.html
-    <run>/logs/, <run>/benchmarks/              the workflow's job logs and benchmark records
-
-A process is named after its log, ``nccl_<host>_<pid>`` (``NCCL_DEBUG_FILE=nccl_%h_%p.log``), so
-its node is known from its name (:func:`process_key`). The per-process directories are grouped by
-node because the workflow parses and aligns one node per job: ``parsed/nccl/<host>/``,
-``parsed/nsys/<host>/`` and ``aligned/<host>/`` are the outputs of a node's jobs (Snakemake
-cannot name per-process outputs of a job whose processes are only known once the run is
-acquired).
+wildcard pattern (``RunLayout("results/c/{run}")``) gives the rules their output patterns. A
+process is named after its log (``nccl_<host>_<pid>``, :func:`process_key`), and per-process
+directories are grouped by node because the workflow parses and aligns one node per job. The
+tree: ``docs/architecture.md``, Module notes.
 """
 
 from __future__ import annotations
@@ -31,18 +14,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ALIGNMENT_QUALITY_FILE", "LOG_ORIGIN_FILE", "METRIC_TABLES", "RunLayout", "process_key"]
+__all__ = ["ALIGNMENT_QUALITY_FILE", "METRIC_TABLES", "RunLayout", "process_key"]
 
 METRIC_TABLES = ("op_metrics", "instances", "stragglers", "limits", "algorithms")
 """The tables of the metrics stage, in the order it writes them."""
 ALIGNMENT_QUALITY_FILE = "alignment_quality.json"
 """A process's alignment-quality record, beside its alignment table."""
-LOG_ORIGIN_FILE = "log_origin.json"
-"""Beside a process's parsed tables, when log discovery made its log: ``launcher``, the global
-rank its launcher prefix named in a combined stdout (:func:`nccltrace.inputs.logs.launcher_ranks`),
-and ``own_file``, the source file holding this process's lines and no other's (whose name may
-carry the rank: :class:`nccltrace.inputs.logs.RankNamePattern`). Written by the parse stage,
-read by the communicators stage."""
 
 
 def process_key(log_stem: str) -> tuple[str, int]:

@@ -1,15 +1,10 @@
 """Provenance manifests: which inputs, config and code version made a derived artifact.
 
-Every stage writes ``manifest.json`` next to its outputs with the code version (package
-version, git commit if available, and a hash of the package sources, so a changed
-analysis module is visible even without git), tool versions, the config hash, the table
-schema version and SHA-256 checksums of every input and output file.
-
-Partial results propagate: a result computed from a partial input is partial. When an input's
-stage manifest (the ``manifest.json`` beside the input file, or inside an input directory) says
-``partial``, the new manifest is partial too, names those manifests (``partial_inputs``) and
-carries their reasons (``partial_reasons``), so the last stage of a run still says what is
-missing and where, whichever stage found it.
+Every stage writes ``manifest.json`` next to its outputs, so any result can say what made it (code
+version and source hash, tool versions, config hash, schema version, checksums of every input and
+output) and whether it is complete: a result computed from a partial input is partial, and its
+manifest names those inputs and carries their reasons, so the last stage of a run still says
+what is missing and where. Fields: ``docs/architecture.md``, Module notes.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """Kernel sources: where a run's kernel times come from, whichever profiler recorded them.
 
-Two readers write one set of tables (``kernels``, ``nvtx``, ``processes``,
-``launches_without_kernel``, ``nccl_api_calls``, ``session.json``; see ``docs/nsys.md``):
-
-* an nsys SQLite export (:class:`nccltrace.nsys.NsysExport`), one per node or one per process;
-* a PyTorch-profiler Chrome trace (:class:`nccltrace.kineto.KinetoTrace`), one per rank (or
-  several ranks per file).
-
-A node's tables are those of its one source, or the union of several (per-process nsys
-exports, one profiler trace per rank, or both mixed): :func:`merge_sources` puts every source's
-times on one clock base (each source's own UTC anchor) and records the sources in
-``session.json``. The alignment reads the merged tables and never learns which profiler made
-them. Sources are found by content (:func:`source_kind`), never by name.
+An nsys SQLite export (one per node or per process) and a PyTorch-profiler Chrome trace (one per
+rank, or several ranks per file) are read into one set of tables (``docs/nsys.md``), so the
+alignment never learns which profiler made them. A node with several sources gets their union on
+one clock base (:func:`merge_sources`, each source's own UTC anchor), with the sources recorded
+in ``session.json``. Sources are found by content (:func:`source_kind`), never by name.
 """
 
 from __future__ import annotations
@@ -164,7 +157,6 @@ def merge_sources(parts: Sequence[Path], out: Path, host: str) -> dict[str, Path
 
     from nccltrace.core.tables import atomic_output, frame_to_table, write_table_atomic
     from nccltrace.nsys import reader as nsys_reader
-    from nccltrace.nsys import schema as nsys_schema
     from nccltrace.nsys.nccl_api import NCCL_API_CALLS_SCHEMA
 
     sessions = [json.loads((p / "session.json").read_text()) for p in parts]
@@ -175,7 +167,7 @@ def merge_sources(parts: Sequence[Path], out: Path, host: str) -> dict[str, Path
         if o is None and base is not None:
             problems.append(f"{s.get('source_file')}: no UTC anchor in the source, so its times cannot be put on the "
                             "clock of the node's other sources; its kernels keep their own clock")
-    specs = nsys_schema.KERNEL_SOURCE_TABLES
+    specs = nsys_reader.KERNEL_SOURCE_TABLES
     paths: dict[str, Path] = {}
     out.mkdir(parents=True, exist_ok=True)
     for name, spec in specs.items():
@@ -196,7 +188,7 @@ def merge_sources(parts: Sequence[Path], out: Path, host: str) -> dict[str, Path
         elif name == "processes":
             frame = frame.drop_duplicates("global_pid").reset_index(drop=True)
         paths[name] = out / f"{name}.parquet"
-        write_table_atomic(frame_to_table(frame, nsys_schema.spec_schema(spec)), paths[name])
+        write_table_atomic(frame_to_table(frame, nsys_reader.spec_schema(spec)), paths[name])
     api = [pq.read_table(p / "nccl_api_calls.parquet") for p in parts]
     paths["nccl_api_calls"] = out / "nccl_api_calls.parquet"
     write_table_atomic(pa.concat_tables([t.cast(NCCL_API_CALLS_SCHEMA) for t in api]) if api

@@ -1,21 +1,13 @@
 """Find NCCL debug logs by their content, whatever their names and however they were captured.
 
-Practitioners bring logs as their launcher left them: one file per process
-(``NCCL_DEBUG_FILE=nccl_%h_%p.log``), one per rank (``rank0.log``, ``*.txt``, gzipped), or one
-combined stdout/stderr of every rank with the launcher's prefix on each line (``srun --label``:
-``3: ``; ``torchrun --tee``/``--redirects``: ``[default3]:`` or ``[rank3]:``; Open MPI
-``--tag-output``: ``[1,3]<stdout>:``), with the application's own output around the NCCL lines.
-A line belongs to the process named by its NCCL prefix ``host:pid:tid [dev] NCCL``, whichever
-file it is in; everything else is application output and is skipped (counted), except
-the application lines that are evidence, which go to the process whose NCCL lines carry the same
-launcher prefix: Megatron's ``iteration N/ M`` lines (where training iterations lie:
-:mod:`nccltrace.megatron.training_log`) and PyTorch's process-group lines (which communicator
-each group created: :mod:`nccltrace.pytorch.log_lines`).
-
-:func:`discover_logs` splits every such file by process into one normalised log per process,
-``nccl_<host>_<pid>.log`` (the layout every stage reads), with a ``sources.json`` beside them that
-says which file and line each normalised line came from. Files already named
-``nccl_<host>_<pid>.log`` are used in place.
+Practitioners bring logs as their launcher left them: one file per process, one per rank
+(any name, gzipped), or one combined stdout of every rank with launcher prefixes, NCCL lines
+among the application's output. A line belongs to the process its NCCL prefix names, whichever
+file it is in; application lines that are evidence (Megatron's iteration lines, PyTorch's
+process-group lines) go to the process sharing their launcher prefix. :func:`discover_logs`
+splits every file into one normalised ``nccl_<host>_<pid>.log`` per process, with a
+``sources.json`` saying where each line came from. Formats recognised: ``docs/architecture.md``,
+Module notes.
 """
 
 from __future__ import annotations

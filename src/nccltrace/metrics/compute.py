@@ -1,24 +1,12 @@
 """Per-operation bandwidth, wait/transfer split, stragglers, theoretical limits and algorithms.
 
-Input is the enriched ops table of a run (``nccltrace.ops.build``) plus the per-process parse
-outputs (topology dumps, TUNING lines, init lines with bus ids). Five tables come out:
-
-* ``op_metrics``: one row per call row of ops: message size, algorithm and bus bandwidth in
-  the nccl-tests conventions, the rank's wait for the last peer and the transfer time after
-  it, the theoretical limit of the links involved and the efficiency against it, and the
-  algorithm/protocol NCCL used;
-* ``instances``: one row per collective instance across its ranks (arrival skew, last rank,
-  total wait, transfer bandwidth), or why no cross-rank figure was computed;
-* ``stragglers``: per communicator and rank, how often the rank arrived last and how much
-  waiting that caused the others;
-* ``limits``: per logical communicator, the bottleneck link among its members in the parsed
-  topology (or a marked fallback / the reason there is none);
-* ``algorithms``: per communicator and op, the algorithm/protocol NCCL chose as a function of
-  the message size (a transition table).
-
-Units: bandwidths in GB/s with 1 GB = 1e9 B (as nccl-tests), times in ns. Everything is
-computed column-wise; only the (small) topology and communicator lists are walked in Python.
-See ``docs/metrics.md`` for the definitions and the limit model.
+From a run's enriched ops table and the per-process parse outputs (topology, TUNING lines, init
+lines with bus ids) it computes five tables: ``op_metrics`` (per call), ``instances`` (per
+collective instance across its ranks), ``stragglers``, ``limits`` (bottleneck link per
+communicator) and ``algorithms`` (NCCL's choice by message size). Bandwidths in GB/s (1 GB = 1e9
+B, as nccl-tests), times in ns. Everything is column-wise; only the small topology and
+communicator lists are walked in Python. Definitions and the limit model: ``docs/metrics.md``;
+columns: ``docs/tables.md``.
 """
 
 from __future__ import annotations

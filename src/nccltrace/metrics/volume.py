@@ -1,33 +1,11 @@
 """Volume validation: theoretical vs observed communication volume per rank.
 
-Theory comes from the analytical models of the seeds: the thesis (section 2.4, equations
-2.4-2.13; section 5.3.5, equations 5.2-5.6) and the OSU paper (section III, equations 1-5).
-Observed volume comes from every logged NCCL call of a run (``ops.parquet`` call rows, matched
-to a kernel or not), duplicate log lines excluded. Both sides are computed with the same two
-definitions, named in every row:
-
-``payload``
-    the ``bytes`` column of the call (count x datatype size as the rank passed it: AllGather =
-    what the rank contributes, ReduceScatter = what it receives, Send/Recv = bytes to/from the
-    peer, AlltoAll = one peer's block). Send *and* Recv calls count, so a point-to-point transfer
-    counts once at each end. This is the project's payload convention (summary tables) and,
-    with Recv left out and single-rank calls kept in, the thesis's "observed" column.
-``wire``
-    bytes this rank puts on links (egress), ring conventions with S the nccl-tests message
-    size: AllReduce 2(n-1)/n x S; AllGather, ReduceScatter, AlltoAll (n-1)/n x S (S = per-rank
-    bytes x n); Broadcast, Reduce, Gather, Scatter (n-1)/n x S (mean over the ranks of a
-    pipelined chain/tree); Send S, except a send to oneself (0); Recv 0 (its bytes are the
-    sender's egress).
-
-Calls on single-rank communicators (NCCL logs them but launches no kernel) carry no traffic:
-both definitions count them as 0; :func:`observed_volume` lists them separately with the
-payload they logged.
-
-Every theoretical component is written as the NCCL calls its equation implies (operation,
-communicator, calls, bytes per call), so that payload and wire follow from exactly the same
-conventions as the observation, and the comparison can name which operation explains a
-difference. ``docs/volume.md`` gives the equations, inputs and the reproduction of thesis
-table 5.1.
+Theory comes from the analytical models of the seeds (the thesis and the OSU paper); observation
+from every logged NCCL call of a run, duplicate lines excluded. Both sides use the same two
+definitions, ``payload`` (the bytes a rank passed) and ``wire`` (the bytes it puts on links), and
+every theoretical component is written as the NCCL calls its equation implies, so that the
+comparison can name which operation explains a difference. Definitions, equations and the
+reproduction of thesis table 5.1: ``docs/volume.md``.
 """
 
 from __future__ import annotations

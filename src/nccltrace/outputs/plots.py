@@ -1,13 +1,10 @@
 """Figures of a run and of a campaign (in the spirit of the thesis figures 5.4-5.31).
 
-Run figures: calls and kernels per NCCL function stacked by parallelism, payload volume per
-function, volume per rank, the message-size distribution, a timeline excerpt of about one training
-iteration, and bandwidth per message size when op metrics exist. The campaign figure puts all
-configurations side by side. Figures are drawn on the Agg canvas without pyplot (no global state,
-no display needed) with fixed styling and without timestamps in the files, so the same inputs give
-byte-identical PNGs.
-
-Volumes are shown in binary units (GiB = 2^30 B): the thesis labels GiB values as "GB".
+Run figures show calls, kernels and volumes by function, parallelism and rank, message sizes, a
+timeline excerpt and bandwidth per message size; the campaign figure puts all configurations side
+by side. They are drawn on the Agg canvas without pyplot (no global state, no display needed),
+with fixed styling and no timestamps in the files, so the same inputs give byte-identical PNGs.
+Volumes are in binary units (GiB = 2^30 B), which the thesis labels "GB".
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Self-contained HTML reports of a run and of a campaign.
 
-A report is one HTML file with its styles inline and its figures embedded as base64 PNG, so it
-can be mailed, archived or embedded in a workflow report as is; only the links to the trace file,
-the CSV tables and the per-run reports point outside it (relative links). Everything shown is
-read from the files the earlier stages wrote: tables (``summary.write_tables``), figures
-(``plots``), provenance manifests (``*/manifest.json``) and the run's configuration
-(``raw/run.yaml``). Optional inputs (bandwidth metrics, volume validation, trace) that are
-absent are named as absent rather than silently left out.
+A report is one HTML file with its styles inline and its figures embedded, so it can be mailed,
+archived or embedded in a workflow report as is; only links to the trace, the CSV tables and the
+per-run reports point outside it. Everything shown is read from the files the earlier stages
+wrote, and optional inputs that are absent are named as absent rather than silently left out.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """Summary tables of a run and of a campaign: what was communicated, how much, and how fast.
 
-Every table is computed from the enriched per-operation table (``ops.parquet``) and counts only
-call rows (``row_kind == 'call'``). Duplicate log lines (``duplicate_of`` not null: NCCL printed
-the same call twice) are never counted as operations or volume; tables that group calls report
-how many were dropped in ``duplicate_lines``.
-
-Volumes are *payload bytes per rank*: ``ops.bytes`` (count x datatype size as the rank passed it:
-AllGather = what this rank contributes, ReduceScatter = what it receives, Send/Recv = bytes to or
-from the peer). A run total is the sum of these over all ranks, as in the thesis figures; it is not
-the number of bytes on the wire. Calls on single-rank communicators move no data and launch no
-kernel, so they are kept apart in ``*_single_rank`` columns instead of inflating counts.
-
-Bandwidth statistics come from the per-op metrics table (``metrics/op_metrics.parquet``, keyed
-by (file, line)) and validation from ``volume/volume_validation.parquet``; both are optional.
-
-The tables are built by :class:`RunTablesBuilder` from the ops table fed in batches (the report
-stage reads the run's table so, with its op-metrics rows alongside: :func:`iter_run_batches`);
-:func:`run_tables` is the same on a table in memory. Memory holds per-group sums and counts, one
-int64 per distinct kernel and the float values the medians and quantiles are taken over.
+Every table is computed from the enriched per-operation table (``ops.parquet``), counting call
+rows only and never duplicate log lines; volumes are payload bytes per rank, as in the thesis
+figures (not bytes on the wire), and calls on single-rank communicators are kept apart rather
+than inflating counts. :class:`RunTablesBuilder` takes the ops table in batches (the report
+stage's way, :func:`iter_run_batches`), :func:`run_tables` a table in memory. Conventions and
+inputs: ``docs/architecture.md``, Module notes; columns: ``docs/tables.md``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """The analysis stages, one module per workflow rule: the only implementation of each, called
-by the workflow's rule scripts and by ``nccltrace analyze`` alike. A stage takes explicit input
-paths (a :class:`~nccltrace.core.layout.RunLayout` and what the rule lists) and settings, writes
-its outputs and manifest, and returns a :class:`StageResult`: what "partial" means and the
-message of each problem are decided here, once, so the console, the manifest and the report
-say the same.
+by the workflow's rule scripts and by ``nccltrace analyze`` alike.
 
-The per-process stages (parse_nccl, align) and the per-node parse_nsys run in per-node jobs
-(stages parse_node and align_node, :func:`each_process`): one interpreter does a node's
-processes one after another."""
+A stage takes explicit input paths (a :class:`~nccltrace.core.layout.RunLayout` and what the rule
+lists) and settings, writes its outputs and manifest, and returns a :class:`StageResult`: what
+"partial" means and each problem's message are decided here, once, so the console, the manifest
+and the report say the same. The per-process stages run in per-node jobs (:func:`each_process`).
+"""
 
 from __future__ import annotations
 
