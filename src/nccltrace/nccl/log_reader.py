@@ -935,7 +935,6 @@ class _FileParser:
                 counts["torn_rejected"] += 1
                 self._unclassified(old[0], "torn line: prefix whose message never appeared", old[-1])
             return
-        c0 = msg[:1]
         # Fast path first: call lines dominate real logs.
         if prefix[0] is None and not recovery:
             recovery = "no_prefix"
@@ -962,29 +961,43 @@ class _FileParser:
                 return
             self._unclassified(lineno, "Init line in an unknown format", raw)
             return
-        if msg.startswith(b"comm "):
-            m = _COMM_INFO.match(msg)
-            if m:
-                self._emit("comm_info", (self.name, lineno, *prefix[:4], _ptr(m.group(1)), int(m.group(2)),
-                                         int(m.group(3)), int(m.group(4)), int(m.group(5)), int(m.group(6))))
-                counts["comm_info"] += 1
-                self.comm_sizes.setdefault(prefix[1], []).append((lineno, int(m.group(3))))
-                return
-            m = _DESTROY.match(msg)
-            if m:
-                self._emit("comms", (self.name, lineno, *prefix[:4], prefix[4], prefix[5], m.group(6).decode().lower(),
-                                     m.group(7).decode(), None, _ptr(m.group(1)), int(m.group(2)), int(m.group(3)),
-                                     int(m.group(4)), None, int(m.group(5), 16), None, None, None, None, None))
-                counts["destroy"] += 1
-                return
-            m = _INIT_LEGACY.match(msg)
-            if m:
-                self._emit("comms", (self.name, lineno, *prefix[:4], prefix[4], prefix[5], "legacy_init", None, None,
-                                     _ptr(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4)),
-                                     int(m.group(5)), None, None, None, None, None, None))
-                counts["init"] += 1
-                self._note_rank(prefix, _ptr(m.group(1)), int(m.group(2)), lineno)
-                return
+        if msg.startswith(b"comm ") and self._comm_record(lineno, prefix, msg):
+            return
+        self._other_record(lineno, raw, prefix, msg, last)
+
+    def _comm_record(self, lineno: int, prefix: tuple, msg: bytes) -> bool:
+        """A ``comm ...`` line: communicator info, destruction or a legacy init line; False when it
+        is none of them."""
+        counts = self.report.counts
+        m = _COMM_INFO.match(msg)
+        if m:
+            self._emit("comm_info", (self.name, lineno, *prefix[:4], _ptr(m.group(1)), int(m.group(2)),
+                                     int(m.group(3)), int(m.group(4)), int(m.group(5)), int(m.group(6))))
+            counts["comm_info"] += 1
+            self.comm_sizes.setdefault(prefix[1], []).append((lineno, int(m.group(3))))
+            return True
+        m = _DESTROY.match(msg)
+        if m:
+            self._emit("comms", (self.name, lineno, *prefix[:4], prefix[4], prefix[5], m.group(6).decode().lower(),
+                                 m.group(7).decode(), None, _ptr(m.group(1)), int(m.group(2)), int(m.group(3)),
+                                 int(m.group(4)), None, int(m.group(5), 16), None, None, None, None, None))
+            counts["destroy"] += 1
+            return True
+        m = _INIT_LEGACY.match(msg)
+        if m:
+            self._emit("comms", (self.name, lineno, *prefix[:4], prefix[4], prefix[5], "legacy_init", None, None,
+                                 _ptr(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4)),
+                                 int(m.group(5)), None, None, None, None, None, None))
+            counts["init"] += 1
+            self._note_rank(prefix, _ptr(m.group(1)), int(m.group(2)), lineno)
+            return True
+        return False
+
+    def _other_record(self, lineno: int, raw: bytes, prefix: tuple, msg: bytes, last: bool) -> None:
+        """A record that is no call, TUNING, init or ``comm`` line: version, topology, rings and
+        trees, or else a torn, damaged or other INFO line."""
+        counts = self.report.counts
+        c0 = msg[:1]
         vm = _VERSION.match(msg)
         if vm:
             self._version(lineno, raw, prefix, vm)
