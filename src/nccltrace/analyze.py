@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from nccltrace.align.correlate import NO_EXPORT_REASON
+from nccltrace.core.layout import RunLayout
+from nccltrace.core.settings import RunSettings
 from nccltrace.stages import STAGES
 
 __all__ = [
@@ -177,25 +179,35 @@ def resolve_settings(run_yaml: Path | None, settings: Mapping[str, Any] | None) 
     return merged or None
 
 
-def _check_sizes(settings: dict[str, Any] | None, world_size: int | None, source: str) -> dict[str, Any] | None:
+def _run_settings(inputs: RawInputs, settings: RunSettings | Mapping[str, Any] | None) -> tuple[RunSettings | None, str]:
+    """The run's settings, read and validated once (``run.yaml`` overridden key by key by
+    ``settings``), and where they came from; raises ``ValueError`` naming the setting."""
+    given = settings.to_mapping() if isinstance(settings, RunSettings) else settings
+    source = " + ".join(s for s, v in (("run.yaml", inputs.run_yaml), ("given settings", given)) if v)
+    merged = resolve_settings(inputs.run_yaml, given)
+    try:
+        return (RunSettings.from_mapping(merged) if merged is not None else None), source
+    except ValueError as exc:
+        raise ValueError(f"run settings ({source}): {exc}") from None
+
+
+def _check_sizes(settings: RunSettings | None, world_size: int | None, source: str) -> RunSettings | None:
     """Settings with a world size filled in from the init lines when none is declared; raises
     ``ValueError`` naming the field when the declared sizes cannot describe the run."""
-    from nccltrace.communicators.labels import ParallelSizes, declares_sizes
-    from nccltrace.megatron.sizes import declares_world
+    from nccltrace.communicators.labels import ParallelSizes
 
     if settings is None:
         return None
-    s = dict(settings)
-    has_world = declares_world(s)
+    has_world = settings.declares_world
     if not has_world and world_size:
-        s["world_size"] = int(world_size)
-    elif not has_world and not declares_sizes(s):
-        return s  # settings that declare no size (e.g. only where the log names carry the ranks)
+        settings = settings.with_world_size(int(world_size))
+    elif not has_world and not settings.declares_sizes:
+        return settings  # settings that declare no size (e.g. only where the log names carry the ranks)
     try:
-        ParallelSizes.from_settings(s)
+        ParallelSizes.from_settings(settings)
     except ValueError as exc:
         raise ValueError(f"declared parallel sizes ({source}): {exc}") from None
-    return s
+    return settings
 
 
 def _bar(total: int, desc: str, unit: str, enabled: bool):
@@ -234,9 +246,34 @@ def _say(result: Any, problems: list[str], notes: list[str]) -> None:
     notes += [n for n in result.notes if n not in notes and n not in problems]
 
 
-def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[str, Any] | None = None,
-                mode: str = "default", progress: bool = True,
-                capture_steps: tuple[int, int] | None = None, until: str = "ops",
+@dataclass
+class _Analysis:
+    """One analysis in progress: where it writes, what it found, what it has to say so far."""
+
+    layout: RunLayout
+    inputs: RawInputs
+    settings: RunSettings | None
+    source: str  # where the settings came from, for their errors
+    procs: list[str]
+    log_hosts: list[str]
+    problems: list[str] = field(default_factory=list)  # anything that makes the result partial
+    notes: list[str] = field(default_factory=list)  # worth saying, not a gap in the result
+    # Set by _place_kernel_traces: each node's kernel sources and which nodes have none.
+    assigned: Any = None
+    sources: dict[str, Path | list[Path]] = field(default_factory=dict)
+    source_problems: list[str] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)  # nodes with a kernel trace
+    no_export: list[str] = field(default_factory=list)  # log hosts without one
+    procs_of: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def nodes(self) -> list[str]:
+        return sorted({*self.hosts, *self.no_export})
+
+
+def analyze_run(raw_dir: Path | str, out_dir: Path | str, *,
+                settings: RunSettings | Mapping[str, Any] | None = None, mode: str = "default",
+                progress: bool = True, capture_steps: tuple[int, int] | None = None, until: str = "ops",
                 trace_options: Mapping[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """Run the analysis stages (:mod:`nccltrace.stages`, the workflow's own) on one run, in order,
     through ``until`` (see the module docstring for inputs, outputs and how missing inputs are
@@ -244,144 +281,186 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
     processes, hosts, calls, matched, partial, problems, notes, ignored logs, the resolved
     settings and the output paths. ``capture_steps``: the captured steps of a step-window
     capture (logged, 1-based, inclusive; overrides the settings' ``capture.steps``)."""
-    from nccltrace.acquisition.raw import ANALYZE_REMEDY, RawImportError, assign_exports
     from nccltrace.align.correlate import MODES
-    from nccltrace.communicators.labels import ParallelSizes, declares_sizes
     from nccltrace.core.capture_window import CaptureWindow
-    from nccltrace.core.layout import RunLayout
-    from nccltrace.core.provenance import write_manifest
-    from nccltrace.stages.align_node import run_align_node
-    from nccltrace.stages.communicators import run_communicators
-    from nccltrace.stages.metrics import run_metrics
-    from nccltrace.stages.ops import run_ops
-    from nccltrace.stages.parse_node import run_parse_node
-    from nccltrace.stages.parse_summary import run_parse_summary
-    from nccltrace.stages.report import run_report
-    from nccltrace.stages.trace import run_trace
-    from nccltrace.stages.volume import run_volume
 
     if mode not in MODES:
         raise ValueError(f"unknown alignment mode {mode!r}; use one of {', '.join(MODES)}")
     if until not in STAGES:
         raise ValueError(f"unknown stage {until!r} to stop after; use one of {', '.join(STAGES)}")
-    out = Path(out_dir)
-    layout = RunLayout(out)
-    inputs = find_raw_inputs(raw_dir, staging=out / "inputs")
-    problems: list[str] = []  # anything that makes the result partial
-    notes: list[str] = list(inputs.notes)  # worth saying, not a gap in the result
-    procs = sorted(inputs.logs)
-    log_hosts = sorted({inputs.host_of(p) for p in procs})
-    source = " + ".join(s for s, v in (("run.yaml", inputs.run_yaml), ("given settings", settings)) if v)
-    run_settings = resolve_settings(inputs.run_yaml, settings)
+    run = _start(raw_dir, out_dir, settings)
     if capture_steps is not None:
         steps: tuple[int, int] | None = CaptureWindow(*capture_steps).loop_indices
     else:
-        window = CaptureWindow.of_settings(run_settings) if run_settings and run_settings.get("capture") else None
+        window = run.settings.capture if run.settings is not None else None
         steps = window.loop_indices if window is not None else None
-    if inputs.ignored_logs:
-        notes.append(f"ignored {len(inputs.ignored_logs)} text file(s) without NCCL lines: "
-                     f"{', '.join(p.name for p in inputs.ignored_logs[:5])}")
-    # Exports are named after the host they were captured on, as the workflow's import names them;
-    # profiler traces (which record no host) after the node of the log whose pid made them.
+    if run.inputs.ignored_logs:
+        run.notes.append(f"ignored {len(run.inputs.ignored_logs)} text file(s) without NCCL lines: "
+                         f"{', '.join(p.name for p in run.inputs.ignored_logs[:5])}")
+    _place_kernel_traces(run, progress)
+    _parse(run, progress)
+    run_id = _communicators_and_summary(run)
+    _align(run, mode, steps, progress)
+    result, ops_outputs, stage_outputs = _ops_to(run, run_id, until, trace_options, progress)
+    return _finish(run, mode, result, ops_outputs, stage_outputs)
+
+
+def _start(raw_dir: Path | str, out_dir: Path | str, settings: RunSettings | Mapping[str, Any] | None) -> _Analysis:
+    """Find the run's inputs (staged below ``out_dir/inputs``) and read its settings once."""
+    out = Path(out_dir)
+    inputs = find_raw_inputs(raw_dir, staging=out / "inputs")
+    procs = sorted(inputs.logs)
+    run_settings, source = _run_settings(inputs, settings)
+    return _Analysis(RunLayout(out), inputs, run_settings, source, procs,
+                     log_hosts=sorted({inputs.host_of(p) for p in procs}), notes=list(inputs.notes))
+
+
+def _place_kernel_traces(run: _Analysis, progress: bool) -> None:
+    """Each log host's kernel traces; drop an earlier analysis's nodes and processes this run lacks.
+    Exports are named after the host they were captured on, as the workflow's import names them;
+    profiler traces (which record no host) after the node of the log whose pid made them."""
+    from nccltrace.acquisition.raw import RawImportError, assign_exports
+
+    inputs, out = run.inputs, run.layout.root
     try:
-        assigned = assign_exports(list(inputs.exports.values()), set(log_hosts))
+        run.assigned = assigned = assign_exports(list(inputs.exports.values()), set(run.log_hosts))
     except RawImportError as e:
         raise ValueError(str(e)) from None
-    n_before = len(problems)
-    sources = _kernel_sources(inputs, assigned, procs, out, progress, problems, notes)
-    source_problems = problems[n_before:]  # traces not used, no kernel trace: the report names them too
-    hosts = sorted(sources)
-    if (inputs.exports or inputs.traces) and not set(hosts) & set(log_hosts):
+    n_before = len(run.problems)
+    run.sources = _kernel_sources(inputs, assigned, run.procs, out, progress, run.problems, run.notes)
+    run.source_problems = run.problems[n_before:]  # traces not used, no kernel trace: the report names them too
+    run.hosts = sorted(run.sources)
+    if (inputs.exports or inputs.traces) and not set(run.hosts) & set(run.log_hosts):
         # kernel traces of other hosts or jobs: named, and the logs alone are analysed
-        source_problems.append(
-            f"no kernel trace belongs to a host of the NCCL logs (log hosts: {', '.join(log_hosts)}; nsys exports: "
-            f"{', '.join(f'{p.name} (host {h})' for h, p in sorted(assigned.exports.items())) or 'none'}; "
+        run.source_problems.append(
+            f"no kernel trace belongs to a host of the NCCL logs (log hosts: {', '.join(run.log_hosts)}; nsys "
+            f"exports: {', '.join(f'{p.name} (host {h})' for h, p in sorted(assigned.exports.items())) or 'none'}; "
             f"profiler traces: {len(inputs.traces)}, none from a pid of the logs): traces of another job or host; the "
             f"logs alone are analysed. Each trace must be captured on a host of the logs; {_EXPORT_HINT}")
-        problems.append(source_problems[-1])
-    no_export = [h for h in log_hosts if h not in sources]
-    nodes = sorted({*hosts, *no_export})
-    procs_of = {h: [p for p in procs if inputs.host_of(p) == h] for h in nodes}
-    for stage_dir, keep in ((out / "parsed" / "nccl", {h: set(procs_of[h]) for h in nodes}),
+        run.problems.append(run.source_problems[-1])
+    run.no_export = [h for h in run.log_hosts if h not in run.sources]
+    nodes = run.nodes
+    run.procs_of = {h: [p for p in run.procs if inputs.host_of(p) == h] for h in nodes}
+    for stage_dir, keep in ((out / "parsed" / "nccl", {h: set(run.procs_of[h]) for h in nodes}),
                             (out / "parsed" / "nsys", dict.fromkeys(nodes, None)),
-                            (out / "aligned", {h: set(procs_of[h]) for h in log_hosts})):
+                            (out / "aligned", {h: set(run.procs_of[h]) for h in run.log_hosts})):
         _remove_stale(stage_dir, keep)
 
-    # 1-2. One node at a time, as the workflow's parse_node jobs: the NCCL log of each of its
-    #      processes, then its nsys export; a log host without one gets the workflow's empty
-    #      'no export' tables, so its calls are aligned as 'no_export'.
-    with _bar(len(procs) + len(nodes), "parse NCCL logs and nsys exports", "file", progress) as bar:
-        for host in nodes:
-            res = run_parse_node(layout, host, {p: inputs.logs[p] for p in procs_of[host]}, sources.get(host),
-                                 run_settings, unusable=assigned.unusable.get(host), remedy=ANALYZE_REMEDY,
-                                 done=lambda _: bar.update(1))  # fmt: skip
-            _say(res, problems, notes)
 
-    # Flight Recorder dumps found beside the logs: the ops stage names process groups from them
+def _parse(run: _Analysis, progress: bool) -> None:
+    """Stages 1-2, one node at a time as the workflow's parse_node jobs: the NCCL log of each of
+    its processes, then its kernel trace; a log host without one gets the workflow's empty 'no
+    export' tables, so its calls are aligned as 'no_export'. Flight Recorder dumps found beside
+    the logs are staged for the ops stage (which names process groups from them)."""
+    from nccltrace.acquisition.raw import ANALYZE_REMEDY
+    from nccltrace.stages.parse_node import run_parse_node
+
+    layout, inputs = run.layout, run.inputs
+    with _bar(len(run.procs) + len(run.nodes), "parse NCCL logs and nsys exports", "file", progress) as bar:
+        for host in run.nodes:
+            res = run_parse_node(layout, host, {p: inputs.logs[p] for p in run.procs_of[host]}, run.sources.get(host),
+                                 run.settings, unusable=run.assigned.unusable.get(host), remedy=ANALYZE_REMEDY,
+                                 done=lambda _: bar.update(1))  # fmt: skip
+            _say(res, run.problems, run.notes)
     shutil.rmtree(layout.staged_flight_recorder, ignore_errors=True)
     if inputs.dumps:
         layout.staged_flight_recorder.mkdir(parents=True)
         for i, dump in enumerate(inputs.dumps):
             shutil.copyfile(dump, layout.staged_flight_recorder / f"{i:05d}_{dump.name}")
-    # 3. Communicators (exact, from init/split lines); their world size completes the settings.
-    comm = run_communicators(layout, procs, run_settings, nodes)
+
+
+def _communicators_and_summary(run: _Analysis) -> str:
+    """Stage 3, the communicators (exact, from init/split lines), whose world size completes the
+    settings; then the parse summary. Returns the run id."""
+    from nccltrace.acquisition.raw import ANALYZE_REMEDY
+    from nccltrace.communicators.labels import ParallelSizes
+    from nccltrace.stages.communicators import run_communicators
+    from nccltrace.stages.parse_summary import run_parse_summary
+
+    comm = run_communicators(run.layout, run.procs, run.settings, run.nodes)
     tables = comm.details["tables"]
     if len(tables.communicators) == 0:
-        raise ValueError(f"no communicator init or call lines in the NCCL logs of {inputs.raw_dir}: the analysis "
-                         f"needs them to relate processes; {_LOG_HINT}")
+        raise ValueError(f"no communicator init or call lines in the NCCL logs of {run.inputs.raw_dir}: the "
+                         f"analysis needs them to relate processes; {_LOG_HINT}")
     # (its notes list every incomplete communicator: the problems say it in one line each)
-    problems += [p for p in comm.problems if p not in problems]
+    run.problems += [p for p in comm.problems if p not in run.problems]
     if not tables.unranked:  # how the ranks were named where no world communicator did (else a problem)
-        notes += [n for n in tables.rank_notes if n not in notes]
-    run_settings = _check_sizes(run_settings, tables.world_size, source)
+        run.notes += [n for n in tables.rank_notes if n not in run.notes]
+    run.settings = settings = _check_sizes(run.settings, tables.world_size, run.source)
     expected_procs = _int_or_none(tables.world_size)
     expected_nodes = None
-    if run_settings is not None and (declares_sizes(run_settings) or expected_procs is not None):
-        expected_procs = ParallelSizes.from_settings(run_settings).world_size
-        expected_nodes = _int_or_none(run_settings.get("nodes"))
-    run_id = (run_settings or {}).get("run_id") or Path(inputs.raw_dir).resolve().name
-    summary = run_parse_summary(layout, procs, hosts, run_id=run_id, expected_processes=expected_procs,
-                                expected_nodes=expected_nodes, settings=run_settings,
-                                warnings=assigned.warnings, input_problems=[*inputs.problems, *source_problems],
+    if settings is not None and (settings.declares_sizes or expected_procs is not None):
+        expected_procs = ParallelSizes.from_settings(settings).world_size
+        expected_nodes = settings.nodes
+    run_id = (settings.run_id if settings is not None else None) or Path(run.inputs.raw_dir).resolve().name
+    summary = run_parse_summary(run.layout, run.procs, run.hosts, run_id=run_id, expected_processes=expected_procs,
+                                expected_nodes=expected_nodes, settings=settings, warnings=run.assigned.warnings,
+                                input_problems=[*run.inputs.problems, *run.source_problems],
                                 remedy=ANALYZE_REMEDY)  # fmt: skip
-    _say(summary, problems, notes)
+    _say(summary, run.problems, run.notes)
+    return run_id
 
-    # 4. Alignment, one node at a time (as the workflow's align_node jobs), one process after another.
+
+def _align(run: _Analysis, mode: str, steps: tuple[int, int] | None, progress: bool) -> None:
+    """Stage 4, the alignment, one node at a time (as the workflow's align_node jobs), one process
+    after another."""
+    from nccltrace.stages.align_node import run_align_node
+
     if mode == "exact":
-        _require_payloads(layout, [h for h in hosts if h in log_hosts])
-    with _bar(len(procs), f"align ({mode})", "proc", progress) as bar:
-        for host in log_hosts:
-            _say(run_align_node(layout, host, procs_of[host], mode=mode, capture_steps=steps,
-                                done=lambda _: bar.update(1)), problems, notes)  # fmt: skip
+        _require_payloads(run.layout, [h for h in run.hosts if h in run.log_hosts])
+    with _bar(len(run.procs), f"align ({mode})", "proc", progress) as bar:
+        for host in run.log_hosts:
+            _say(run_align_node(run.layout, host, run.procs_of[host], mode=mode, capture_steps=steps,
+                                done=lambda _: bar.update(1)), run.problems, run.notes)  # fmt: skip
 
-    # 5. The run's enriched ops (labels, instances, clock sync), then metrics through the report.
-    ops = run_ops(layout, procs, hosts, run_settings)
-    _say(ops, problems, notes)
-    result = ops.details["run_ops"]
+
+def _ops_to(run: _Analysis, run_id: str, until: str, trace_options: Mapping[str, Any] | None,
+            progress: bool) -> tuple[Any, list[Path], dict[str, str]]:
+    """Stage 5, the run's enriched ops (labels, instances, clock sync), then metrics through
+    ``until``. Returns the ops result, the ops stage's outputs and each later stage's output."""
+    from nccltrace.stages.metrics import run_metrics
+    from nccltrace.stages.ops import run_ops
+    from nccltrace.stages.report import run_report
+    from nccltrace.stages.trace import run_trace
+    from nccltrace.stages.volume import run_volume
+
+    layout, procs, hosts, run_yaml = run.layout, run.procs, run.hosts, run.inputs.run_yaml
+    ops = run_ops(layout, procs, hosts, run.settings)
+    _say(ops, run.problems, run.notes)
     stage_outputs: dict[str, str] = {}
     downstream = STAGES[1:STAGES.index(until) + 1]
     stage_runs = {
         "metrics": lambda: run_metrics(layout, [layout.parsed_nccl(p) for p in procs]),
-        "volume": lambda: run_volume(layout, run_id, run_settings, run_yaml=inputs.run_yaml),
+        "volume": lambda: run_volume(layout, run_id, run.settings, run_yaml=run_yaml),
         "trace": lambda: run_trace(layout, trace_options, procs, hosts),
-        "report": lambda: run_report(layout, run_id, procs, hosts, run_yaml=inputs.run_yaml),
+        "report": lambda: run_report(layout, run_id, procs, hosts, run_yaml=run_yaml),
     }
     with _bar(len(downstream), "metrics to report", "stage", progress) as bar:
         for stage in downstream:
             res = stage_runs[stage]()
             stage_outputs[stage] = str(layout.report_html if stage == "report" else res.outputs[0]) if res.outputs else ""
             if stage != "report":  # the report repeats its inputs' reasons
-                _say(res, problems, notes)
+                _say(res, run.problems, run.notes)
             bar.update(1)
+    return ops.details["run_ops"], ops.outputs, stage_outputs
+
+
+def _finish(run: _Analysis, mode: str, result: Any, ops_outputs: list[Path],
+            stage_outputs: dict[str, str]) -> dict[str, Any]:
+    """The analysis's summary, also recorded in ``manifest.json`` of stage ``analyze``."""
+    from nccltrace.core.provenance import write_manifest
+
+    layout, inputs, problems = run.layout, run.inputs, run.problems
     partial = bool(problems)
+    recorded = run.settings.to_mapping() if run.settings is not None else None
     out_summary: dict[str, Any] = {
-        "raw_dir": str(inputs.raw_dir), "out_dir": str(out), "mode": mode,
-        "processes": len(procs), "hosts": log_hosts,
+        "raw_dir": str(inputs.raw_dir), "out_dir": str(layout.root), "mode": mode,
+        "processes": len(run.procs), "hosts": run.log_hosts,
         "exports": {h: (p.name if isinstance(p, Path) else [Path(x).name for x in p])
-                    for h, p in sorted(sources.items())},
-        "hosts_without_export": no_export, "ignored_logs": [str(p) for p in inputs.ignored_logs],
+                    for h, p in sorted(run.sources.items())},
+        "hosts_without_export": run.no_export, "ignored_logs": [str(p) for p in inputs.ignored_logs],
         "calls": result.calls, "matched": result.matched, "unmatched_by_reason": result.unmatched_by_reason,
-        "partial": partial, "problems": problems, "notes": notes, "settings": run_settings,
+        "partial": partial, "problems": problems, "notes": run.notes, "settings": recorded,
         "label_source": sorted(set(result.labels["label_source"].astype(str))) if len(result.labels) else [],
         "outputs": {"ops": str(layout.ops), "parallelism": str(layout.labels), "clock_sync": str(layout.clock),
                     "alignment_quality": str(layout.quality), "communicators": str(layout.communicators),
@@ -389,8 +468,8 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *, settings: Mapping[s
     }  # fmt: skip
     raw_files = [*inputs.logs.values(), *inputs.exports.values(), *inputs.traces,
                  *([inputs.run_yaml] if inputs.run_yaml else [])]
-    write_manifest(out / "manifest.json", stage="analyze", inputs=raw_files, outputs=ops.outputs + [layout.parse_summary],
-                   config=run_settings, partial=partial, reasons=problems,
+    write_manifest(layout.root / "manifest.json", stage="analyze", inputs=raw_files,
+                   outputs=ops_outputs + [layout.parse_summary], config=recorded, partial=partial, reasons=problems,
                    extra={"summary": {k: v for k, v in out_summary.items() if k not in ("settings", "outputs")}})
     return out_summary
 

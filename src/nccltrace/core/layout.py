@@ -14,12 +14,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ALIGNMENT_QUALITY_FILE", "METRIC_TABLES", "RunLayout", "process_key"]
+__all__ = ["ALIGNMENT_QUALITY_FILE", "LOG_ORIGIN_FILE", "METRIC_TABLES", "RunLayout", "process_key"]
 
 METRIC_TABLES = ("op_metrics", "instances", "stragglers", "limits", "algorithms")
 """The tables of the metrics stage, in the order it writes them."""
 ALIGNMENT_QUALITY_FILE = "alignment_quality.json"
 """A process's alignment-quality record, beside its alignment table."""
+LOG_ORIGIN_FILE = "log_origin.json"
+"""Beside a process's parsed tables, when log discovery made its log: ``launcher``, the global
+rank its launcher prefix named in a combined stdout (:func:`nccltrace.inputs.logs.launcher_ranks`),
+and ``own_file``, the source file holding this process's lines and no other's (whose name may
+carry the rank: :class:`nccltrace.inputs.logs.RankNamePattern`). Written by the parse stage,
+read by the communicators stage."""
 
 
 def process_key(log_stem: str) -> tuple[str, int]:

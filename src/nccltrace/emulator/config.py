@@ -24,6 +24,7 @@ from nccltrace.core.capture_window import (
     capture_run_id_tag,
 )
 from nccltrace.core.errors import ConfigError
+from nccltrace.megatron.constraints import LaunchShape, first_problem, positive_problem
 from nccltrace.megatron.model import MODEL_DEFAULTS as _D
 from nccltrace.megatron.model import padded_vocab_size
 from nccltrace.nccl.versions import NcclVersion
@@ -536,7 +537,23 @@ class EmulatorConfig:
     # ------------------------------------------------------------------ validation
 
     def validate(self) -> None:
-        """Raise :class:`ConfigError` for the first invalid field."""
+        """Raise :class:`ConfigError` for the first invalid field: the options' own values, the
+        software versions, Megatron's launch rules, then the emulator's imperfections, CUDA
+        graphs, kernel naming and capture window."""
+        self._check_options()
+        nccl = self._check_versions()
+        self._check_megatron()
+        self._check_imperfections()
+        self._check_cuda_graphs()
+        self._check_kernel_naming(nccl)
+        # capture window (the one definition: nccltrace.core.capture_window)
+        try:
+            self.capture_window
+        except CaptureError as exc:
+            raise ConfigError(exc.field, exc.message) from None
+
+    def _check_options(self) -> None:
+        """Each option on its own: positive sizes, known choices, host names, hardware."""
         _positive(self, "num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length",
                   "micro_batch_size", "global_batch_size", "iterations", "tp", "pp", "cp", "ep", "vpp",
                   "nodes", "gpus_per_node", "moe_layer_freq")  # fmt: skip
@@ -568,7 +585,8 @@ class EmulatorConfig:
         if self.fp16_overflow_iterations is not None and self.fp16_overflow_iterations < 0:
             raise ConfigError("fp16_overflow_iterations", "must be >= 0 (or omit it for the loss-scaler model)")
 
-        # software versions
+    def _check_versions(self) -> NcclVersion:
+        """NCCL and Nsight Systems releases the writers cover, and what the options need of them."""
         try:
             v = NcclVersion.parse(self.nccl_version)
         except ValueError:
@@ -591,77 +609,31 @@ class EmulatorConfig:
             raise ConfigError("moe_alltoall", f"ncclAlltoAll exists from NCCL 2.28; NCCL {v} needs 'p2p'")
         if self.precision == "bf16" and not v.has_bf16:
             raise ConfigError("precision", "bf16 needs NCCL >= 2.10")
+        return v
 
-        # Megatron parallel layout (parallel_state.initialize_model_parallel)
-        world = self.world_size
-        mp = self.tp * self.pp * self.cp
-        if world % mp:
-            raise ConfigError(
-                "tp",
-                f"world size {world} (nodes x gpus_per_node) is not divisible by tp*pp*cp = {mp}; "
-                "Megatron needs world % (tp*pp*cp) == 0 (dp = world / (tp*pp*cp))",
-            )
+    def launch_shape(self) -> LaunchShape:
+        """What Megatron's launch rules (:mod:`nccltrace.megatron.constraints`) check of this run."""
+        return LaunchShape(world=self.world_size, tp=self.tp, pp=self.pp, cp=self.cp, ep=self.ep, etp=self.etp,
+                           vpp=self.vpp, num_layers=self.num_layers, hidden_size=self.hidden_size,
+                           num_attention_heads=self.num_attention_heads, ffn_hidden_size=self.ffn,
+                           padded_vocab_size=self.padded_vocab_size, seq_length=self.seq_length,
+                           micro_batch_size=self.micro_batch_size, global_batch_size=self.global_batch_size,
+                           num_experts=self.num_experts, moe_router_topk=self.moe_router_topk,
+                           precision=self.precision, sequence_parallel=self.sequence_parallel,
+                           overlap_p2p=self.overlap_p2p)  # fmt: skip
+
+    def _check_megatron(self) -> None:
+        """Megatron's parallel layout and model shape (parallel_state.initialize_model_parallel,
+        validate_args): the one set of rules, :mod:`nccltrace.megatron.constraints`."""
         if self.world_size > 1 << 16:
             raise ConfigError("nodes", "at most 65536 ranks are supported")
-        emp = self.expert_tp * self.ep * self.pp
-        if world % emp:
-            raise ConfigError(
-                "ep",
-                f"world size {world} is not divisible by etp*ep*pp = {emp}; Megatron needs "
-                "world % (expert_tp*ep*pp) == 0 (i.e. etp*ep must divide tp*cp*dp)",
-            )
-        if self.ep > 1 and not self.is_moe:
-            raise ConfigError("ep", "expert parallelism needs a MoE model: set num_experts > 0 or ep = 1")
-        if self.is_moe:
-            if self.num_experts % self.ep:
-                raise ConfigError("num_experts", f"num_experts ({self.num_experts}) must be divisible by ep ({self.ep})")
-            if self.precision != "bf16":
-                raise ConfigError("precision", "MoE models need bf16 (grouped GEMM; thesis 5.2.1); set precision: bf16")
-            if self.moe_router_topk < 1 or self.moe_router_topk > self.num_experts:
-                raise ConfigError("moe_router_topk", f"must be in 1..num_experts ({self.num_experts})")
-            if (self.tp > 1 or self.expert_tp > 1) and self.ep > 1 and not self.sequence_parallel:
-                raise ConfigError(
-                    "sequence_parallel", "Megatron needs sequence parallelism when combining expert and tensor parallelism"
-                )
-        if self.sequence_parallel and self.tp == 1:
-            raise ConfigError("sequence_parallel", "sequence parallelism needs tp > 1; set sequence_parallel: false")
-        if self.vpp > 1 and self.pp == 1:
-            raise ConfigError("vpp", "the interleaved schedule (vpp > 1) needs pp > 1")
-        if self.vpp > 1 and not self.overlap_p2p and self.pp <= 2:
-            raise ConfigError("overlap_p2p_comm", "without p2p overlap the interleaved schedule needs pp > 2")
-        if self.num_attention_heads % self.tp:
-            raise ConfigError("num_attention_heads", f"{self.num_attention_heads} heads are not divisible by tp={self.tp}")
-        if self.hidden_size % self.num_attention_heads:
-            raise ConfigError("hidden_size", "hidden_size must be divisible by num_attention_heads")
-        if self.ffn % self.tp:
-            raise ConfigError("ffn_hidden_size", f"ffn hidden size {self.ffn} is not divisible by tp={self.tp}")
-        if self.is_moe and self.ffn % self.expert_tp:
-            raise ConfigError("etp", f"ffn hidden size {self.ffn} is not divisible by etp={self.expert_tp}")
-        if self.num_layers % self.pp:
-            raise ConfigError("num_layers", f"{self.num_layers} layers are not divisible by pp={self.pp}")
-        if self.num_layers % (self.pp * self.vpp):
-            raise ConfigError(
-                "vpp", f"{self.num_layers} layers cannot be split into pp*vpp = {self.pp * self.vpp} equal model chunks"
-            )
-        if self.cp > 1 and self.seq_length % (2 * self.cp):
-            raise ConfigError("seq_length", f"context parallelism needs seq_length divisible by 2*cp = {2 * self.cp}")
-        if self.sequence_parallel and (self.seq_length // self.cp) % self.tp:
-            raise ConfigError("seq_length", "with sequence parallelism seq_length/cp must be divisible by tp")
-        denom = self.micro_batch_size * self.dp
-        if self.global_batch_size % denom:
-            raise ConfigError(
-                "global_batch_size",
-                f"{self.global_batch_size} is not divisible by micro_batch_size*dp = {self.micro_batch_size}*{self.dp}",
-            )
-        if self.vpp > 1:
-            m = self.num_microbatches
-            if m < self.pp or m % self.pp:
-                raise ConfigError(
-                    "global_batch_size",
-                    f"the interleaved schedule needs the number of microbatches ({m}) to be a multiple of pp ({self.pp})",
-                )
+        problem = first_problem(self.launch_shape())
+        if problem is not None:
+            raise ConfigError(problem.field, problem.message)
 
-        # imperfections
+    def _check_imperfections(self) -> None:
+        """The emulator's imperfections: fractions, ranks and time spreads in range."""
+        world = self.world_size
         imp = self.imperfections
         for name in ("drop_log_lines", "drop_kernels", "kernels_without_log", "torn_lines"):
             x = getattr(imp, name)
@@ -680,7 +652,8 @@ class EmulatorConfig:
         if imp.clock_drift_ppm_max < 0 or imp.clock_drift_ppm_max > 1000:
             raise ConfigError("imperfections.clock_drift_ppm_max", "must be in [0, 1000] ppm")
 
-        # CUDA graphs
+    def _check_cuda_graphs(self) -> None:
+        """CUDA graphs capture communicators that exist, after at least one eager iteration."""
         cg = self.cuda_graphs
         bad = [p for p in cg.parallelism if p not in CUDA_GRAPH_PARALLELISM]
         if bad:
@@ -698,7 +671,8 @@ class EmulatorConfig:
                                   f"must be in 1..iterations-1 = {self.iterations - 1} (Megatron records the graphs "
                                   "in an eager step; at least one later iteration replays them)")
 
-        # kernel naming
+    def _check_kernel_naming(self, v: NcclVersion) -> None:
+        """Kernel names and algorithms that NCCL release ``v`` (and the hardware) has."""
         kn = self.kernel_naming
         for key, allowed in (("collectives_as_sendrecv", _SENDRECV_NAMED), ("symmetric", _SYMMETRIC_COLLS)):
             bad = [c for c in getattr(kn, key) if c not in allowed]
@@ -716,18 +690,12 @@ class EmulatorConfig:
             if algo.startswith("NVLS") and not self.hw.nvswitch:
                 raise ConfigError("kernel_naming.algorithms", f"{algo} needs NVLink SHARP (NVSwitch, sm90): use hardware 'h100'")
 
-        # capture window (the one definition: nccltrace.core.capture_window)
-        try:
-            self.capture_window
-        except CaptureError as exc:
-            raise ConfigError(exc.field, exc.message) from None
-
 
 def _positive(cfg: EmulatorConfig, *names: str) -> None:
     for n in names:
-        v = getattr(cfg, n)
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise ConfigError(n, f"must be a positive integer, got {v!r}")
+        why = positive_problem(getattr(cfg, n))
+        if why:
+            raise ConfigError(n, why)
 
 
 def _choice(cfg: EmulatorConfig, name: str, options: tuple[str, ...]) -> None:

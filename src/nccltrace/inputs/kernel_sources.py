@@ -157,6 +157,7 @@ def merge_sources(parts: Sequence[Path], out: Path, host: str) -> dict[str, Path
 
     from nccltrace.core.tables import atomic_output, frame_to_table, write_table_atomic
     from nccltrace.nsys import reader as nsys_reader
+    from nccltrace.nsys import schema as nsys_schema
     from nccltrace.nsys.nccl_api import NCCL_API_CALLS_SCHEMA
 
     sessions = [json.loads((p / "session.json").read_text()) for p in parts]
@@ -167,7 +168,7 @@ def merge_sources(parts: Sequence[Path], out: Path, host: str) -> dict[str, Path
         if o is None and base is not None:
             problems.append(f"{s.get('source_file')}: no UTC anchor in the source, so its times cannot be put on the "
                             "clock of the node's other sources; its kernels keep their own clock")
-    specs = nsys_reader.KERNEL_SOURCE_TABLES
+    specs = nsys_schema.KERNEL_SOURCE_TABLES
     paths: dict[str, Path] = {}
     out.mkdir(parents=True, exist_ok=True)
     for name, spec in specs.items():
@@ -188,7 +189,7 @@ def merge_sources(parts: Sequence[Path], out: Path, host: str) -> dict[str, Path
         elif name == "processes":
             frame = frame.drop_duplicates("global_pid").reset_index(drop=True)
         paths[name] = out / f"{name}.parquet"
-        write_table_atomic(frame_to_table(frame, nsys_reader.spec_schema(spec)), paths[name])
+        write_table_atomic(frame_to_table(frame, nsys_schema.spec_schema(spec)), paths[name])
     api = [pq.read_table(p / "nccl_api_calls.parquet") for p in parts]
     paths["nccl_api_calls"] = out / "nccl_api_calls.parquet"
     write_table_atomic(pa.concat_tables([t.cast(NCCL_API_CALLS_SCHEMA) for t in api]) if api

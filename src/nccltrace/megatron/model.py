@@ -17,6 +17,12 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from nccltrace.core.errors import ConfigError
+from nccltrace.megatron.constraints import (
+    SHARD_RULES,
+    LaunchShape,
+    first_problem,
+    positive_problem,
+)
 
 __all__ = [
     "MODEL_DEFAULTS",
@@ -104,21 +110,19 @@ class ModelShape:
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "ffn_hidden_size", "padded_vocab_size", "seq_length",
                      "moe_layer_freq", "tp", "pp", "vpp", "ep", "etp"):  # fmt: skip
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(name, f"must be a positive integer, got {v!r}")
+            why = positive_problem(getattr(self, name))
+            if why:
+                raise ConfigError(name, why)
         if self.num_experts < 0:
             raise ConfigError("num_experts", "must be >= 0 (0 = dense model)")
-        if self.num_layers % (self.pp * self.vpp):
-            raise ConfigError("num_layers", f"{self.num_layers} layers cannot be split into pp*vpp = "
-                                            f"{self.pp * self.vpp} equal model chunks")
-        for name in ("hidden_size", "ffn_hidden_size", "padded_vocab_size"):  # split over TP
-            if getattr(self, name) % self.tp:
-                raise ConfigError(name, f"{getattr(self, name)} is not divisible by tp={self.tp}")
-        if self.is_moe and self.num_experts % self.ep:
-            raise ConfigError("num_experts", f"num_experts ({self.num_experts}) must be divisible by ep ({self.ep})")
-        if self.is_moe and self.ffn_hidden_size % self.etp:
-            raise ConfigError("etp", f"ffn hidden size {self.ffn_hidden_size} is not divisible by etp={self.etp}")
+        # the shards of every matrix must be whole (the parameter layout); the other launch rules
+        # are the run's, checked where it is described
+        shape = LaunchShape(tp=self.tp, pp=self.pp, vpp=self.vpp, ep=self.ep, etp=self.etp, num_layers=self.num_layers,
+                            hidden_size=self.hidden_size, ffn_hidden_size=self.ffn_hidden_size,
+                            padded_vocab_size=self.padded_vocab_size, num_experts=self.num_experts)  # fmt: skip
+        problem = first_problem(shape, SHARD_RULES)
+        if problem is not None:
+            raise ConfigError(problem.field, problem.message)
 
     @property
     def is_moe(self) -> bool:
