@@ -103,15 +103,15 @@ class Imperfections:
       (logged, but NCCL launches no kernel) each process emits: 0 = none, -1 = all of them
       (what a real run does), N = the first N.
     * ``kernels_without_log``: extra NCCL kernels (fraction of the NCCL kernel count) with no
-      log line (the thesis saw +10 SendRecv kernels, table 4.1).
+      log line.
     * ``clock_offset_ns_max`` / ``clock_drift_ppm_max``: per-node clock offset (uniform in
       +-max) and linear drift applied to that node's nsys timeline and log wall clocks.
     * ``arrival_skew_ns_max``: ranks reach a collective up to this much apart; kernels start
       at arrival and end together (within ~1 us).
     * ``end_spread_ns_max``: each rank's kernel of a collective ends up to this much later than
       the collective (uniform per rank and instance): ranks time-sharing a GPU, or stragglers,
-      whose kernels overlap but end milliseconds apart (the real H200 capture: 3-4.5 ms of end
-      spread for 4.7 ms between collectives).
+      whose kernels overlap but end milliseconds apart (the real capture's shape:
+      ``docs/emulator.md`` section 4).
     * ``torn_lines``: also write a combined stdout log of all processes (as when ranks share
       stdout) in which this fraction of call lines is torn by another process's line.
     * ``first_iteration_extra_calls``: the first training iteration ends with this many extra

@@ -110,9 +110,8 @@ def each_process(stage: str, host: str, units: Iterable[str], run_one: Callable[
 def _release_memory() -> None:
     """Return freed memory to the system: Arrow's pool (its allocator keeps freed pages for
     reuse) and the C heap (glibc keeps it for the next allocation). Without this, each of a
-    node's processes left more resident (8 processes of 63 k calls aligned one after another:
-    450-500 MiB between processes instead of 300-330, a peak of 758 instead of 717-726 MiB;
-    one process alone: 675 MiB)."""
+    node's processes left more resident than the last (measured: ``docs/benchmarks.md``,
+    "Memory per job")."""
     pa = sys.modules.get("pyarrow")
     if pa is not None:
         pa.default_memory_pool().release_unused()
