@@ -33,6 +33,7 @@ __all__ = [
     "chunk_params",
     "is_moe_layer",
     "padded_vocab_size",
+    "stage_layers",
 ]
 
 # Settings (snake_case, the emulator's names) -> value assumed when a run does not state it. The
@@ -140,6 +141,9 @@ class LayerPlan(Protocol):
     def pp(self) -> int: ...
 
     @property
+    def vpp(self) -> int: ...
+
+    @property
     def layers_per_chunk(self) -> int: ...
 
     @property
@@ -158,6 +162,11 @@ def chunk_layers(shape: LayerPlan, stage: int, chunk: int) -> range:
     lc = shape.layers_per_chunk
     first = (chunk * shape.pp + stage) * lc
     return range(first, first + lc)
+
+
+def stage_layers(shape: LayerPlan, stage: int) -> list[int]:
+    """Global layer indices held by pipeline ``stage``: those of its virtual chunks, in chunk order."""
+    return [layer for chunk in range(shape.vpp) for layer in chunk_layers(shape, stage, chunk)]
 
 
 def is_moe_layer(shape: LayerPlan, layer: int) -> bool:

@@ -32,7 +32,9 @@ from nccltrace.megatron.model import (
     MODEL_DEFAULTS,
     ModelShape,
     chunk_params,
+    is_moe_layer,
     padded_vocab_size,
+    stage_layers,
 )
 from nccltrace.megatron.sizes import ParallelSizes, flatten_settings
 
@@ -224,15 +226,26 @@ class _Run:
         """Microbatches per iteration per pipeline: B / (b * dp)."""
         return max(self.B // (self.b * self.dp), 1)
 
-    def stage_layers(self, stage: int) -> list[int]:
-        """Layers on a pipeline stage (all its virtual chunks; chunk v of stage p holds layers
-        [(v*pp + p)*Lc, (v*pp + p + 1)*Lc) with Lc = L / (pp*vpp))."""
-        lc = self.L // (self.pp * self.vpp)
-        return [(v * self.pp + stage) * lc + i for v in range(self.vpp) for i in range(lc)]
+    # Megatron's layer plan (megatron.model's, the one home): which layers a stage holds, which are MoE
+    @property
+    def layers_per_chunk(self) -> int:
+        return self.L // (self.pp * self.vpp)
 
-    def is_moe(self, layer: int) -> bool:
-        """Megatron's --moe-layer-freq N: layer i is an MoE layer iff i % N == 0."""
-        return self.E > 0 and layer % max(self.moe_freq, 1) == 0
+    @property
+    def is_moe(self) -> bool:
+        return self.E > 0
+
+    @property
+    def moe_layer_freq(self) -> int:
+        return max(self.moe_freq, 1)
+
+    def stage_layers(self, stage: int) -> list[int]:
+        """Layers on a pipeline stage (all its virtual chunks)."""
+        return stage_layers(self, stage)
+
+    def moe_layer(self, layer: int) -> bool:
+        """Whether ``layer`` is an MoE layer (``--moe-layer-freq``)."""
+        return is_moe_layer(self, layer)
 
     def boundaries(self, stage: int) -> int:
         """Pipeline boundaries a physical stage touches: virtual chunks v = stage + j*pp have a
@@ -344,7 +357,7 @@ def _stage_params(r: _Run, stage: int) -> tuple[float, float]:
     dense = expert = 0.0
     for layer in r.stage_layers(stage):
         dense += 4 * h * h / tp + 8 * h
-        if r.is_moe(layer):
+        if r.moe_layer(layer):
             dense += r.E * h
             expert += (r.E // max(r.ep, 1)) * 2 * h * r.ffn / r.etp
         else:
@@ -431,7 +444,7 @@ def _dp_components(r: _Run, stage: int, thesis: bool) -> list[_Component]:
 
 
 def _n_moe(r: _Run, layers: list[int] | None = None) -> int:
-    return sum(r.is_moe(i) for i in (range(r.L) if layers is None else layers))
+    return sum(r.moe_layer(i) for i in (range(r.L) if layers is None else layers))
 
 
 def _tp_components(r: _Run, stage: int, thesis: bool) -> list[_Component]:
