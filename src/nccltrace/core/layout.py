@@ -14,7 +14,32 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ALIGNMENT_QUALITY_FILE", "LOG_ORIGIN_FILE", "METRIC_TABLES", "RunLayout", "process_key"]
+__all__ = ["ALIGNMENT_FILE", "ALIGNMENT_QUALITY_FILE", "CALLS_FILE", "COMMS_FILE", "KERNELS_FILE", "LAUNCHES_FILE",
+           "LOG_ORIGIN_FILE", "MANIFEST_FILE", "METRIC_TABLES", "NVTX_FILE", "PARSE_REPORT_FILE", "RUN_YAML_FILE",
+           "SESSION_FILE", "RunLayout", "process_key"]  # fmt: skip
+
+# The file names of a run's results, spelled once. The format readers write the parsed tables
+# under these names, the stages and the command line read them through these names (or RunLayout).
+MANIFEST_FILE = "manifest.json"
+"""A stage's provenance record, in the directory it writes."""
+RUN_YAML_FILE = "run.yaml"
+"""A run's settings as acquired, in its raw directory."""
+CALLS_FILE = "calls.parquet"
+"""A parsed log's call lines (nccl.log_reader)."""
+COMMS_FILE = "comms.parquet"
+"""A parsed log's communicator init lines (nccl.log_reader)."""
+PARSE_REPORT_FILE = "parse_report.json"
+"""A parsed log's parse report (nccl.log_reader)."""
+KERNELS_FILE = "kernels.parquet"
+"""A parsed export's NCCL kernels (nsys.reader, kineto.reader)."""
+SESSION_FILE = "session.json"
+"""A parsed export's session record: host, time base, availability (nsys.reader, parse_nsys)."""
+NVTX_FILE = "nvtx.parquet"
+"""A parsed export's NVTX ranges (NCCL payloads for the exact alignment)."""
+LAUNCHES_FILE = "launches_without_kernel.parquet"
+"""A parsed export's kernel launches whose kernel is not in the export."""
+ALIGNMENT_FILE = "alignment.parquet"
+"""A process's alignment table."""
 
 METRIC_TABLES = ("op_metrics", "instances", "stragglers", "limits", "algorithms")
 """The tables of the metrics stage, in the order it writes them."""
@@ -96,7 +121,7 @@ class RunLayout:
 
     @property
     def run_yaml(self) -> Path:
-        return self._p("raw", "run.yaml")
+        return self._p("raw", RUN_YAML_FILE)
 
     @staticmethod
     def host_of(proc: str) -> str:
@@ -110,13 +135,13 @@ class RunLayout:
         return self._p("parsed", "nsys", host, f"{table}.parquet")
 
     def parse_report(self, proc: str) -> Path:
-        return self.parsed_nccl(proc) / "parse_report.json"
+        return self.parsed_nccl(proc) / PARSE_REPORT_FILE
 
     def session(self, host: str) -> Path:
-        return self._p("parsed", "nsys", host, "session.json")
+        return self._p("parsed", "nsys", host, SESSION_FILE)
 
     def alignment(self, proc: str) -> Path:
-        return self.aligned(proc) / "alignment.parquet"
+        return self.aligned(proc) / ALIGNMENT_FILE
 
     def alignment_quality(self, proc: str) -> Path:
         return self.aligned(proc) / ALIGNMENT_QUALITY_FILE
@@ -263,7 +288,7 @@ class RunLayout:
 
     def manifest(self, stage_dir: Path) -> Path:
         """The manifest of the stage writing ``stage_dir``."""
-        return Path(stage_dir) / "manifest.json"
+        return Path(stage_dir) / MANIFEST_FILE
 
     def stage_manifests(self, procs: Iterable[str], hosts: Iterable[str]) -> list[Path]:
         """The manifest of every stage up to the trace, for processes ``procs`` and nodes
