@@ -217,6 +217,38 @@ NO_TIME = np.iinfo(np.int64).min
 _RECENT_UNITS = 64  # a group's calls on one comm are logged close together
 
 
+@dataclass(frozen=True)
+class _CallColumns:
+    """The columns of a process's calls (in line order) that grouping reads, as NumPy arrays."""
+
+    op: np.ndarray  # object
+    comm: np.ndarray  # uint64 pointer (0 when absent)
+    nranks: np.ndarray  # int64 (-1 when absent)
+    op_count: np.ndarray  # int64 (-1 when absent)
+    dtype: np.ndarray  # int64 ncclDataType_t (-1 when absent)
+    stream: np.ndarray  # uint64 pointer (0 when absent)
+    nbytes: np.ndarray  # int64
+    dup: np.ndarray  # bool: a duplicate line
+    wall: np.ndarray  # int64 wall-clock ns (NO_TIME when absent)
+
+    @classmethod
+    def of(cls, calls: pd.DataFrame) -> _CallColumns:
+        n = len(calls)
+        return cls(
+            op=calls["op"].astype(object).to_numpy(),
+            comm=calls["comm"].astype("UInt64").fillna(0).to_numpy(dtype=np.uint64),
+            nranks=calls["nranks"].astype("Int64").fillna(-1).to_numpy(dtype=np.int64),
+            op_count=calls["op_count"].astype("Int64").fillna(-1).to_numpy(dtype=np.int64),
+            dtype=calls["datatype"].astype("Int64").fillna(-1).to_numpy(dtype=np.int64),
+            stream=calls["stream"].astype("UInt64").fillna(0).to_numpy(dtype=np.uint64),
+            nbytes=(calls["bytes"].astype("Int64").fillna(0).to_numpy(dtype=np.int64) if "bytes" in calls
+                    else np.zeros(n, np.int64)),
+            dup=calls["duplicate_of"].notna().to_numpy() if "duplicate_of" in calls else np.zeros(n, bool),
+            wall=(calls["wall_time_ns"].astype("Int64").fillna(NO_TIME).to_numpy(dtype=np.int64)
+                  if "wall_time_ns" in calls else np.full(n, NO_TIME, np.int64)),
+        )
+
+
 def build_log_units(calls: pd.DataFrame, *, nccl_version: tuple[int, int, int] | None = None,
                     max_fuse: int = 16, capture_ns: tuple[int, int] | None = None,
                     outside: np.ndarray | None = None) -> LogUnits:  # fmt: skip
@@ -230,69 +262,104 @@ def build_log_units(calls: pd.DataFrame, *, nccl_version: tuple[int, int, int] |
     last line before the capture, not from zero."""
     calls = calls.sort_values(["file", "line"], kind="stable").reset_index(drop=True)
     n = len(calls)
-    op = calls["op"].astype(object).to_numpy()
-    comm = calls["comm"].astype("UInt64").fillna(0).to_numpy(dtype=np.uint64)
-    nranks = calls["nranks"].astype("Int64").fillna(-1).to_numpy(dtype=np.int64)
-    op_count = calls["op_count"].astype("Int64").fillna(-1).to_numpy(dtype=np.int64)
-    dtype = calls["datatype"].astype("Int64").fillna(-1).to_numpy(dtype=np.int64)
-    stream = calls["stream"].astype("UInt64").fillna(0).to_numpy(dtype=np.uint64)
-    nbytes = (calls["bytes"].astype("Int64").fillna(0).to_numpy(dtype=np.int64) if "bytes" in calls
-              else np.zeros(n, np.int64))  # fmt: skip
-    dup = calls["duplicate_of"].notna().to_numpy() if "duplicate_of" in calls else np.zeros(n, bool)
-    wall = (
-        calls["wall_time_ns"].astype("Int64").fillna(NO_TIME).to_numpy(dtype=np.int64)
-        if "wall_time_ns" in calls
-        else np.full(n, NO_TIME, np.int64)
-    )
-
-    comms, comm_idx = np.unique(comm, return_inverse=True)
-    streams, stream_idx = np.unique(stream, return_inverse=True)
+    col = _CallColumns.of(calls)
+    comms, comm_idx = np.unique(col.comm, return_inverse=True)
+    streams, stream_idx = np.unique(col.stream, return_inverse=True)
     out = np.zeros(n, bool) if outside is None else np.asarray(outside, bool).copy()
     if capture_ns is not None:
-        out |= (wall != NO_TIME) & ((wall < capture_ns[0]) | (wall > capture_ns[1]))
-    live = ~dup & (nranks != 1) & ~out
+        out |= (col.wall != NO_TIME) & ((col.wall < capture_ns[0]) | (col.wall > capture_ns[1]))
+    multi = ~col.dup & (col.nranks != 1)
+    live = multi & ~out
+    informative = _informative_comms(live, comm_idx, col.op_count, len(comms), nccl_version)
+    reason = np.full(n, None, dtype=object)
+    reason[out] = "outside_capture"
+    reason[col.dup] = "duplicate_line"
+    reason[~col.dup & (col.nranks == 1)] = "single_rank_communicator"
+    before = _count_before_capture(out & multi & (col.op_count >= 0), live, comm_idx, col.op_count, len(comms))
+    call_fam, call_dt = _call_codes(col.op, col.dtype)
+    grouped = _group_units(live, comm_idx.astype(np.int64), col.op_count, call_fam, call_dt,
+                           stream_idx.astype(np.int64), col.wall, col.nbytes, informative, _RECENT_UNITS)  # fmt: skip
+    call_unit, u = _with_placeholders(grouped, informative, before)
+
+    nu = len(u["fam_mask"])
+    call_is_p2p = pd.Series(col.op, dtype=object).isin(P2P_OPS).to_numpy() if n else np.zeros(0, bool)
+    is_p2p_unit = (u["first"] >= 0) & call_is_p2p[np.maximum(u["first"], 0)] if nu else np.zeros(0, bool)
+    fuse_run = fuse_runs(is_p2p_unit, np.asarray(u["comm"], np.int64), np.asarray(u["stream"], np.int64),
+                         informative, max_fuse)  # fmt: skip
+    return LogUnits(
+        calls=calls,
+        call_unit=call_unit,
+        call_reason=reason,
+        fam_mask=np.asarray(u["fam_mask"], np.int64),
+        dt_mask=np.asarray(u["dt_mask"], np.int64),
+        stream=np.asarray(u["stream"], np.int64),
+        comm=np.asarray(u["comm"], np.int64),
+        op_count=np.asarray(u["opc"], np.int64),
+        time=np.asarray(u["time"], np.int64),
+        fuse_run=fuse_run,
+        first_call=np.asarray(u["first"], np.int64),
+        streams=streams,
+        comms=comms,
+        informative_comm=informative,
+        placeholder=u["placeholder"],
+        bytes=u["bytes"],
+        p2p=np.asarray(is_p2p_unit, bool),
+        optional=u["optional"],
+        max_fuse=max_fuse,
+    )
+
+
+def _informative_comms(live: np.ndarray, comm_idx: np.ndarray, op_count: np.ndarray, n_comms: int,
+                       nccl_version: tuple[int, int, int] | None) -> np.ndarray:  # fmt: skip
+    """Per communicator: its opCount separates launches."""
     # opCount counts launches on every multi-rank comm before NCCL 2.27.3; from then on it stays
     # 0 on single-node comms. Without the version, a comm whose opCount takes one value over
     # several calls cannot be told from a frozen one and is treated as not informative.
-    informative = np.zeros(len(comms), bool)
+    informative = np.zeros(n_comms, bool)
     counts_always = nccl_version is not None and tuple(nccl_version) < (2, 27, 3)
-    for c in range(len(comms)):
+    for c in range(n_comms):
         vals = op_count[live & (comm_idx == c)]
         informative[c] = counts_always or len(vals) <= 1 or len(np.unique(vals)) > 1
+    return informative
 
-    reason = np.full(n, None, dtype=object)
-    reason[out] = "outside_capture"
-    reason[dup] = "duplicate_line"
-    reason[~dup & (nranks == 1)] = "single_rank_communicator"
-    # opCount of each comm's last counted line before the capture (-1: none): where the comm's
-    # count stood when the capture began
-    before = np.full(len(comms), -1, np.int64)
-    pre = out & ~dup & (nranks != 1) & (op_count >= 0)
+
+def _count_before_capture(pre: np.ndarray, live: np.ndarray, comm_idx: np.ndarray, op_count: np.ndarray,
+                          n_comms: int) -> np.ndarray:  # fmt: skip
+    """Per communicator, the opCount of its last counted line (``pre``: counted lines outside the
+    capture) before its first live line, -1 for none: where the comm's count stood when the
+    capture began."""
+    before = np.full(n_comms, -1, np.int64)
     if pre.any():
-        first_in = np.full(len(comms), n, np.int64)
+        first_in = np.full(n_comms, len(live), np.int64)
         live_idx = np.flatnonzero(live)
         np.minimum.at(first_in, comm_idx[live_idx], live_idx)
         sel = np.flatnonzero(pre)
         sel = sel[sel < first_in[comm_idx[sel]]]
         np.maximum.at(before, comm_idx[sel], op_count[sel])
+    return before
+
+
+def _call_codes(op: np.ndarray, dtype: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per call, the code of the kernel family that runs its op and its element-type class (-1 unknown)."""
     fam_codes = {name: FAMILY_CODE[OP_FAMILY.get(name, "Other")] for name in pd.unique(op) if isinstance(name, str)}
     call_fam = (pd.Series(op, dtype=object).map(fam_codes).fillna(FAMILY_CODE["Other"]).to_numpy(np.int64)
-                if n else np.zeros(0, np.int64))  # fmt: skip
+                if len(op) else np.zeros(0, np.int64))  # fmt: skip
     dt_lut = np.full(256, -1, np.int64)
     for value, cls in _DTYPE_CLASS_OF_VALUE.items():
         dt_lut[value] = cls
     call_dt = np.where((dtype >= 0) & (dtype < 256), dt_lut[np.clip(dtype, 0, 255)], -1)
-    (call_unit, fam_mask, dt_mask, u_stream, u_comm, u_opc, u_time, u_first, u_bytes) = _group_units(
-        live, comm_idx.astype(np.int64), op_count, call_fam, call_dt, stream_idx.astype(np.int64), wall, nbytes,
-        informative, _RECENT_UNITS)  # fmt: skip
+    return call_fam, call_dt
 
-    # A gap in an informative comm's opCounts is a launch whose line is missing: insert a
-    # placeholder unit (any family, the comm's stream) right after the comm's previous unit, so
-    # that launch's kernel is not free for a neighbouring unit whose own kernel is missing.
+
+def _missing_launches(u_comm: np.ndarray, u_opc: np.ndarray, informative: np.ndarray,
+                      before: np.ndarray) -> tuple[list[int], list[int], list[float], list[bool]]:  # fmt: skip
+    """The launches whose lines are missing (gaps in an informative comm's opCounts): per
+    placeholder the unit it follows (or precedes), its opCount, its offset from that unit in
+    the unit order, and whether its position is a guess."""
     # opCount starts at 0 on every communicator, so a later first value means lost first lines.
     real = np.flatnonzero(informative[u_comm])
     order = real[np.lexsort((u_opc[real], u_comm[real]))]
-    ph_after, ph_opc, ph_rank, ph_opt = [], [], [], []  # unit it follows (or precedes), opCount, offset, optional
+    ph_after, ph_opc, ph_rank, ph_opt = [], [], [], []
     if len(order):
         comm_o, opc_o = u_comm[order], u_opc[order]
         starts = np.r_[True, comm_o[1:] != comm_o[:-1]]
@@ -311,6 +378,17 @@ def build_log_units(calls: pd.DataFrame, *, nccl_version: tuple[int, int, int] |
                     ph_rank.append((q + 1) / 128.0)
                     # exact when nothing else was logged between the comm's neighbours
                     ph_opt.append(bool(order[k] - order[k - 1] > 1))
+    return ph_after, ph_opc, ph_rank, ph_opt
+
+
+def _with_placeholders(grouped: tuple[np.ndarray, ...], informative: np.ndarray,
+                       before: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:  # fmt: skip
+    """The units of :func:`_group_units` with a placeholder unit (any family, the comm's stream)
+    for each missing launch, right after the comm's previous unit, so that launch's kernel is
+    not free for a neighbouring unit whose own kernel is missing. Returns the unit of each call
+    and the per-unit arrays, in the new order."""
+    (call_unit, fam_mask, dt_mask, u_stream, u_comm, u_opc, u_time, u_first, u_bytes) = grouped
+    ph_after, ph_opc, ph_rank, ph_opt = _missing_launches(u_comm, u_opc, informative, before)
     n_ph = len(ph_after)
     like = np.asarray(ph_after, np.int64)
     order_key = np.r_[u_first.astype(np.float64), u_first[like].astype(np.float64) + np.asarray(ph_rank)]
@@ -324,43 +402,19 @@ def build_log_units(calls: pd.DataFrame, *, nccl_version: tuple[int, int, int] |
     def _p(x: np.ndarray, extra) -> np.ndarray:
         return np.r_[x, extra][perm]
 
-    fam_mask = _p(fam_mask, np.full(n_ph, all_fams, np.int64))
-    dt_mask = _p(dt_mask, np.full(n_ph, -1, np.int64))  # -1 marks a placeholder for the scorer
-    u_stream = _p(u_stream, u_stream[like])
-    u_comm = _p(u_comm, u_comm[like])
-    u_opc = _p(u_opc, np.asarray(ph_opc, np.int64))
-    u_time = _p(u_time, np.full(n_ph, NO_TIME, np.int64))
-    u_first = _p(u_first, np.full(n_ph, -1, np.int64))
-    u_bytes = _p(u_bytes, np.full(n_ph, -1, np.int64))
-    placeholder = _p(np.zeros(len(u_first) - n_ph, bool), np.ones(n_ph, bool))
-    optional = _p(np.zeros(len(u_first) - n_ph, bool), np.asarray(ph_opt, bool))
-
-    nu = len(fam_mask)
-    call_is_p2p = pd.Series(op, dtype=object).isin(P2P_OPS).to_numpy() if n else np.zeros(0, bool)
-    is_p2p_unit = (u_first >= 0) & call_is_p2p[np.maximum(u_first, 0)] if nu else np.zeros(0, bool)
-    fuse_run = fuse_runs(is_p2p_unit, np.asarray(u_comm, np.int64), np.asarray(u_stream, np.int64), informative,
-                         max_fuse)  # fmt: skip
-    return LogUnits(
-        calls=calls,
-        call_unit=call_unit,
-        call_reason=reason,
-        fam_mask=np.asarray(fam_mask, np.int64),
-        dt_mask=np.asarray(dt_mask, np.int64),
-        stream=np.asarray(u_stream, np.int64),
-        comm=np.asarray(u_comm, np.int64),
-        op_count=np.asarray(u_opc, np.int64),
-        time=np.asarray(u_time, np.int64),
-        fuse_run=fuse_run,
-        first_call=np.asarray(u_first, np.int64),
-        streams=streams,
-        comms=comms,
-        informative_comm=informative,
-        placeholder=placeholder,
-        bytes=u_bytes,
-        p2p=np.asarray(is_p2p_unit, bool),
-        optional=optional,
-        max_fuse=max_fuse,
-    )
+    n_real = len(u_first)
+    return call_unit, {
+        "fam_mask": _p(fam_mask, np.full(n_ph, all_fams, np.int64)),
+        "dt_mask": _p(dt_mask, np.full(n_ph, -1, np.int64)),  # -1 marks a placeholder for the scorer
+        "stream": _p(u_stream, u_stream[like]),
+        "comm": _p(u_comm, u_comm[like]),
+        "opc": _p(u_opc, np.asarray(ph_opc, np.int64)),
+        "time": _p(u_time, np.full(n_ph, NO_TIME, np.int64)),
+        "first": _p(u_first, np.full(n_ph, -1, np.int64)),
+        "bytes": _p(u_bytes, np.full(n_ph, -1, np.int64)),
+        "placeholder": _p(np.zeros(n_real, bool), np.ones(n_ph, bool)),
+        "optional": _p(np.zeros(n_real, bool), np.asarray(ph_opt, bool)),
+    }
 
 
 @nb.njit(cache=True)
