@@ -125,6 +125,42 @@ def discover_logs(roots: Iterable[Path], dest: Path, *, exclude: Iterable[Path] 
     ``dest/nccl_<host>_<pid>.log``. Raises ``ValueError`` when a process's lines are in a
     canonical log and in another file as well (the same lines twice: remove one)."""
     found = DiscoveredLogs()
+    split_files = []
+    for p in _candidate_files(roots, exclude):
+        if is_canonical_log(p):
+            found.logs[p.stem] = p
+            found.sources[p.stem] = [str(p)]
+        elif _holds_nccl_lines(p):
+            split_files.append(p)
+        elif _inner_suffix(p) in (".log", ".txt"):
+            found.ignored.append(p)
+    if not split_files:
+        return found
+    dest.mkdir(parents=True, exist_ok=True)
+    splitter = _Splitter(found, dest)
+    try:
+        for p in split_files:
+            splitter.split_file(p)
+    finally:
+        splitter.close()
+    splitter.keep_single_process_files()
+    found.unattributed = splitter.orphans
+    found.launcher_ranks = launcher_ranks(splitter.labels_of)
+    origin, stems_of = splitter.origin, splitter.stems_of
+    own_files = {stem: runs[0][0] for stem, runs in origin.items()
+                 if len(runs) == 1 and stems_of.get(runs[0][0]) == {stem}}
+    (dest / "sources.json").write_text(json.dumps(
+        {"doc": "per normalised log: runs of [source file, first source line, number of lines], in order; "
+                "launcher_ranks: the global rank a launcher prefix names (see log_discovery.launcher_ranks); "
+                "own_files: the source file that holds this process's lines and no other's (its name may carry "
+                "the rank: log_discovery.RankNamePattern)",
+         "logs": origin, "launcher_ranks": found.launcher_ranks, "own_files": own_files}, indent=1))  # fmt: skip
+    return found
+
+
+def _candidate_files(roots: Iterable[Path], exclude: Iterable[Path]) -> list[Path]:
+    """The files under ``roots`` (in sorted order per root) that may hold NCCL lines: text-like
+    names or names starting with ``nccl``, outside ``exclude``."""
     excluded = [Path(e).resolve() for e in exclude]
     files: list[Path] = []
     for root in roots:
@@ -137,108 +173,107 @@ def discover_logs(roots: Iterable[Path], dest: Path, *, exclude: Iterable[Path] 
             if _inner_suffix(p) not in _TEXT_SUFFIXES and not p.name.startswith("nccl"):
                 continue
             files.append(p)
-    split_files = []
-    for p in files:
-        if is_canonical_log(p):
-            found.logs[p.stem] = p
-            found.sources[p.stem] = [str(p)]
-        elif _holds_nccl_lines(p):
-            split_files.append(p)
-        elif _inner_suffix(p) in (".log", ".txt"):
-            found.ignored.append(p)
-    if not split_files:
-        return found
-    dest.mkdir(parents=True, exist_ok=True)
-    handles: dict[str, object] = {}
-    origin: dict[str, list[list]] = {}  # stem -> [file, first line, count] runs
-    orphans: dict[str, int] = {}  # file -> NCCL lines without a process prefix
-    stems_of: dict[str, set[str]] = {}  # file -> processes whose records it holds
-    labels_of: dict[str, dict[bytes, set[str]]] = {}  # file -> launcher label -> processes
+    return files
 
-    def put(stem: str, rec: bytes, p: Path, n: int) -> None:
-        handles[stem].write(rec + b"\n")
-        runs = origin[stem]
+
+class _Splitter:
+    """Splits files holding several processes' NCCL lines into one ``nccl_<host>_<pid>.log`` per
+    process under ``dest``, recording where each line came from."""
+
+    def __init__(self, found: DiscoveredLogs, dest: Path) -> None:
+        self.found = found
+        self.dest = dest
+        self.handles: dict[str, object] = {}
+        self.origin: dict[str, list[list]] = {}  # stem -> [file, first line, count] runs
+        self.orphans: dict[str, int] = {}  # file -> NCCL lines without a process prefix
+        self.stems_of: dict[str, set[str]] = {}  # file -> processes whose records it holds
+        self.labels_of: dict[str, dict[bytes, set[str]]] = {}  # file -> launcher label -> processes
+
+    def put(self, stem: str, rec: bytes, p: Path, n: int) -> None:
+        """Write line ``n`` of ``p`` (``rec``) to process ``stem``'s log."""
+        self.handles[stem].write(rec + b"\n")
+        runs = self.origin[stem]
         if runs and runs[-1][0] == str(p) and runs[-1][1] + runs[-1][2] == n:
             runs[-1][2] += 1
         else:
             runs.append([str(p), n, 1])
 
-    try:
-        for p in split_files:
-            skipped = 0
-            # Megatron's iteration lines and PyTorch's process-group lines carry no NCCL prefix: they
-            # go to the process whose NCCL lines carry the same launcher label (one process per
-            # label, else they are skipped)
-            label_stems = labels_of.setdefault(str(p), {})  # label -> the processes it has prefixed so far
-            waiting: dict[bytes, list[tuple[int, bytes]]] = {}
-            with _open(p) as f:
-                for n, line in enumerate(f, 1):
-                    got = False
-                    launcher = LAUNCHER_PREFIX.match(line)
-                    label = launcher.group(0).strip() if launcher else None
-                    for host, pid, rec in _records(line):
-                        got = True
-                        if host is None:
-                            orphans[str(p)] = orphans.get(str(p), 0) + 1
+    def _open_log(self, stem: str, p: Path, n: int) -> None:
+        """Start process ``stem``'s normalised log (its first line is line ``n`` of ``p``)."""
+        found = self.found
+        if stem in found.logs:
+            raise ValueError(
+                f"{p}:{n}: lines of process {stem[5:].replace('_', ':', 1)} are also in "
+                f"{found.logs[stem]}: the same process's log twice; keep one of them")
+        self.handles[stem] = open(self.dest / f"{stem}.log", "wb")
+        found.logs[stem] = self.dest / f"{stem}.log"
+        found.sources[stem] = []
+        self.origin[stem] = []
+
+    def split_file(self, p: Path) -> None:
+        """Give each NCCL record of ``p`` to the process its prefix names."""
+        found, handles, orphans, put = self.found, self.handles, self.orphans, self.put
+        key = str(p)
+        skipped = 0
+        # Megatron's iteration lines and PyTorch's process-group lines carry no NCCL prefix: they
+        # go to the process whose NCCL lines carry the same launcher label (one process per
+        # label, else they are skipped)
+        label_stems = self.labels_of.setdefault(key, {})  # label -> the processes it has prefixed so far
+        waiting: dict[bytes, list[tuple[int, bytes]]] = {}
+        with _open(p) as f:
+            for n, line in enumerate(f, 1):
+                got = False
+                launcher = LAUNCHER_PREFIX.match(line)
+                label = launcher.group(0).strip() if launcher else None
+                for host, pid, rec in _records(line):
+                    got = True
+                    if host is None:
+                        orphans[key] = orphans.get(key, 0) + 1
+                        continue
+                    stem = f"nccl_{host.decode('utf-8', 'replace')}_{int(pid)}"
+                    if stem not in handles:
+                        self._open_log(stem, p, n)
+                    if label is not None:
+                        if label not in label_stems:  # its first process: lines that waited for it
+                            for wn, wrec in waiting.pop(label, []):
+                                put(stem, wrec, p, wn)
+                        label_stems.setdefault(label, set()).add(stem)
+                    put(stem, rec, p, n)
+                    if key not in found.sources[stem]:
+                        found.sources[stem].append(key)
+                    self.stems_of.setdefault(key, set()).add(stem)
+                if not got:
+                    body = line[launcher.end():].rstrip(b"\r\n") if launcher else b""
+                    if label is not None and (is_iteration_line(body) or is_pg_comm_line(body)):
+                        owners = label_stems.get(label)
+                        if owners is None:
+                            waiting.setdefault(label, []).append((n, body))
                             continue
-                        stem = f"nccl_{host.decode('utf-8', 'replace')}_{int(pid)}"
-                        if stem in found.logs and stem not in handles:
-                            raise ValueError(
-                                f"{p}:{n}: lines of process {stem[5:].replace('_', ':', 1)} are also in "
-                                f"{found.logs[stem]}: the same process's log twice; keep one of them")
-                        if stem not in handles:
-                            handles[stem] = open(dest / f"{stem}.log", "wb")
-                            found.logs[stem] = dest / f"{stem}.log"
-                            found.sources[stem] = []
-                            origin[stem] = []
-                        if label is not None:
-                            if label not in label_stems:  # its first process: lines that waited for it
-                                for wn, wrec in waiting.pop(label, []):
-                                    put(stem, wrec, p, wn)
-                            label_stems.setdefault(label, set()).add(stem)
-                        put(stem, rec, p, n)
-                        if str(p) not in found.sources[stem]:
-                            found.sources[stem].append(str(p))
-                        stems_of.setdefault(str(p), set()).add(stem)
-                    if not got:
-                        body = line[launcher.end():].rstrip(b"\r\n") if launcher else b""
-                        if label is not None and (is_iteration_line(body) or is_pg_comm_line(body)):
-                            owners = label_stems.get(label)
-                            if owners is None:
-                                waiting.setdefault(label, []).append((n, body))
-                                continue
-                            if len(owners) == 1:  # a label of several processes names none
-                                put(next(iter(owners)), body, p, n)
-                                continue
-                        skipped += 1
-            skipped += sum(len(w) for w in waiting.values())
-            if skipped:
-                found.skipped_lines[str(p)] = skipped
-    finally:
-        for h in handles.values():
+                        if len(owners) == 1:  # a label of several processes names none
+                            put(next(iter(owners)), body, p, n)
+                            continue
+                    skipped += 1
+        skipped += sum(len(w) for w in waiting.values())
+        if skipped:
+            found.skipped_lines[key] = skipped
+
+    def close(self) -> None:
+        for h in self.handles.values():
             h.close()
-    for path, stems in stems_of.items():
-        (stem,) = stems if len(stems) == 1 else (None,)
-        if stem is not None and found.sources[stem] == [path]:
-            # a file of one process is kept whole (application output included), so the log
-            # reader's own recoveries (torn lines, records whose prefix was cut) still apply
-            n = 0
-            with _open(Path(path)) as src, open(dest / f"{stem}.log", "wb") as out:
-                for n, chunk in enumerate(src, 1):
-                    out.write(chunk)
-            origin[stem] = [[path, 1, n]]
-            orphans.pop(path, None)
-    found.unattributed = orphans
-    found.launcher_ranks = launcher_ranks(labels_of)
-    own_files = {stem: runs[0][0] for stem, runs in origin.items()
-                 if len(runs) == 1 and stems_of.get(runs[0][0]) == {stem}}
-    (dest / "sources.json").write_text(json.dumps(
-        {"doc": "per normalised log: runs of [source file, first source line, number of lines], in order; "
-                "launcher_ranks: the global rank a launcher prefix names (see log_discovery.launcher_ranks); "
-                "own_files: the source file that holds this process's lines and no other's (its name may carry "
-                "the rank: log_discovery.RankNamePattern)",
-         "logs": origin, "launcher_ranks": found.launcher_ranks, "own_files": own_files}, indent=1))  # fmt: skip
-    return found
+
+    def keep_single_process_files(self) -> None:
+        """A file of one process is kept whole (application output included), so the log
+        reader's own recoveries (torn lines, records whose prefix was cut) still apply."""
+        found, dest = self.found, self.dest
+        for path, stems in self.stems_of.items():
+            (stem,) = stems if len(stems) == 1 else (None,)
+            if stem is not None and found.sources[stem] == [path]:
+                n = 0
+                with _open(Path(path)) as src, open(dest / f"{stem}.log", "wb") as out:
+                    for n, chunk in enumerate(src, 1):
+                        out.write(chunk)
+                self.origin[stem] = [[path, 1, n]]
+                self.orphans.pop(path, None)
 
 
 _RANK_LABEL = re.compile(rb"^\[rank(\d+)\]:?$")  # torchrun: the global rank
