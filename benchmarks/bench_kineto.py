@@ -59,7 +59,7 @@ def run_reader(path: Path, how: str) -> dict[str, Any]:
     if how == "nccltrace":
         import tempfile
 
-        from nccltrace.kineto import KinetoTrace
+        from nccltrace.kineto.reader import KinetoTrace
 
         with tempfile.TemporaryDirectory() as tmp:
             warm = Path(tmp) / "warm.json"
@@ -79,7 +79,7 @@ def run_reader(path: Path, how: str) -> dict[str, Any]:
         doc = msgspec.json.decode(path.read_bytes())
         kernels = sum(1 for e in doc["traceEvents"] if e.get("cat") == "kernel" and e["name"].startswith("nccl"))
     elif how == "nccltrace":
-        from nccltrace.kineto import KinetoTrace
+        from nccltrace.kineto.reader import KinetoTrace
 
         kernels = len(KinetoTrace.open(path).kernels())
     else:

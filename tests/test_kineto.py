@@ -15,8 +15,8 @@ from data_paths import CAPTURE
 
 from nccltrace.cli import main
 from nccltrace.inputs.kernel_sources import source_kind, stage_traces, traces_of_hosts
-from nccltrace.kineto import KinetoFormatError, KinetoTrace, is_kineto_trace
-from nccltrace.nsys import NsysExport
+from nccltrace.kineto.reader import KinetoFormatError, KinetoTrace, is_kineto_trace
+from nccltrace.nsys.reader import NsysExport
 
 REAL = CAPTURE  # tests/data/real/torch_nccl228_h200_tp2pp2
 TRACE0 = REAL / "kineto" / "kineto_rank0.json.gz"

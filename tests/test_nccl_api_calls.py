@@ -15,9 +15,9 @@ from data_paths import NSYS_SQLITE
 
 from nccltrace.cli import main
 from nccltrace.core.tables import read_table
-from nccltrace.nsys import NsysExport, NsysExportWriter
 from nccltrace.nsys.nccl_api import NCCL_API_CALL_COLUMNS, STATUSES, nccl_range_mask
-from nccltrace.nsys.reader import NsysSchemaWarning
+from nccltrace.nsys.reader import NsysExport, NsysSchemaWarning
+from nccltrace.nsys.writer import NsysExportWriter
 
 REALDATA = NSYS_SQLITE
 BEFORE = REALDATA / "nsysai_mfu_2gpu_before.sqlite"

@@ -318,7 +318,7 @@ def test_export_success(tmp_path: Path, report: Path) -> None:
     d = json.loads(json.dumps(rec.to_dict()))
     assert d["output"] == str(out) and d["flags"][0] == "--type" and d["sha256"] == rec.sha256
     # the result opens with the repository's reader
-    from nccltrace.nsys import NsysExport
+    from nccltrace.nsys.reader import NsysExport
 
     with NsysExport.open(out) as ex:
         assert ex.schema_version == "3.0.0"

@@ -34,7 +34,7 @@ from nccltrace.acquisition.nsys_export import (
     export_report,
     find_qdstrm_importer,
 )
-from nccltrace.nsys import NsysExport
+from nccltrace.nsys.reader import NsysExport
 
 pytestmark = [pytest.mark.system, pytest.mark.slow]
 

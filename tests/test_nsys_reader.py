@@ -16,17 +16,15 @@ from data_paths import NSYS_REFERENCE
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nccltrace.nsys import (
-    KERNEL_COLUMNS,
+from nccltrace.nsys.reader import (
     NsysExport,
-    NsysExportWriter,
     NsysFormatError,
     NsysSchemaWarning,
     decode_pid,
     decode_tid,
-    encode_global_tid,
 )
-from nccltrace.nsys.schema import KERNEL_TABLE_COLUMNS
+from nccltrace.nsys.schema import KERNEL_COLUMNS, KERNEL_TABLE_COLUMNS
+from nccltrace.nsys.writer import NsysExportWriter, encode_global_tid
 
 REF = NSYS_REFERENCE
 SAMPLE = REF / "nsys-2022.4.2.1-nvtx-sample.sqlite"

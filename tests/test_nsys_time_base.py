@@ -14,7 +14,7 @@ from emulated_runs import SMALL_MODEL
 from nccltrace.cli import main
 from nccltrace.core.tables import read_table
 from nccltrace.emulator.run import emulate_run
-from nccltrace.nsys import NsysExport
+from nccltrace.nsys.reader import NsysExport
 
 RUN = {**SMALL_MODEL, "name": "tb", "tp": 2, "pp": 2, "nodes": 2, "gpus_per_node": 2, "iterations": 2,
        "nccl_version": "2.28.9", "nccl_timestamps": True, "nsys_version": "2026.4", "seed": 11}  # fmt: skip

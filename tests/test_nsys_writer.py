@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 from data_paths import NSYS_REFERENCE
 
-from nccltrace.nsys import NsysExport, NsysExportWriter, nccl_payload_schemas
-from nccltrace.nsys.writer import load_ddl
+from nccltrace.nsys.reader import NsysExport
+from nccltrace.nsys.writer import NsysExportWriter, load_ddl, nccl_payload_schemas
 
 REF = NSYS_REFERENCE
 REAL_DDL = REF / "nsys-2022.4.2.1-schema-3.0.0.sql"

@@ -19,7 +19,7 @@ import pytest
 from data_paths import CAPTURE, REAL
 
 from nccltrace.cli import main
-from nccltrace.nsys import NsysExport
+from nccltrace.nsys.reader import NsysExport
 
 WINDOW = (3, 4, 5)  # the loop iterations the profiler captured
 

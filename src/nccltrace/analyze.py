@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nccltrace.align.correlate import NO_EXPORT_REASON
+from nccltrace.align.schema import NO_EXPORT_REASON
 from nccltrace.core.layout import RunLayout
 from nccltrace.core.settings import RunSettings
 from nccltrace.stages import STAGES
@@ -78,7 +78,7 @@ def find_raw_inputs(raw_dir: Path | str, staging: Path | str | None = None) -> R
     problems: list[str] = []
     traces: list[Path] = []
     if staging is not None:
-        from nccltrace.kineto import iter_kineto_files
+        from nccltrace.kineto.reader import iter_kineto_files
 
         staging = Path(staging)
         inside = [staging.resolve(), (raw / "ground_truth").resolve()]
@@ -281,7 +281,7 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *,
     processes, hosts, calls, matched, partial, problems, notes, ignored logs, the resolved
     settings and the output paths. ``capture_steps``: the captured steps of a step-window
     capture (logged, 1-based, inclusive; overrides the settings' ``capture.steps``)."""
-    from nccltrace.align.correlate import MODES
+    from nccltrace.align.schema import MODES
     from nccltrace.core.capture_window import CaptureWindow
 
     if mode not in MODES:

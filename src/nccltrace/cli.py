@@ -63,7 +63,7 @@ def cmd_parse_kineto(args: argparse.Namespace) -> int:
     import pyarrow.parquet as pq
 
     from nccltrace.core.provenance import write_manifest
-    from nccltrace.kineto import KinetoTrace, iter_kineto_files
+    from nccltrace.kineto.reader import KinetoTrace, iter_kineto_files
 
     paths = list(iter_kineto_files([Path(p) for p in args.traces]))
     if not paths:

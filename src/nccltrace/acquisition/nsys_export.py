@@ -1,6 +1,6 @@
 """Export Nsight Systems reports to SQLite with the installed ``nsys``, checked and atomic.
 
-``nsys export --type sqlite`` is where a capture becomes something :class:`nccltrace.nsys.NsysExport`
+``nsys export --type sqlite`` is where a capture becomes something :class:`nccltrace.nsys.reader.NsysExport`
 can read, and a plain call is unreliable in a pipeline: flags differ between releases
 (:func:`detect_export_capabilities` reads ``nsys export --help``), a failed export can leave a
 file behind (:func:`export_report` checks the result before renaming it into place), and a
@@ -273,7 +273,7 @@ def detect_export_capabilities(nsys: str = "nsys", *, timeout_s: float = 120) ->
 def export_flags(caps: ExportCapabilities) -> list[str]:
     """The ``nsys export`` flags nccltrace uses with this nsys (without ``--output`` and the report).
 
-    * ``--type sqlite``: the format :class:`nccltrace.nsys.NsysExport` reads.
+    * ``--type sqlite``: the format :class:`nccltrace.nsys.reader.NsysExport` reads.
     * ``--lazy`` is left at its default (true): tables without rows are not created. The reader
       treats a missing table as empty, and ``--lazy=false`` only adds ~130 empty tables.
     * ``--include-blobs=true`` when supported: NCCL's extended NVTX payloads (message size,

@@ -39,7 +39,7 @@ _TIME_COLUMNS = {"kernels": ("start", "end", "launch_start", "launch_end"), "nvt
 def source_kind(path: Path | str) -> str | None:
     """``'nsys'`` (an SQLite file), ``'pytorch_profiler'`` (a Chrome-trace JSON, gzip or not)
     or None, by the file's content."""
-    from nccltrace.kineto import is_kineto_trace
+    from nccltrace.kineto.reader import is_kineto_trace
     from nccltrace.nsys.reader import _SQLITE_MAGIC
 
     p = Path(path)
@@ -69,7 +69,7 @@ def stage_traces(paths: Sequence[Path], staging: Path, progress=None) -> list[St
     """Read each profiler trace once into ``staging/<name>/`` (the tables every stage reads).
     A trace that cannot be read is kept with its problem (the caller names it); one read
     before (same size and modification time recorded) is not read again."""
-    from nccltrace.kineto import KinetoFormatError, KinetoTrace
+    from nccltrace.kineto.reader import KinetoFormatError, KinetoTrace
 
     out: list[StagedTrace] = []
     used: set[str] = set()

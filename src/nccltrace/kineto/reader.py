@@ -1,6 +1,6 @@
 """PyTorch-profiler (Kineto) Chrome traces as a kernel source: the same tables as an nsys export.
 
-:meth:`KinetoTrace.export_tables` writes what :meth:`nccltrace.nsys.NsysExport.export_tables`
+:meth:`KinetoTrace.export_tables` writes what :meth:`nccltrace.nsys.reader.NsysExport.export_tables`
 writes, so every later stage reads one kernel table whichever profiler recorded it; what the
 profiler adds per kernel (PyTorch's collective, sizes, dtype, process group) goes to
 ``KERNEL_ARG_COLUMNS``. The format and its times: ``docs/kineto.md``.
@@ -274,7 +274,7 @@ class KinetoTrace:
         }
 
     def export_tables(self, out_dir: str | os.PathLike[str]) -> dict[str, Path]:
-        """Write the tables an nsys export's :meth:`~nccltrace.nsys.NsysExport.export_tables`
+        """Write the tables an nsys export's :meth:`~nccltrace.nsys.reader.NsysExport.export_tables`
         writes, with the same names and columns (``kernels`` fills :data:`KERNEL_ARG_COLUMNS`;
         ``launches_without_kernel`` and ``nccl_api_calls`` are empty: a profiler trace records
         neither lost launches nor NCCL's own API ranges). Each file appears atomically."""

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from nccltrace.align.correlate import OUTSIDE_CAPTURE_REASON
+from nccltrace.align.schema import OUTSIDE_CAPTURE_REASON
 from nccltrace.align.sequences import kernel_algorithm, normalise_algorithm
 from nccltrace.core.spill import PartSpill, merge_sorted_parts
 from nccltrace.core.tables import (

@@ -1,53 +1,7 @@
-"""Nsight Systems SQLite exports: reader (:class:`NsysExport`) and writer (:class:`NsysExportWriter`)."""
+"""Nsight Systems SQLite exports: the reader (:mod:`.reader`, :class:`~.reader.NsysExport`), the
+writer (:mod:`.writer`, :class:`~.writer.NsysExportWriter`), the NCCL API call linking
+(:mod:`.nccl_api`) and the tables' column specs (:mod:`.schema`).
 
-from nccltrace.nsys.reader import (
-    KERNEL_COLUMNS,
-    KNOWN_SCHEMA_VERSIONS,
-    NCCL_ENTRY_COLUMNS,
-    NVTX_COLUMNS,
-    NsysExport,
-    NsysFormatError,
-    NsysSchemaWarning,
-    decode_pid,
-    decode_tid,
-    strip_api_version,
-)
-from nccltrace.nsys.writer import (
-    DEFAULT_PRODUCT_VERSION,
-    PAYLOAD_MODES,
-    SCHEMA_VERSIONS,
-    NcclPayloadSchemas,
-    NsysExportWriter,
-    PayloadEntry,
-    PayloadEnum,
-    PayloadSchema,
-    encode_global_pid,
-    encode_global_tid,
-    nccl_payload_schemas,
-    sanitize_column_name,
-)
-
-__all__ = [
-    "DEFAULT_PRODUCT_VERSION",
-    "KERNEL_COLUMNS",
-    "KNOWN_SCHEMA_VERSIONS",
-    "NCCL_ENTRY_COLUMNS",
-    "NVTX_COLUMNS",
-    "PAYLOAD_MODES",
-    "SCHEMA_VERSIONS",
-    "NcclPayloadSchemas",
-    "NsysExport",
-    "NsysExportWriter",
-    "NsysFormatError",
-    "NsysSchemaWarning",
-    "PayloadEntry",
-    "PayloadEnum",
-    "PayloadSchema",
-    "decode_pid",
-    "decode_tid",
-    "encode_global_pid",
-    "encode_global_tid",
-    "nccl_payload_schemas",
-    "sanitize_column_name",
-    "strip_api_version",
-]
+Imports nothing: a module that reads exports does not carry the writer into its code stamp
+(and the reverse); import the module you use.
+"""

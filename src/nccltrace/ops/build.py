@@ -23,8 +23,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from nccltrace.align.correlate import ALIGNMENT_SCHEMA
 from nccltrace.align.quality import CROSS_RANK_REASON, INFORMATIONAL_CHECKS, P2P_REASON
+from nccltrace.align.schema import ALIGNMENT_SCHEMA
 from nccltrace.communicators.infer import run_world_size
 from nccltrace.core.settings import RunSettings
 from nccltrace.core.spill import PartSpill

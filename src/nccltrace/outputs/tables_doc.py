@@ -27,8 +27,8 @@ _KERNEL_SOURCE_DOCS = {
 def documented_schemas() -> dict[str, pa.Schema]:
     """Every table the package writes, by documented name: the one registry ``tables-doc``
     renders and :func:`documented_schema_of` looks written files up in."""
-    from nccltrace.align.correlate import ALIGNMENT_SCHEMA
     from nccltrace.align.quality import QUALITY_SCHEMA
+    from nccltrace.align.schema import ALIGNMENT_SCHEMA
     from nccltrace.communicators.labels import LABEL_SCHEMA
     from nccltrace.communicators.schema import COMMUNICATOR_SCHEMA, MEMBER_SCHEMA
     from nccltrace.metrics.compute import TABLE_SCHEMAS as METRICS_SCHEMAS

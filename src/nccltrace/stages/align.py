@@ -13,15 +13,16 @@ from typing import Any
 import pandas as pd
 import pyarrow.parquet as pq
 
-from nccltrace.align.correlate import NO_EXPORT_REASON, align_files, process_key
+from nccltrace.align.correlate import align_files
 from nccltrace.align.quality import (
     QUALITY_FILE,
     quality_findings,
     quality_problems,
     read_quality,
 )
+from nccltrace.align.schema import NO_EXPORT_REASON
 from nccltrace.align.tuning_carry import read_donor_facts, tuning_donors
-from nccltrace.core.layout import RunLayout, process_name
+from nccltrace.core.layout import RunLayout, process_key, process_name
 from nccltrace.core.provenance import write_manifest
 from nccltrace.core.tables import read_table
 from nccltrace.stages import StageResult

@@ -17,8 +17,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from nccltrace.acquisition.raw import WORKFLOW_REMEDY, Remedy, missing_export_problem
-from nccltrace.align.correlate import process_key
-from nccltrace.core.layout import RunLayout
+from nccltrace.core.layout import RunLayout, process_key
 from nccltrace.core.provenance import write_manifest
 from nccltrace.core.settings import RunSettings
 from nccltrace.core.tables import write_json_atomic
