@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from nccltrace import __version__
+from nccltrace.acquisition.status import write_status
 
 
 class RawImportError(ValueError):
@@ -35,18 +36,6 @@ def link_or_copy(src: Path, dst: Path) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
-
-
-def write_status(raw: Path, status: str, reason: str | None = None, **extra: Any) -> None:
-    (raw / "status.json").write_text(json.dumps({"status": status, "reason": reason, **extra}, indent=2))
-
-
-def read_status(raw: Path | str) -> dict[str, Any]:
-    """The acquisition status of a raw directory; runs made before status files existed are ok."""
-    p = Path(raw) / "status.json"
-    if not p.is_file():
-        return {"status": "ok", "reason": None}
-    return json.loads(p.read_text())
 
 
 def write_run_yaml(raw: Path, run_id: str, settings: Mapping[str, Any], generator: str) -> None:
@@ -146,41 +135,6 @@ def _owner(stem: str, hosts: set[str]) -> str | None:
     return max(prefixed, key=len) if prefixed else None
 
 
-REDO_HINT = "then delete this run's raw/ directory and re-run snakemake"
-
-
-@dataclass(frozen=True)
-class Remedy:
-    """How the front end in use tells a user to supply a missing input and redo the analysis:
-    the workflow re-imports a run's raw/ directory, ``nccltrace analyze`` reads a directory."""
-
-    inputs_dir: str
-    redo: str
-
-
-WORKFLOW_REMEDY = Remedy("the run's import_dir (or raw/nsys/)", REDO_HINT)
-ANALYZE_REMEDY = Remedy("the input directory beside the logs", "then run `nccltrace analyze` again")
-
-
-def export_hint(host: str, remedy: Remedy = WORKFLOW_REMEDY) -> str:
-    """What to do about a node whose export is missing or unusable."""
-    return (f"re-create it with `nsys export --type sqlite --output {host}.sqlite {host}.nsys-rep` (profile with "
-            f"`nsys profile --trace=cuda,nvtx`), put it in {remedy.inputs_dir}, {remedy.redo}")
-
-
-def missing_export_problem(host: str, remedy: Remedy = WORKFLOW_REMEDY) -> str:
-    """The message of a node that has NCCL logs but no export (one text wherever said). ``nccltrace
-    analyze`` also reads PyTorch-profiler traces, so its message names both kinds of kernel trace."""
-    if remedy == ANALYZE_REMEDY:
-        from nccltrace.inputs.kernel_sources import CAPTURE_HINT
-
-        return (f"node {host}: no kernel trace for its rank log(s) (no nsys export {host}.sqlite, no PyTorch-profiler "
-                f"trace of its processes): the calls of its ranks have no kernel times (reason 'no_export'); to get "
-                f"them, {CAPTURE_HINT}, then run `nccltrace analyze` again")
-    return (f"node {host}: no nsys export ({host}.sqlite) for its rank log(s): the calls of its ranks have no "
-            f"kernel times (reason 'no_export'); {export_hint(host, remedy)}")
-
-
 def record_failed_import(raw: Path | str, *, run_id: str, settings: Mapping[str, Any], reason: str) -> None:
     """A raw directory for a run whose import failed: ``status: failed`` with the reason (the
     campaign report lists the run with it) and the run's settings; no logs, no exports."""
@@ -270,22 +224,8 @@ def import_raw(source: Path | str, raw: Path | str, *, run_id: str, settings: Ma
                            "directory holding the run's NCCL logs and nsys exports")
     files = sorted(p for p in source.rglob("*") if p.is_file())
     partial = _fresh(raw)
-    # Logs by content, as `nccltrace analyze` finds them: any name, .gz, one per process or one
-    # combined stdout of all ranks (split per process into the raw directory).
-    from nccltrace.inputs.logs import discover_logs
-
-    try:
-        found = discover_logs([source], partial / "nccl")
-    except ValueError as e:
-        raise RawImportError(f"import_dir {source}: {e}") from None
-    if not found.logs:
-        raise RawImportError(f"import_dir {source}: no NCCL debug log found (a file whose lines contain "
-                           "'host:pid:tid [dev] NCCL INFO'); was the run made with NCCL_DEBUG=INFO and NCCL_DEBUG_FILE?")
+    found, logs = _discover_import_logs(source, partial)
     ignored: list[str] = [str(q.relative_to(source)) for q in found.ignored if q.is_relative_to(source)]
-    logs = {}
-    for stem, q in found.logs.items():
-        host, _, pid = stem[len("nccl_"):].rpartition("_")
-        logs[(host, int(pid))] = q
     sqlites = [p for p in files if p.suffix == ".sqlite"]
     warnings: list[str] = [f"import: {n}" for n in found.notes()]
     for p in files:
@@ -294,38 +234,14 @@ def import_raw(source: Path | str, raw: Path | str, *, run_id: str, settings: Ma
             warnings.append(f"import: ignored {p.relative_to(source)} (left over by an interrupted export or copy; "
                             "not an export)")
     reports = [p for p in files if p.suffix in (".nsys-rep", ".qdrep", ".qdstrm")]
-    exported = {p.stem for p in sqlites}
     for (host, pid), p in sorted(logs.items()):
         if p.parent != partial / "nccl":  # logs split by discovery are written there already
             link_or_copy(p, partial / "nccl" / f"nccl_{host}_{pid}.log")
     for p in files:
         if p.suffix == ".xml":
             link_or_copy(p, partial / "nccl" / p.name)
-    # Flight Recorder dumps (any name, found by content): the ops stage names process groups from them
-    from nccltrace.pytorch.flight_recorder import (
-        FlightRecorderError,
-        pickle_files,
-        read_dump,
-    )
-
-    for i, p in enumerate(pickle_files(source)):
-        try:
-            read_dump(p)
-        except FlightRecorderError as e:
-            warnings.append(f"import: not used as a Flight Recorder dump: {e}")
-            continue
-        (partial / "flight_recorder").mkdir(exist_ok=True)
-        link_or_copy(p, partial / "flight_recorder" / f"{i:05d}_{p.name}")
-    records = []
-    for rep in reports:
-        link_or_copy(rep, partial / "nsys" / rep.name)
-        if rep.stem not in exported:
-            from nccltrace.acquisition.nsys_export import export_report
-
-            out = partial / "nsys" / f"{rep.stem}.sqlite"
-            records.append(export_report(rep, out, nsys=nsys).to_dict())
-            sqlites.append(out)
-            exported.add(rep.stem)
+    _import_flight_recorder(source, partial, warnings)
+    records = _import_reports(reports, partial, sqlites, nsys)
     if not sqlites:
         raise RawImportError(f"import_dir {source}: no nsys export (*.sqlite) or report (*.nsys-rep) found; "
                            "profile with nsys profile --trace=cuda,nvtx and copy the reports")
@@ -334,17 +250,7 @@ def import_raw(source: Path | str, raw: Path | str, *, run_id: str, settings: Ma
     names, unusable = assigned.exports, assigned.unusable
     ignored += assigned.ignored
     warnings += assigned.warnings
-    for name, p in names.items():
-        # a node with one export per process keeps them all, in nsys/<host>/ (RunLayout.raw_exports)
-        extra = assigned.more.get(name, [])
-        for i, src in enumerate([p, *extra]):
-            dst = (partial / "nsys" / name / f"{i:03d}_{src.name}") if extra else (partial / "nsys" / f"{name}.sqlite")
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            if src.parent != dst.parent or src.name != dst.name:
-                if src.is_relative_to(partial):
-                    os.replace(src, dst)
-                else:
-                    link_or_copy(src, dst)
+    _place_exports(assigned, partial)
     if not hosts_logs & set(names):
         raise RawImportError(f"import_dir {source}: the exports are of hosts {sorted(names)} but the NCCL logs of "
                            f"{sorted(hosts_logs)}; name each export <host>.sqlite after the host in the log lines")
@@ -361,3 +267,74 @@ def import_raw(source: Path | str, raw: Path | str, *, run_id: str, settings: Ma
     write_status(partial, "ok", warnings=warnings, problems=found.problems(), unusable_exports=unusable)
     _finish(partial, raw)
     return record
+
+
+def _discover_import_logs(source: Path, partial: Path) -> tuple[Any, dict[tuple[str, int], Path]]:
+    """The NCCL logs of ``source`` by content, as ``nccltrace analyze`` finds them: any name, .gz,
+    one per process or one combined stdout of all ranks (split per process into the raw
+    directory). Returns the discovery and its logs by (host, pid)."""
+    from nccltrace.inputs.logs import discover_logs
+
+    try:
+        found = discover_logs([source], partial / "nccl")
+    except ValueError as e:
+        raise RawImportError(f"import_dir {source}: {e}") from None
+    if not found.logs:
+        raise RawImportError(f"import_dir {source}: no NCCL debug log found (a file whose lines contain "
+                           "'host:pid:tid [dev] NCCL INFO'); was the run made with NCCL_DEBUG=INFO and NCCL_DEBUG_FILE?")
+    logs = {}
+    for stem, q in found.logs.items():
+        host, _, pid = stem[len("nccl_"):].rpartition("_")
+        logs[(host, int(pid))] = q
+    return found, logs
+
+
+def _import_flight_recorder(source: Path, partial: Path, warnings: list[str]) -> None:
+    """Flight Recorder dumps (any name, found by content) into raw/flight_recorder: the ops stage
+    names process groups from them. A file that does not read as a dump is a warning."""
+    from nccltrace.pytorch.flight_recorder import (
+        FlightRecorderError,
+        pickle_files,
+        read_dump,
+    )
+
+    for i, p in enumerate(pickle_files(source)):
+        try:
+            read_dump(p)
+        except FlightRecorderError as e:
+            warnings.append(f"import: not used as a Flight Recorder dump: {e}")
+            continue
+        (partial / "flight_recorder").mkdir(exist_ok=True)
+        link_or_copy(p, partial / "flight_recorder" / f"{i:05d}_{p.name}")
+
+
+def _import_reports(reports: list[Path], partial: Path, sqlites: list[Path], nsys: str) -> list[dict]:
+    """Copy the nsys reports; export each that has no export beside it (appended to
+    ``sqlites``). Returns the export records."""
+    exported = {p.stem for p in sqlites}
+    records = []
+    for rep in reports:
+        link_or_copy(rep, partial / "nsys" / rep.name)
+        if rep.stem not in exported:
+            from nccltrace.acquisition.nsys_export import export_report
+
+            out = partial / "nsys" / f"{rep.stem}.sqlite"
+            records.append(export_report(rep, out, nsys=nsys).to_dict())
+            sqlites.append(out)
+            exported.add(rep.stem)
+    return records
+
+
+def _place_exports(assigned: ExportAssignment, partial: Path) -> None:
+    """Each node's export as nsys/<host>.sqlite; a node with one export per process keeps them
+    all, in nsys/<host>/ (RunLayout.raw_exports)."""
+    for name, p in assigned.exports.items():
+        extra = assigned.more.get(name, [])
+        for i, src in enumerate([p, *extra]):
+            dst = (partial / "nsys" / name / f"{i:03d}_{src.name}") if extra else (partial / "nsys" / f"{name}.sqlite")
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if src.parent != dst.parent or src.name != dst.name:
+                if src.is_relative_to(partial):
+                    os.replace(src, dst)
+                else:
+                    link_or_copy(src, dst)
