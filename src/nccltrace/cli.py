@@ -18,17 +18,16 @@ def _progress_bar(total: int, desc: str, enabled: bool):
 
 
 def cmd_parse_nccl(args: argparse.Namespace) -> int:
-    from nccltrace.core.provenance import write_manifest
-    from nccltrace.nccl.log_reader import find_log_files, parse_logs
+    from nccltrace.nccl.log_reader import find_log_files
+    from nccltrace.stages.parse_nccl import run_parse_nccl
 
     files = find_log_files(Path(p) for p in args.paths)
     if not files:
         raise FileNotFoundError(f"no NCCL log files (*.log, *.txt, *.out, *nccl*) in {', '.join(args.paths)}")
     total = sum(f.stat().st_size for f in files)
     with _progress_bar(total, "parse NCCL logs", not args.quiet) as bar:
-        report = parse_logs(files, args.out, progress=bar.update)
-    write_manifest(Path(args.out) / "manifest.json", stage="parse_nccl", inputs=files,
-                   outputs=[Path(args.out)], partial=report.partial)
+        result = run_parse_nccl(files, args.out, progress=bar.update)
+    report = result.details["report"]
     totals = report.counts
     print(
         f"{len(report.files)} file(s): {totals['call']} calls ({totals['call_duplicate']} duplicates collapsed), "
@@ -38,7 +37,9 @@ def cmd_parse_nccl(args: argparse.Namespace) -> int:
     for f in report.files:
         for issue in f.issues:
             print(f"{issue['severity']}: {f.file}:{issue['line'] or '-'}: {issue['message']}", file=sys.stderr)
-    return 2 if report.partial and args.strict else 0
+    for problem in result.details["cut"]:
+        print(f"warning: {problem}", file=sys.stderr)
+    return 2 if result.partial and args.strict else 0
 
 
 def cmd_parse_nsys(args: argparse.Namespace) -> int:
@@ -237,28 +238,38 @@ def cmd_align(args: argparse.Namespace) -> int:
 
     import pyarrow.parquet as pq
 
-    from nccltrace.align.correlate import align_files
-    from nccltrace.core.provenance import write_manifest
-    from nccltrace.stages.align import alignment_summary
+    from nccltrace.core.layout import (
+        ALIGNMENT_FILE,
+        ALIGNMENT_QUALITY_FILE,
+        CALLS_FILE,
+        KERNELS_FILE,
+        LAUNCHES_FILE,
+        MANIFEST_FILE,
+        NVTX_FILE,
+        SESSION_FILE,
+    )
+    from nccltrace.stages.align import AlignFiles, align_process_files
 
-    calls = _table_in(args.calls, "calls.parquet")
-    kernels = _table_in(args.kernels, "kernels.parquet")
+    calls = _table_in(args.calls, CALLS_FILE)
+    kernels = _table_in(args.kernels, KERNELS_FILE)
     beside = kernels.parent
-    session = Path(args.session) if args.session else beside / "session.json"
+    session = Path(args.session) if args.session else beside / SESSION_FILE
     if args.session and not session.exists():
         raise FileNotFoundError(f"{session}: no such session file")
-    launches = Path(args.launches) if args.launches else beside / "launches_without_kernel.parquet"
+    launches = Path(args.launches) if args.launches else beside / LAUNCHES_FILE
     nvtx = None
     if args.mode == "exact":
-        nvtx = Path(args.nvtx) if args.nvtx else beside / "nvtx.parquet"
+        nvtx = Path(args.nvtx) if args.nvtx else beside / NVTX_FILE
         if not nvtx.exists():
-            raise FileNotFoundError(f"{nvtx}: exact mode needs the export's nvtx.parquet (pass --nvtx)")
+            raise FileNotFoundError(f"{nvtx}: exact mode needs the export's {NVTX_FILE} (pass --nvtx)")
     out = Path(args.out)
-    dest = out if out.suffix == ".parquet" else out / "alignment.parquet"
+    dest = out if out.suffix == ".parquet" else out / ALIGNMENT_FILE
     pids = pq.read_table(calls, columns=["pid"]).column("pid").unique().drop_null().to_pylist()
     if args.pid is None and len(pids) > 1:
         raise ValueError(f"{calls} holds the calls of {len(pids)} processes (pids {', '.join(map(str, pids[:6]))}"
                          f"{', ...' if len(pids) > 6 else ''}); pass --pid or one process's parse-nccl directory")
+    # A named output file gets its own manifest rather than a shared one beside it.
+    manifest = dest.parent / (MANIFEST_FILE if out.suffix != ".parquet" else f"{dest.stem}.{MANIFEST_FILE}")
     with tempfile.TemporaryDirectory(prefix="nccltrace-align-") as tmp:
         calls_used = calls
         if args.pid is not None:
@@ -266,18 +277,19 @@ def cmd_align(args: argparse.Namespace) -> int:
             t = pq.read_table(calls, filters=[("pid", "=", args.pid)])
             if t.num_rows == 0:
                 raise ValueError(f"{calls}: no calls of pid {args.pid}")
-            calls_used = Path(tmp) / "calls.parquet"
+            calls_used = Path(tmp) / CALLS_FILE
             pq.write_table(t, calls_used)
-        table = align_files(calls_used, kernels, session if session.exists() else None, dest, mode=args.mode,
-                            nvtx_path=nvtx, launches_path=launches if launches.exists() else None, pid=args.pid)
-    summary = alignment_summary(table, args.mode)
-    # A named output file gets its own manifest rather than a shared manifest.json beside it.
-    manifest = dest.parent / ("manifest.json" if out.suffix != ".parquet" else f"{dest.stem}.manifest.json")
-    write_manifest(manifest, stage="align", inputs=[calls, kernels, session], outputs=[dest],
-                   config={"mode": args.mode, "pid": args.pid}, extra={"summary": summary})
+        files = AlignFiles(calls_used, kernels, session if session.exists() else None,
+                           launches if launches.exists() else None, nvtx, dest, dest.parent / ALIGNMENT_QUALITY_FILE,
+                           manifest, listed_calls=calls)  # fmt: skip
+        result = align_process_files(files, calls.parent.name, beside.name, mode=args.mode, pid=args.pid,
+                                     config={"mode": args.mode, "pid": args.pid})  # fmt: skip
+    summary = result.details["summary"]
     reasons = ", ".join(f"{k} {v}" for k, v in summary["unmatched_by_reason"].items()) or "none"
     print(f"{summary['calls']} calls, {summary['matched']} matched; unmatched: {reasons}; "
           f"{summary['kernels_without_call']} kernels without a call -> {dest}")
+    for problem in result.problems:
+        print(f"warning: {problem}", file=sys.stderr)
     if summary["calls"] and not summary["matched"] and not summary["kernels_without_call"]:
         print(f"warning: {kernels} has no NCCL kernel of this process; is it the export of the process's node?",
               file=sys.stderr)

@@ -8,6 +8,8 @@ reason naming the process and its node."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -15,19 +17,26 @@ import pyarrow.parquet as pq
 
 from nccltrace.align.correlate import align_files
 from nccltrace.align.quality import (
-    QUALITY_FILE,
     quality_findings,
     quality_problems,
     read_quality,
 )
 from nccltrace.align.schema import NO_EXPORT_REASON
 from nccltrace.align.tuning_carry import read_donor_facts, tuning_donors
-from nccltrace.core.layout import RunLayout, process_key, process_name
+from nccltrace.core.layout import (
+    CALLS_FILE,
+    KERNELS_FILE,
+    LAUNCHES_FILE,
+    NVTX_FILE,
+    RunLayout,
+    process_key,
+    process_name,
+)
 from nccltrace.core.provenance import write_manifest
 from nccltrace.core.tables import read_table
 from nccltrace.stages import StageResult
 
-__all__ = ["alignment_summary", "run_align"]
+__all__ = ["AlignFiles", "align_process_files", "alignment_summary", "run_align"]
 
 
 def alignment_summary(table: pd.DataFrame, mode: str) -> dict[str, Any]:
@@ -42,25 +51,58 @@ def alignment_summary(table: pd.DataFrame, mode: str) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class AlignFiles:
+    """The files one process's alignment reads and writes: the run's layout gives them
+    (:func:`run_align`), ``nccltrace align`` takes them from its arguments."""
+
+    calls: Path  # the process's parsed calls
+    kernels: Path  # its node's parsed kernels
+    session: Path | None  # the export's session record (None: none given)
+    launches: Path | None  # launches without a kernel (None: not read)
+    nvtx: Path | None  # NVTX ranges (None: not read)
+    table: Path  # the alignment table written
+    quality: Path  # the alignment-quality record written
+    manifest: Path
+    listed_calls: Path | None = None  # the calls the manifest names, when ``calls`` is a filtered copy
+
+    @classmethod
+    def of_run(cls, layout: RunLayout, proc: str, host: str, *, nvtx: bool = True) -> AlignFiles:
+        """Process ``proc``'s files in a run (``nvtx``: read the export's NVTX ranges)."""
+        nsys, out = layout.parsed_nsys(host), layout.aligned(proc)
+        return cls(layout.parsed_nccl(proc) / CALLS_FILE, nsys / KERNELS_FILE, layout.session(host),
+                   nsys / LAUNCHES_FILE, nsys / NVTX_FILE if nvtx else None, layout.alignment(proc),
+                   layout.alignment_quality(proc), layout.manifest(out))  # fmt: skip
+
+
 def run_align(layout: RunLayout, proc: str, host: str, *, mode: str = "default", nccl_version: str | None = None,
               capture_steps: tuple[int, int] | None = None) -> StageResult:  # fmt: skip
     """Align process ``proc`` (``parsed/nccl/<proc>/``) with node ``host``'s parsed export
     (``parsed/nsys/<host>/``) into ``aligned/<proc>/``. ``capture_steps``: the captured steps
     of a step-window capture (0-based loop indices, see :func:`~nccltrace.align.correlate.align_process`)."""
-    calls = layout.parsed_nccl(proc) / "calls.parquet"
-    nsys = layout.parsed_nsys(host)
-    out = layout.aligned(proc)
-    session = json.loads((nsys / "session.json").read_text())
-    available = session.get("available", True)
+    files = AlignFiles.of_run(layout, proc, host)
     # The pid of the calls is the process's own; a log with no call lines carries none, so its
     # name gives it. (Given no pid, lines of another process in the file are found and set aside.)
-    pid = None if pq.read_metadata(calls).num_rows else process_key(proc)[1]
-    table = align_files(calls, nsys / "kernels.parquet", nsys / "session.json", out / "alignment.parquet", mode=mode,
-                        launches_path=nsys / "launches_without_kernel.parquet",
-                        nvtx_path=nsys / "nvtx.parquet" if available else None,
+    pid = None if pq.read_metadata(files.calls).num_rows else process_key(proc)[1]
+    return align_process_files(files, proc, host, mode=mode, pid=pid, nccl_version=nccl_version,
+                               capture_steps=capture_steps, carried_tuning=_rank0_tuning(layout, proc))  # fmt: skip
+
+
+def align_process_files(files: AlignFiles, proc: str, host: str, *, mode: str = "default", pid: int | None = None,
+                        nccl_version: str | None = None, capture_steps: tuple[int, int] | None = None,
+                        carried_tuning: dict[int, pd.DataFrame] | None = None,
+                        config: dict[str, Any] | None = None) -> StageResult:  # fmt: skip
+    """The align stage on explicit files: align, judge the result (partial and why), write the
+    manifest. ``proc``/``host`` name the process and its node in the messages; ``config``: what
+    the manifest records of the call (default: the mode). An export the session marks
+    unavailable gives every call that needed a kernel the reason ``no_export``."""
+    session = json.loads(files.session.read_text()) if files.session is not None else {}
+    available = session.get("available", True)
+    table = align_files(files.calls, files.kernels, files.session, files.table, mode=mode,
+                        launches_path=files.launches, nvtx_path=files.nvtx if available else None,
                         nccl_version=str(nccl_version) if nccl_version else None, pid=pid,
-                        export_available=available, quality_path=out / QUALITY_FILE,
-                        capture_steps=capture_steps, carried_tuning=_rank0_tuning(layout, proc))  # fmt: skip
+                        export_available=available, quality_path=files.quality,
+                        capture_steps=capture_steps, carried_tuning=carried_tuning)  # fmt: skip
     summary = alignment_summary(table, mode)
     calls_tab = table[table["row_kind"] == "call"]
     # calls that launch a kernel: not duplicate lines, not calls on single-rank communicators
@@ -70,19 +112,19 @@ def run_align(layout: RunLayout, proc: str, host: str, *, mode: str = "default",
         # the cause (which file, what is wrong) comes with the export's manifest, once per node
         problems.append(f"{proc}: {summary['unmatched_by_reason'].get(NO_EXPORT_REASON, 0)} calls have no kernel "
                         f"(reason '{NO_EXPORT_REASON}': no usable nsys export of node {host})")
-    problems += quality_problems(proc, read_quality(out / QUALITY_FILE))
+    record = read_quality(files.quality)
+    problems += quality_problems(proc, record)
     if available and needing and not summary["matched"] and not problems:
         problems.append(f"{proc}: none of its {needing} calls matched a kernel of node {host}'s export "
                         f"({session.get('source_file', host + '.sqlite')}); no times or bandwidths for this rank")
-    record = read_quality(out / QUALITY_FILE)
     notes = _window_notes(proc, record) + quality_findings(proc, record)
-    outputs = [out / "alignment.parquet", out / QUALITY_FILE]
+    outputs = [files.table, files.quality]
     # the members table is read too (rank 0's TUNING lines), but not listed: a manifest takes
     # its inputs' partial flags, and another node's missing export must not mark this one partial
-    inputs = [calls, nsys / "kernels.parquet", nsys / "session.json"]
-    write_manifest(layout.manifest(out), stage="align", inputs=inputs,
-                   outputs=outputs, config={"mode": mode}, partial=bool(problems), reasons=problems,
-                   extra={"summary": summary})
+    inputs = [p for p in (files.listed_calls or files.calls, files.kernels, files.session) if p is not None]
+    write_manifest(files.manifest, stage="align", inputs=inputs, outputs=outputs,
+                   config=config if config is not None else {"mode": mode}, partial=bool(problems),
+                   reasons=problems, extra={"summary": summary})  # fmt: skip
     return StageResult("align", outputs, bool(problems), problems, str(summary), notes, details={"summary": summary})
 
 

@@ -6,11 +6,11 @@ did; the reasons name the file, the line and what is lost."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from nccltrace.core.layout import LOG_ORIGIN_FILE
+from nccltrace.core.layout import LOG_ORIGIN_FILE, MANIFEST_FILE, PARSE_REPORT_FILE
 from nccltrace.core.provenance import write_manifest
 from nccltrace.core.settings import RunSettings
 from nccltrace.core.tables import write_json_atomic
@@ -45,6 +45,14 @@ def log_problems(report: ParseReport | Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _cut_problem(log_file: Path, report: ParseReport) -> str:
+    """The problem of a log that ends mid-line (its last record is lost)."""
+    lines = next((f.lines for f in report.files if Path(f.file).name == log_file.name), "?")
+    return (f"{log_file.name}: ends mid-line (line {lines}): the process was killed while writing its log, or the "
+            "copy is incomplete; its last record is lost and its calls after that point are missing (their kernels "
+            "have no log line). Copy the log again if the copy was cut")
+
+
 def _log_origin(log_file: Path) -> dict[str, Any] | None:
     import json
 
@@ -59,32 +67,35 @@ def _log_origin(log_file: Path) -> dict[str, Any] | None:
     return out if any(out.values()) else None
 
 
-def run_parse_nccl(log_file: Path | str, out_dir: Path | str, settings: RunSettings | Mapping[str, Any] | None = None
-                   ) -> StageResult:  # fmt: skip
+def run_parse_nccl(log_file: Path | str | Sequence[Path | str], out_dir: Path | str,
+                   settings: RunSettings | Mapping[str, Any] | None = None, *,
+                   progress: Callable[[int], None] | None = None) -> StageResult:  # fmt: skip
     """Parse ``log_file`` (one process's NCCL log) into ``out_dir``: the tables of
-    :data:`~nccltrace.nccl.log_reader.TABLE_NAMES`, ``parse_report.json`` and the manifest."""
-    log_file, out = Path(log_file), Path(out_dir)
-    report = parse_logs([log_file], out, base=log_file.parent)
-    cut = _ends_mid_line(log_file)
+    :data:`~nccltrace.nccl.log_reader.TABLE_NAMES`, ``parse_report.json`` and the manifest.
+    Several logs (``nccltrace parse-nccl`` of a directory) give one set of tables. The
+    :class:`~nccltrace.nccl.log_reader.ParseReport` is ``details["report"]``; the problems of
+    logs that end mid-line also ``details["cut"]``. ``progress``: called with bytes consumed."""
+    logs = [Path(log_file)] if isinstance(log_file, (str, Path)) else [Path(f) for f in log_file]
+    out = Path(out_dir)
+    report = parse_logs(logs, out, base=logs[0].parent if len(logs) == 1 else None, progress=progress)
     problems = log_problems(report) if report.partial else []
-    if cut:
-        lines = report.files[0].lines if report.files else "?"
-        problems.append(f"{log_file.name}: ends mid-line (line {lines}): the process was killed while writing its "
-                        "log, or the copy is incomplete; its last record is lost and its calls after that point are "
-                        "missing (their kernels have no log line). Copy the log again if the copy was cut")
+    cut = [_cut_problem(f, report) for f in logs if _ends_mid_line(f)]
+    problems += cut
     counts = report.counts
     notes = []
     if not (counts["call"] or counts["init"] or counts["split"]):
-        notes.append(f"{log_file.name} has no NCCL call or init lines (NCCL_DEBUG=INFO not set, or a rank that never "
+        what = logs[0].name if len(logs) == 1 else f"{len(logs)} logs"
+        notes.append(f"{what} has no NCCL call or init lines (NCCL_DEBUG=INFO not set, or a rank that never "
                      "reached NCCL?)")
-    outputs = [out / f"{name}.parquet" for name in TABLE_NAMES] + [out / "parse_report.json"]
-    origin = _log_origin(log_file)
+    outputs = [out / f"{name}.parquet" for name in TABLE_NAMES] + [out / PARSE_REPORT_FILE]
+    origin = _log_origin(logs[0]) if len(logs) == 1 else None  # the origin of one process's log
     if origin is not None:  # where log discovery found the lines: evidence of the global rank
         write_json_atomic(out / LOG_ORIGIN_FILE, origin)
         outputs.append(out / LOG_ORIGIN_FILE)
     else:
         (out / LOG_ORIGIN_FILE).unlink(missing_ok=True)
-    partial = report.partial or cut
-    write_manifest(out / "manifest.json", stage="parse_nccl", inputs=[log_file], outputs=outputs, partial=partial,
+    partial = report.partial or bool(cut)
+    write_manifest(out / MANIFEST_FILE, stage="parse_nccl", inputs=logs, outputs=outputs, partial=partial,
                    reasons=problems, config=dict(settings or {}))
-    return StageResult("parse_nccl", outputs, partial, problems, str(dict(sorted(counts.items()))), notes)
+    return StageResult("parse_nccl", outputs, partial, problems, str(dict(sorted(counts.items()))), notes,
+                       details={"report": report, "cut": cut})
