@@ -375,14 +375,14 @@ def cmd_trace(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="nccltrace",
-        description="Per-operation NCCL communication analysis: NCCL debug logs fused with Nsight Systems traces.",
-    )
-    p.add_argument("--version", action="version", version=f"nccltrace {__version__}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def _add_size_flags(s: argparse.ArgumentParser) -> None:
+    """The declared-size flags (--tp N, ...) of the commands that take run settings."""
+    for name, what in _SIZE_FLAGS:
+        s.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, metavar="N", help=what)
 
+
+def _add_parse_commands(sub: argparse._SubParsersAction) -> None:
+    """parse-nccl, parse-nsys, parse-kineto: one input format into its tables."""
     s = sub.add_parser("parse-nccl", help="parse NCCL debug logs into Parquet tables + parse report",
                        description="Parse NCCL_DEBUG=INFO logs (files or directories) into the documented tables "
                                    "(calls, comms, tuning, topology, ...) and parse_report.json.")
@@ -411,6 +411,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--out", required=True, help="output directory (one subdirectory per trace if several)")
     s.set_defaults(func=cmd_parse_kineto)
 
+
+def _add_emulate_command(sub: argparse._SubParsersAction) -> None:
+    """emulate: the raw outputs of a run, from the emulator."""
     s = sub.add_parser("emulate", help="emulate a Megatron-LM run: NCCL logs, nsys exports, ground truth",
                        description="Produce the raw outputs a real run would leave, from a run config YAML or "
                                    "from a run id of a campaign (--campaign).")
@@ -420,6 +423,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_emulate)
 
+
+def _add_layout_commands(sub: argparse._SubParsersAction) -> None:
+    """communicators, infer-layout: who talks to whom, and Megatron's layout from it."""
     s = sub.add_parser("communicators", help="logical communicators and global ranks from init/split lines",
                        description="Group the init/split lines of parsed NCCL logs (one directory per process, or "
                                    "one for all) into logical communicators with member global ranks.")
@@ -427,8 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--out", required=True, help="output directory")
     s.add_argument("--settings", help="YAML with run settings / declared sizes: where no communicator spans every "
                    "rank, the global ranks are solved from the communicators' structure against these sizes")
-    for name, what in _SIZE_FLAGS:
-        s.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, metavar="N", help=what)
+    _add_size_flags(s)
     s.set_defaults(func=cmd_communicators)
 
     # A light module: numpy loads only when the subcommand runs.
@@ -439,6 +444,9 @@ def build_parser() -> argparse.ArgumentParser:
     infer_layout.add_arguments(s)
     s.set_defaults(func=infer_layout.cmd_infer_layout)
 
+
+def _add_analyze_command(sub: argparse._SubParsersAction) -> None:
+    """analyze: every stage on one run's raw directory."""
     s = sub.add_parser("analyze", help="run every stage on one run's raw directory (no Snakemake)",
                        description="Run every stage the workflow runs for one run, through the report: parse "
                                    "the NCCL logs and nsys exports, infer communicators, align calls with kernels "
@@ -459,8 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mode", choices=("default", "thesis", "exact"), default="default",
                    help="alignment mode (exact needs NCCL NVTX payloads in the exports; default: %(default)s)")
     s.add_argument("--settings", help="YAML with run settings / declared sizes (tp, pp, ...; a run.yaml works)")
-    for name, what in _SIZE_FLAGS:
-        s.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, metavar="N", help=what)
+    _add_size_flags(s)
     s.add_argument("--distributed-optimizer", action="store_true", help="the run used Megatron's distributed "
                    "optimizer")
     s.add_argument("--rank-in-log-name", metavar="PATTERN",
@@ -478,6 +485,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     s.set_defaults(func=cmd_analyze)
 
+
+def _add_align_command(sub: argparse._SubParsersAction) -> None:
+    """align: one process's calls with its node's kernels."""
     s = sub.add_parser("align", help="correlate one process's call lines with its node's kernels",
                        description="Align one process's parsed NCCL calls (calls.parquet from parse-nccl) with the "
                                    "NCCL kernels of its node's export (kernels.parquet from parse-nsys); session, "
@@ -495,6 +505,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--pid", type=int, help="the process to align when CALLS holds several")
     s.set_defaults(func=cmd_align)
 
+
+def _add_trace_command(sub: argparse._SubParsersAction) -> None:
+    """trace: Chrome traces of an analysed run."""
     s = sub.add_parser("trace", help="write Chrome traces of one analysed run (windows, per rank, summary)",
                        description="Write Chrome Trace Event files (open in ui.perfetto.dev) from a run directory "
                                    "the workflow or `nccltrace analyze` produced (ops/, parsed/, optional "
@@ -517,6 +530,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: %(default)s)")
     s.set_defaults(func=cmd_trace)
 
+
+def _add_campaign_commands(sub: argparse._SubParsersAction) -> None:
+    """validate, runs, tables-doc: accuracy, campaign runs, table documentation."""
     s = sub.add_parser("validate", help="print the accuracy figures against emulator ground truth",
                        description="Emulate scenarios and score the analysis against their ground truth: "
                                    "alignment (thesis table 4.5 beside ours; default mode on the example "
@@ -544,6 +560,20 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Render name, type, unit and meaning of every column of every table.")
     s.add_argument("-o", "--out", help="write to this file instead of stdout")
     s.set_defaults(func=cmd_tables_doc)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``nccltrace`` argument parser: one subcommand per stage or tool, in --help order."""
+    p = argparse.ArgumentParser(
+        prog="nccltrace",
+        description="Per-operation NCCL communication analysis: NCCL debug logs fused with Nsight Systems traces.",
+    )
+    p.add_argument("--version", action="version", version=f"nccltrace {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    for add in (_add_parse_commands, _add_emulate_command, _add_layout_commands, _add_analyze_command,
+                _add_align_command, _add_trace_command, _add_campaign_commands):
+        add(sub)
     return p
 
 
