@@ -1021,29 +1021,78 @@ def compute_run_metrics(
                       problems=_problems(part.counts, ctx))  # fmt: skip
 
 
+@dataclass(frozen=True)
+class _InstanceRows:
+    """Per call row: its instance code (-1 for none) and the times the instance figures use."""
+
+    codes: np.ndarray  # instance code per row, numbered in order of each instance's first row
+    keys: pd.Index  # instance key per code
+    has: np.ndarray  # bool: the row belongs to an instance
+    first_rows: np.ndarray  # the row of each instance's first call
+    s_start: np.ndarray  # int64 synchronised kernel start
+    s_end: np.ndarray  # int64 synchronised kernel end
+    matched: np.ndarray  # bool
+    synced: np.ndarray  # bool: matched with both synchronised times
+    dur: np.ndarray  # int64 kernel duration (>= 0)
+    rank: np.ndarray  # int64 global rank
+    rank_ok: np.ndarray  # bool: the global rank is known
+
+    @classmethod
+    def of(cls, calls: pd.DataFrame, timed: np.ndarray, dur: np.ndarray) -> _InstanceRows:
+        codes, keys = pd.factorize(calls["instance"].astype("string"), use_na_sentinel=True)
+        has = codes >= 0
+        # codes number instances in order of their first row, the order of the instances table
+        first_rows = np.unique(codes[has], return_index=True)[1]
+        first_rows = np.flatnonzero(has)[first_rows]
+        s_start, ss_ok = _i64(calls["kernel_start_sync"])
+        s_end, se_ok = _i64(calls["kernel_end_sync"])
+        matched = (calls["status"] == "matched").fillna(False).to_numpy(dtype=bool)
+        # the node-clock duration; the synchronised one where the node clock lacks it
+        dur = np.maximum(np.where(timed, dur, s_end - s_start), 0)
+        rank, rank_ok = _i64(calls["global_rank"])
+        return cls(codes, keys, has, first_rows, s_start, s_end, matched, matched & ss_ok & se_ok, dur, rank, rank_ok)
+
+
+@dataclass(frozen=True)
+class _CrossRank:
+    """The cross-rank figures of the rows of complete instances (``sel``), in row order."""
+
+    sel: np.ndarray  # bool per call row: in a complete instance
+    start: np.ndarray  # synchronised start of each selected row
+    first_start: np.ndarray  # its instance's first start
+    last_start: np.ndarray  # its instance's last start
+    wait: np.ndarray  # its wait for the last rank (ns)
+    transfer: np.ndarray  # its duration after the last rank arrived (ns)
+    stats: pd.DataFrame  # per instance code: first/last start and end, the straggler, the total wait
+
+
 def _instance_metrics(calls: pd.DataFrame, timed: np.ndarray, dur: np.ndarray, kernel_bus: np.ndarray,
                       counts: dict[str, int]) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray]:  # fmt: skip
     """Instances table, the per-row cross-rank columns and the row of each instance's first call
     (``timed``/``dur``: calls with a kernel of positive duration on the node clock;
     ``kernel_bus``: bus bytes of each call's kernel; ``counts``: receives the problem counts)."""
-    n = len(calls)
-    codes, keys = pd.factorize(calls["instance"].astype("string"), use_na_sentinel=True)
-    has = codes >= 0
-    # codes number instances in order of their first row, the order of the instances table
-    first_rows = np.unique(codes[has], return_index=True)[1]
-    first_rows = np.flatnonzero(has)[first_rows]
-    s_start, ss_ok = _i64(calls["kernel_start_sync"])
-    s_end, se_ok = _i64(calls["kernel_end_sync"])
-    matched = (calls["status"] == "matched").fillna(False).to_numpy(dtype=bool)
-    synced = matched & ss_ok & se_ok
-    # the node-clock duration; the synchronised one where the node clock lacks it
-    dur = np.maximum(np.where(timed, dur, s_end - s_start), 0)
-    rank, rank_ok = _i64(calls["global_rank"])
+    r = _InstanceRows.of(calls, timed, dur)
+    inst = _instance_table(calls, r)
+    complete = _classify_instances(inst)
+    cross = _cross_rank(r, inst.index[complete.to_numpy()].to_numpy())
+    counts["bad_transfer"] = int((cross.transfer <= 0).sum())
+    per_row = _per_row_figures(calls, r, cross, inst["status"], kernel_bus)
+    inst = _instance_figures(inst.join(cross.stats), r, cross.sel, timed, kernel_bus)
+    status_counts = inst["status"].value_counts()
+    counts["instances"] = len(inst)
+    for status in ("incomplete", "not_synced"):
+        counts[status] = int(status_counts.get(status, 0))
+    return coerce_to_schema(inst, INSTANCE_SCHEMA), per_row, r.first_rows
 
+
+def _instance_table(calls: pd.DataFrame, r: _InstanceRows) -> pd.DataFrame:
+    """Per instance code: its row counts (matched, synchronised, outside the capture), matched
+    ranks, unsynchronised hosts, and what its first call says (communicator, op, size)."""
+    has = r.has
     # calls a step-window capture left out by design (their kernels were never recorded)
     outside = (calls["reason"] == OUTSIDE_CAPTURE_REASON).fillna(False).to_numpy(dtype=bool)
-    rows = pd.DataFrame({"code": codes[has], "matched": matched[has], "synced": synced[has], "outside": outside[has],
-                         "rank": np.where(matched & rank_ok, rank, -1)[has],
+    rows = pd.DataFrame({"code": r.codes[has], "matched": r.matched[has], "synced": r.synced[has],
+                         "outside": outside[has], "rank": np.where(r.matched & r.rank_ok, r.rank, -1)[has],
                          "host": calls["host"].astype("string")[has].to_numpy()})  # fmt: skip
     rows["unsynced_host"] = rows["host"].where(rows["matched"] & ~rows["synced"])
     rows["rank"] = rows["rank"].where(rows["rank"] >= 0)
@@ -1053,12 +1102,18 @@ def _instance_metrics(calls: pd.DataFrame, timed: np.ndarray, dur: np.ndarray, k
         "synced_rows": g["synced"].sum(), "unsynced_host": g["unsynced_host"].first(),
         "unsynced_hosts": g["unsynced_host"].nunique(), "outside_rows": g["outside"].sum(),
     })  # fmt: skip
-    first = pd.DataFrame({"code": codes[has], "logical_id": calls["logical_id"][has].to_numpy(),
+    first = pd.DataFrame({"code": r.codes[has], "logical_id": calls["logical_id"][has].to_numpy(),
                           "op": calls["op"][has].to_numpy(), "parallelism": calls["parallelism"][has].to_numpy(),
                           "nranks": calls["nranks"][has].to_numpy(),
                           "message_bytes": calls["message_bytes"][has].to_numpy()}).groupby("code").first()  # fmt: skip
     inst = inst.join(first)
-    inst["instance"] = pd.Series(np.asarray(keys, dtype=object)[inst.index.to_numpy()], index=inst.index)
+    inst["instance"] = pd.Series(np.asarray(r.keys, dtype=object)[inst.index.to_numpy()], index=inst.index)
+    return inst
+
+
+def _classify_instances(inst: pd.DataFrame) -> pd.Series:
+    """Set each instance's ``status`` and ``reason``; returns which are complete (every rank
+    matched once and synchronised)."""
     nr = inst["nranks"].astype("Int64").fillna(0).astype("int64")
     complete = ((nr >= 2) & (inst["ranks_matched"] == nr) & (inst["matched_rows"] == nr)
                 & (inst["synced_rows"] == nr))  # fmt: skip
@@ -1072,14 +1127,17 @@ def _instance_metrics(calls: pd.DataFrame, timed: np.ndarray, dur: np.ndarray, k
     reason_ns = "no synchronised clock for " + inst["unsynced_host"].astype(str) + others
     inst["reason"] = np.where(complete, None, np.where(not_captured, "outside the capture window",
                                                        np.where(incomplete, reason_inc, reason_ns)))
+    return complete
 
-    # per-row cross-rank figures, complete instances only (every row matched and synced)
-    comp_codes = inst.index[complete.to_numpy()].to_numpy()
-    in_comp = np.zeros(n, dtype=bool)
-    in_comp[has] = np.isin(codes[has], comp_codes)
-    sel = in_comp & synced
-    t = pd.DataFrame({"code": codes[sel], "start": s_start[sel], "end": s_end[sel], "dur": dur[sel],
-                      "rank": rank[sel], "row": np.flatnonzero(sel)})  # fmt: skip
+
+def _cross_rank(r: _InstanceRows, comp_codes: np.ndarray) -> _CrossRank:
+    """Arrival, wait and transfer of the rows of the complete instances ``comp_codes`` (every
+    row matched and synced), and each instance's extremes, straggler and total wait."""
+    in_comp = np.zeros(len(r.codes), dtype=bool)
+    in_comp[r.has] = np.isin(r.codes[r.has], comp_codes)
+    sel = in_comp & r.synced
+    t = pd.DataFrame({"code": r.codes[sel], "start": r.s_start[sel], "end": r.s_end[sel], "dur": r.dur[sel],
+                      "rank": r.rank[sel], "row": np.flatnonzero(sel)})  # fmt: skip
     gt = t.groupby("code")
     stats = pd.DataFrame({"first_start": gt["start"].min(), "last_start": gt["start"].max(),
                           "first_end": gt["end"].min(), "last_end": gt["end"].max()})  # fmt: skip
@@ -1094,48 +1152,54 @@ def _instance_metrics(calls: pd.DataFrame, timed: np.ndarray, dur: np.ndarray, k
     t["wait"] = wait
     stats["total_wait"] = t.groupby("code")["wait"].sum()
     stats = stats.astype("Int64")  # stays integer (epoch ns) when joined to the non-complete instances
-    counts["bad_transfer"] = int((transfer <= 0).sum())
+    return _CrossRank(sel, t["start"].to_numpy(), fs, ls, wait, transfer, stats)
 
+
+def _per_row_figures(calls: pd.DataFrame, r: _InstanceRows, cross: _CrossRank, status: pd.Series,
+                     kernel_bus: np.ndarray) -> pd.DataFrame:  # fmt: skip
+    """Per call row: its cross-rank figures (null outside complete instances), its instance's
+    status, and the keys the straggler table groups by."""
+    n, sel = len(r.codes), cross.sel
     per_row = pd.DataFrame(index=range(n))
-    for name, vals in (("arrival_offset_ns", t["start"].to_numpy() - fs), ("wait_ns", wait),
-                       ("transfer_ns", transfer)):  # fmt: skip
+    for name, vals in (("arrival_offset_ns", cross.start - cross.first_start), ("wait_ns", cross.wait),
+                       ("transfer_ns", cross.transfer)):  # fmt: skip
         full = np.zeros(n, dtype="int64")
         full[sel] = vals
         per_row[name] = _nullable_int(full, sel)
     skew = np.zeros(n, dtype="int64")
-    skew[sel] = ls - fs
+    skew[sel] = cross.last_start - cross.first_start
     per_row["arrival_skew_ns"] = _nullable_int(skew, sel)
     tb = np.full(n, np.nan)
+    transfer = cross.transfer
     with np.errstate(invalid="ignore", divide="ignore"):
         tb[sel] = np.where(transfer > 0, kernel_bus[sel] / np.where(transfer > 0, transfer, 1), np.nan)
     per_row["transfer_busbw_gbps"] = pd.array(tb, dtype="Float64")
     per_row["instance_status"] = pd.Series(pd.NA, index=range(n), dtype="string")
-    per_row.loc[has, "instance_status"] = inst["status"].reindex(codes[has]).to_numpy()
+    per_row.loc[r.has, "instance_status"] = status.reindex(r.codes[r.has]).to_numpy()
     per_row["logical_id"] = calls["logical_id"].to_numpy()
     per_row["global_rank"] = calls["global_rank"].to_numpy()
-    per_row["code"] = codes
+    per_row["code"] = r.codes
     per_row["sel"] = sel
+    return per_row
 
-    # instance-level figures
-    inst = inst.join(stats)
+
+def _instance_figures(inst: pd.DataFrame, r: _InstanceRows, sel: np.ndarray, timed: np.ndarray,
+                      kernel_bus: np.ndarray) -> pd.DataFrame:  # fmt: skip
+    """The instance-level skews, transfer time and bus bandwidths, columns named as the table's,
+    instances in table order."""
     ok = inst["first_start"].notna().to_numpy()
     inst["arrival_skew_ns"] = inst["last_start"] - inst["first_start"]
     inst["end_skew_ns"] = inst["last_end"] - inst["first_end"]
     inst["transfer_ns"] = inst["last_end"] - inst["last_start"]
-    bus_row = pd.Series(np.where(timed, kernel_bus / np.where(timed, dur, 1), np.nan))
-    inst["median_busbw_gbps"] = bus_row[sel].groupby(codes[sel]).median()
+    bus_row = pd.Series(np.where(timed, kernel_bus / np.where(timed, r.dur, 1), np.nan))
+    inst["median_busbw_gbps"] = bus_row[sel].groupby(r.codes[sel]).median()
     fac = _bus_factors(inst["op"], inst["nranks"])
     tr = _f64(inst["transfer_ns"])
     with np.errstate(invalid="ignore", divide="ignore"):
         inst["transfer_busbw_gbps"] = np.where(ok & (tr > 0), _f64(inst["message_bytes"]) * fac / tr, np.nan)
     inst = inst.rename(columns={"first_start": "first_start_ns", "last_start": "last_start_ns",
                                 "last_end": "last_end_ns", "total_wait": "total_wait_ns"})  # fmt: skip
-    inst = inst.sort_index().reset_index(drop=True)
-    status_counts = inst["status"].value_counts()
-    counts["instances"] = len(inst)
-    for status in ("incomplete", "not_synced"):
-        counts[status] = int(status_counts.get(status, 0))
-    return coerce_to_schema(inst, INSTANCE_SCHEMA), per_row, first_rows
+    return inst.sort_index().reset_index(drop=True)
 
 
 def _straggler_table(per_row: pd.DataFrame, instances: pd.DataFrame, om: pd.DataFrame) -> pd.DataFrame:
