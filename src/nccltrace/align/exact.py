@@ -632,10 +632,33 @@ def _leftmost(a: np.ndarray, dupable: np.ndarray, b: np.ndarray) -> np.ndarray |
 def _assign(calls: pd.DataFrame, r: pd.DataFrame, k: pd.DataFrame, lost: pd.DataFrame, line_range: np.ndarray,
             line_reason: np.ndarray, by_host: bool) -> ExactCorrelation:  # fmt: skip
     """Kernels of each launch range -> communicators -> the calls matched to its ranges."""
-    proc = _proc_columns(by_host)
     n = len(calls)
     matched = line_range >= 0
-    # --- communicator and size of every call range
+    rc = _call_ranges(calls, r, line_range, _proc_columns(by_host))
+    kernels = _launch_kernels(rc, k, lost)
+    out_gpid, out_corr, reason = _line_kernels(rc, kernels, line_range, line_reason)
+    # Safety net: a line left with neither a range nor a reason had nothing to match against.
+    reason[~matched & pd.isna(reason)] = "no_nvtx_range"
+    single = (calls.nranks.astype("Int64") == 1).fillna(False).to_numpy(bool)
+    flagged = calls.duplicate_of.notna().to_numpy(bool)
+    reason[single & ~flagged] = "no_kernel_single_rank"
+    out_gpid[single] = out_corr[single] = None
+    nvtx_start = np.full(n, None, dtype=object)
+    nvtx_start[matched] = r.start.to_numpy("int64")[line_range[matched]]
+    call_matches = pd.DataFrame({
+        "file": calls.file.array, "line": calls.line.astype("Int64").array,
+        "kernel_global_pid": pd.array(out_gpid, dtype="Int64"),
+        "kernel_correlation_id": pd.array(out_corr, dtype="Int64"),
+        "reason": pd.array(reason, dtype="string"),
+        "pid": calls.pid.astype("Int64").array, "tid": calls.tid.astype("Int64").array,
+        "nvtx_start": pd.array(nvtx_start, dtype="Int64"),
+    })  # fmt: skip
+    return ExactCorrelation(call_matches, _kernel_ranges(kernels.kk, rc, r))
+
+
+def _call_ranges(calls: pd.DataFrame, r: pd.DataFrame, line_range: np.ndarray, proc: list[str]) -> pd.DataFrame:
+    """The call ranges with their communicator key (``ckey``), size and whether they are multi-rank."""
+    matched = line_range >= 0
     rc = r.loc[r.kind == "call", proc + ["tid", "start", "end", "op", "unit", "nccl_comm_id",
                                           "nccl_message_bytes"]].copy()  # fmt: skip
     rc["range"] = rc.index.to_numpy()
@@ -661,7 +684,24 @@ def _assign(calls: pd.DataFrame, r: pd.DataFrame, k: pd.DataFrame, lost: pd.Data
     rc = rc.merge(known, on=proc + ["ckey"], how="left")
     rc["nranks"] = rc.nranks.fillna(rc.comm_nranks)
     rc["multi"] = ~(rc.nranks == 1).fillna(False).to_numpy(bool)
-    # --- launch ranges: their communicators and kernels
+    return rc
+
+
+@dataclass
+class _LaunchKernels:
+    """The kernels of the launch ranges and what is known of each launch range."""
+
+    kk: pd.DataFrame  # per kernel: its launch range (``unit``) and, where it can be told, its ``comm``
+    in_unit: np.ndarray  # bool per kernel: inside a launch range
+    n_k: pd.Series  # kernels per launch range
+    unknown_comm: pd.Series  # per launch range: it holds a multi-rank call range of unknown communicator
+    all_placed: pd.Series  # per launch range: every kernel in it has a communicator
+
+
+def _launch_kernels(rc: pd.DataFrame, k: pd.DataFrame, lost: pd.DataFrame) -> _LaunchKernels:
+    """Each kernel's launch range and, where its calls tell it, its communicator: the launch
+    range's one communicator, else its stream's, unless two kernels of the range would share it
+    or a split plan or lost launch leaves the pairing in doubt."""
     mr = rc[rc.multi & (rc.unit >= 0)]
     pairs = mr.loc[mr.ckey.notna(), ["unit", "ckey"]].drop_duplicates()
     ucomm = pairs.groupby("unit").ckey.agg(["nunique", "first"])
@@ -679,6 +719,14 @@ def _assign(calls: pd.DataFrame, r: pd.DataFrame, k: pd.DataFrame, lost: pd.Data
     kk["lone"] = in_unit & (kk.nk == 1).to_numpy(bool) & (kk.unit.map(n_cand).fillna(0) == 1).to_numpy(bool)
     simple = in_unit & (kk.nk == 1).to_numpy(bool) & (kk.n_comms == 1).to_numpy(bool) & ~kk.unknown.to_numpy(bool)
     kk["comm"] = kk.unit.map(ucomm["first"]).astype("UInt64").where(simple)
+    kk = _comm_by_stream(kk, simple, in_unit, pairs)
+    kk = _drop_doubtful_comms(kk, mr, lost)
+    all_placed = (kk.comm.notna() | ~pd.Series(in_unit)).groupby(kk.unit).all()
+    return _LaunchKernels(kk, in_unit, n_k, unknown_comm, all_placed)
+
+
+def _comm_by_stream(kk: pd.DataFrame, simple: np.ndarray, in_unit: np.ndarray, pairs: pd.DataFrame) -> pd.DataFrame:
+    """Give kernels their stream's communicator where their launch range has a call range on it."""
     # Stream -> communicator, learned from launch ranges with one kernel and one communicator
     # (a stream serving several communicators teaches nothing).
     sm = kk.loc[simple, ["global_pid", "stream_id", "comm"]].drop_duplicates()
@@ -688,6 +736,11 @@ def _assign(calls: pd.DataFrame, r: pd.DataFrame, k: pd.DataFrame, lost: pd.Data
     cand = kk[~simple & in_unit & kk.stream_comm.notna().to_numpy(bool)][["unit", "stream_comm"]]
     member = cand.reset_index().merge(pairs.rename(columns={"ckey": "stream_comm"}), on=["unit", "stream_comm"])
     kk.loc[member["index"].to_numpy(), "comm"] = member.stream_comm.to_numpy()
+    return kk
+
+
+def _drop_doubtful_comms(kk: pd.DataFrame, mr: pd.DataFrame, lost: pd.DataFrame) -> pd.DataFrame:
+    """Take the communicator back from kernels whose pairing with their calls is not certain."""
     # Two kernels of one launch range on one communicator: neither can be told apart.
     clash = kk.comm.notna().to_numpy(bool) & kk.groupby(["unit", "comm"], dropna=False).unit.transform(
         "size").gt(1).to_numpy(bool)
@@ -704,15 +757,22 @@ def _assign(calls: pd.DataFrame, r: pd.DataFrame, k: pd.DataFrame, lost: pd.Data
     suspect = kk.global_pid.isin(split_procs).to_numpy(bool) | (kk.unit.map(n_lost).fillna(0) > 0).to_numpy(bool)
     doubt = suspect & kk.comm.notna().to_numpy(bool) & (mates > 1)
     kk.loc[doubt, "comm"] = pd.NA
-    all_placed = (kk.comm.notna() | ~pd.Series(in_unit)).groupby(kk.unit).all()
-    # --- each matched line: its range's launch range and communicator -> kernel
+    return kk
+
+
+def _line_kernels(rc: pd.DataFrame, kernels: _LaunchKernels, line_range: np.ndarray,
+                  line_reason: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """Each matched line: its range's launch range and communicator -> kernel. Returns per line
+    the kernel's global pid and correlation id (None without) and the reason (None when matched)."""
+    n = len(line_range)
+    kk, n_k = kernels.kk, kernels.n_k
     out_gpid = np.full(n, None, dtype=object)
     out_corr = np.full(n, None, dtype=object)
     reason = line_reason.copy()
-    rows = np.flatnonzero(matched & pd.isna(reason))
+    rows = np.flatnonzero((line_range >= 0) & pd.isna(reason))
     lines = rc.set_index("range").reindex(line_range[rows])[["unit", "ckey"]].reset_index(drop=True)
     lines["row"] = rows
-    placed = kk.loc[kk.comm.notna().to_numpy(bool) & in_unit, ["unit", "comm", "global_pid", "correlation_id"]]
+    placed = kk.loc[kk.comm.notna().to_numpy(bool) & kernels.in_unit, ["unit", "comm", "global_pid", "correlation_id"]]
     lines = lines.merge(placed.rename(columns={"comm": "ckey"}), on=["unit", "ckey"], how="left")
     hit = lines.correlation_id.notna().to_numpy(bool)
     lrows = lines.row.to_numpy()
@@ -720,26 +780,10 @@ def _assign(calls: pd.DataFrame, r: pd.DataFrame, k: pd.DataFrame, lost: pd.Data
     out_corr[lrows[hit]] = lines.correlation_id.to_numpy(dtype=object)[hit]
     no_kernel = (lines.unit.to_numpy("int64") < 0) | (lines.unit.map(n_k).fillna(0).to_numpy() == 0)
     # Every kernel of the launch range belongs to another communicator: this one's is missing.
-    others = (lines.ckey.notna().to_numpy(bool) & lines.unit.map(all_placed).fillna(False).to_numpy(bool)
-              & ~lines.unit.map(unknown_comm).fillna(False).to_numpy(bool))  # fmt: skip
+    others = (lines.ckey.notna().to_numpy(bool) & lines.unit.map(kernels.all_placed).fillna(False).to_numpy(bool)
+              & ~lines.unit.map(kernels.unknown_comm).fillna(False).to_numpy(bool))  # fmt: skip
     reason[lrows[~hit]] = np.where((no_kernel | others)[~hit], "kernel_missing", "ambiguous")
-    # Safety net: a line left with neither a range nor a reason had nothing to match against.
-    reason[~matched & pd.isna(reason)] = "no_nvtx_range"
-    single = (calls.nranks.astype("Int64") == 1).fillna(False).to_numpy(bool)
-    flagged = calls.duplicate_of.notna().to_numpy(bool)
-    reason[single & ~flagged] = "no_kernel_single_rank"
-    out_gpid[single] = out_corr[single] = None
-    nvtx_start = np.full(n, None, dtype=object)
-    nvtx_start[matched] = r.start.to_numpy("int64")[line_range[matched]]
-    call_matches = pd.DataFrame({
-        "file": calls.file.array, "line": calls.line.astype("Int64").array,
-        "kernel_global_pid": pd.array(out_gpid, dtype="Int64"),
-        "kernel_correlation_id": pd.array(out_corr, dtype="Int64"),
-        "reason": pd.array(reason, dtype="string"),
-        "pid": calls.pid.astype("Int64").array, "tid": calls.tid.astype("Int64").array,
-        "nvtx_start": pd.array(nvtx_start, dtype="Int64"),
-    })  # fmt: skip
-    return ExactCorrelation(call_matches, _kernel_ranges(kk, rc, r))
+    return out_gpid, out_corr, reason
 
 
 def _kernel_ranges(kk: pd.DataFrame, rc: pd.DataFrame, r: pd.DataFrame) -> pd.DataFrame:
