@@ -251,75 +251,60 @@ def _heuristic(comms: pd.DataFrame, lists: dict[int, list[int]], ops_by_lid: dic
     return rows
 
 
+class _CommFacts:
+    """What the init lines say of each communicator, by position in the communicators table:
+    its kind, parent, commId, size and known member set."""
+
+    def __init__(self, comms: pd.DataFrame, lists: dict[int, list[int]], by_lid: dict[int, list[int]] | None):
+        def col(name: str) -> list:
+            return comms[name].tolist() if name in comms else [None] * len(comms)
+
+        self.kinds = comms["kind"].astype(object).tolist() if "kind" in comms else [None] * len(comms)
+        self.parents = col("parent_logical_id")
+        self.comm_ids = col("comm_id")
+        self.lids = [int(x) for x in comms["logical_id"]]
+        self.nr = [int(x) for x in comms["nranks"]]
+        self.split_count = {lid: (None if pd.isna(c) else int(c)) for lid, c in zip(self.lids, col("split_count"))}
+        self.id_uses: dict[int, int] = {}
+        for c in self.comm_ids:
+            if not pd.isna(c):
+                self.id_uses[int(c)] = self.id_uses.get(int(c), 0) + 1
+        self.world_parent = {int(p) for p, k in zip(self.parents, self.kinds) if k == "split" and not pd.isna(p)}
+        self.sets: list[frozenset[int]] = []
+        self.full: list[bool] = []
+        for i, lid in enumerate(self.lids):
+            s, ok = _known_set(lid, self.nr[i], lists[lid], by_lid)
+            self.sets.append(s)
+            self.full.append(ok)
+        # Creation-order resolution per member set (eager splits), see the module docstring.
+        self.eager = bool(self.world_parent) or any(v > 1 for v in self.id_uses.values())
+        self.legacy = not self.world_parent and self.eager  # NCCL < 2.21.5: splits printed as plain inits
+
+    def split_like(self, i: int) -> bool:
+        """A split from the world communicator: printed as such (>= 2.21.5) or, before, a plain
+        line whose commId another communicator repeats (commId = f(parent, color))."""
+        if self.kinds[i] == "split":
+            return not pd.isna(self.parents[i]) and int(self.parents[i]) in self.world_parent
+        return not pd.isna(self.comm_ids[i]) and self.id_uses.get(int(self.comm_ids[i]), 0) > 1
+
+    def grouplike(self, i: int) -> bool:
+        """Created by the eager split sequence (the world or a split of it). Before 2.21.5 a split
+        with a unique color looks like a plain init; only pair communicators (two ranks) are
+        plain inits in an eager run, so larger ones count as splits."""
+        return self.lids[i] in self.world_parent or self.split_like(i) or (self.legacy and self.nr[i] > 2)
+
+
 def _match(comms: pd.DataFrame, lists: dict[int, list[int]], by_lid: dict[int, list[int]] | None,
            sizes: ParallelSizes, members: pd.DataFrame | None, ops_by_lid: dict[int, set[str]] | None
            ) -> list[tuple]:  # fmt: skip
+    """Label rows of communicators matched to the groups of the Megatron layout of ``sizes``."""
     layout = megatron_layout(sizes)
-    world = int(sizes.world_size)
     expected = expected_member_sets(layout)
-    lines = _order_key(members)
-    kinds = comms["kind"].astype(object).tolist() if "kind" in comms else [None] * len(comms)
-    parents = comms["parent_logical_id"].tolist() if "parent_logical_id" in comms else [None] * len(comms)
-    comm_ids = comms["comm_id"].tolist() if "comm_id" in comms else [None] * len(comms)
-    sc = comms["split_count"].tolist() if "split_count" in comms else [None] * len(comms)
-    lids = [int(x) for x in comms["logical_id"]]
-    nr = [int(x) for x in comms["nranks"]]
-    split_count = {lid: (None if pd.isna(c) else int(c)) for lid, c in zip(lids, sc)}
-    id_uses: dict[int, int] = {}
-    for c in comm_ids:
-        if not pd.isna(c):
-            id_uses[int(c)] = id_uses.get(int(c), 0) + 1
-    world_parent = {int(p) for p, k in zip(parents, kinds) if k == "split" and not pd.isna(p)}
-
-    def split_like(i: int) -> bool:
-        # A split from the world communicator: printed as such (>= 2.21.5) or, before, a plain
-        # line whose commId another communicator repeats (commId = f(parent, color)).
-        if kinds[i] == "split":
-            return not pd.isna(parents[i]) and int(parents[i]) in world_parent
-        return not pd.isna(comm_ids[i]) and id_uses.get(int(comm_ids[i]), 0) > 1
-
-    sets: list[frozenset[int]] = []
-    full: list[bool] = []
-    for i, lid in enumerate(lids):
-        s, ok = _known_set(lid, nr[i], lists[lid], by_lid)
-        sets.append(s)
-        full.append(ok)
-
-    # Creation-order resolution per member set (eager splits), see the module docstring.
-    eager = bool(world_parent) or any(v > 1 for v in id_uses.values())
-    resolved: dict[int, tuple[str, int, str]] = {}
-    by_set: dict[frozenset[int], list[int]] = {}
-    for i, lid in enumerate(lids):
-        if full[i]:
-            by_set.setdefault(sets[i], []).append(i)
-    legacy = not world_parent and eager  # NCCL < 2.21.5: splits printed as plain inits
-
-    def grouplike(i: int) -> bool:
-        # Created by the eager split sequence (the world or a split of it). Before 2.21.5 a split
-        # with a unique color looks like a plain init; only pair communicators (two ranks) are
-        # plain inits in an eager run, so larger ones count as splits.
-        return lids[i] in world_parent or split_like(i) or (legacy and nr[i] > 2)
-
-    for s, idx in by_set.items():
-        if not eager:
-            break
-        groups = expected.get(s, [])
-        for i in idx:
-            if lids[i] in world_parent and len(s) == world:
-                resolved[lids[i]] = ("world", 0, "split-parent")
-        made = [i for i in idx if grouplike(i)]
-        if groups and len(made) == len(groups):
-            order = _creation_order([lids[i] for i in made], lines, split_count)
-            if order is not None:
-                how = "creation-order" if len({g.kind for g in groups}) > 1 else "member-set"
-                for lid, g in zip(order, groups):
-                    resolved[lid] = (g.kind, g.index, "split-parent" if g.kind == "world" else how)
-
+    f = _CommFacts(comms, lists, by_lid)
+    resolved = _resolve_by_creation(f, expected, _order_key(members), int(sizes.world_size))
     rows = []
-    for i, lid in enumerate(lids):
-        n, s = nr[i], sets[i]
-        ops = ops_by_lid.get(lid) if ops_by_lid is not None else None
-        may_be_pair = n == 2 and kinds[i] != "split" and not split_like(i) and not (ops and ops - P2P_OPS)
+    for i, lid in enumerate(f.lids):
+        n, s = f.nr[i], f.sets[i]
         if lid in resolved:
             kind, gidx, how = resolved[lid]
             rows.append((lid, n, lists[lid], kind, kind, "megatron-groups", gidx, how))
@@ -327,30 +312,12 @@ def _match(comms: pd.DataFrame, lists: dict[int, list[int]], by_lid: dict[int, l
         if not s:
             rows.append((lid, n, lists[lid], "unknown", "", "unmatched", None, "no-match"))
             continue
-        cands: dict[str, int] = {}
-        how = "member-set"
-        if full[i]:
-            for g in expected.get(s, []) if len(s) == n else []:
-                cands.setdefault(g.kind, g.index)
-            pairs: dict[str, int] = {}
-            if may_be_pair and len(s) == 2:
-                a, b = sorted(s)
-                for kind, g in pair_kinds(layout, a, b):
-                    pairs.setdefault(kind, g.index)
-            # Where NCCL prints split lines (>= 2.21.5), a two-rank plain init in an eager-split
-            # run is not a split, hence a pair; before, a split with a unique color looks the same.
-            if pairs and (not cands or (world_parent and kinds[i] != "split")):
-                cands, how = pairs, "pair"
-            else:
-                for k, v in pairs.items():
-                    cands.setdefault(k, v)
+        if f.full[i]:
+            ops = ops_by_lid.get(lid) if ops_by_lid is not None else None
+            may_be_pair = n == 2 and f.kinds[i] != "split" and not f.split_like(i) and not (ops and ops - P2P_OPS)
+            cands, how = _full_set_candidates(f, i, layout, expected, may_be_pair)
         else:
-            # Some members unknown: groups of this size whose ranks agree at every known position.
-            how = "partial"
-            lst = lists[lid]
-            for g in layout.groups:
-                if g.size == n and s <= set(g.ranks) and all(r < 0 or r == g.ranks[j] for j, r in enumerate(lst)):
-                    cands.setdefault(g.kind, g.index)
+            cands, how = _partial_candidates(layout, n, s, lists[lid]), "partial"
         if not cands:
             rows.append((lid, n, lists[lid], "unknown", "", "unmatched", None, "no-match"))
             continue
@@ -359,6 +326,65 @@ def _match(comms: pd.DataFrame, lists: dict[int, list[int]], by_lid: dict[int, l
             how = "ambiguous"
         rows.append((lid, n, lists[lid], order[0], ",".join(order), "megatron-groups", cands[order[0]], how))
     return rows
+
+
+def _resolve_by_creation(f: _CommFacts, expected: dict[frozenset[int], list[Group]], lines: dict[int, dict[tuple, int]],
+                         world: int) -> dict[int, tuple[str, int, str]]:  # fmt: skip
+    """In a run of eager splits, the communicators of one member set labelled by the order they
+    were created in (kind, group index, how), where every member process agrees on it."""
+    resolved: dict[int, tuple[str, int, str]] = {}
+    by_set: dict[frozenset[int], list[int]] = {}
+    for i, lid in enumerate(f.lids):
+        if f.full[i]:
+            by_set.setdefault(f.sets[i], []).append(i)
+    for s, idx in by_set.items():
+        if not f.eager:
+            break
+        groups = expected.get(s, [])
+        for i in idx:
+            if f.lids[i] in f.world_parent and len(s) == world:
+                resolved[f.lids[i]] = ("world", 0, "split-parent")
+        made = [i for i in idx if f.grouplike(i)]
+        if groups and len(made) == len(groups):
+            order = _creation_order([f.lids[i] for i in made], lines, f.split_count)
+            if order is not None:
+                how = "creation-order" if len({g.kind for g in groups}) > 1 else "member-set"
+                for lid, g in zip(order, groups):
+                    resolved[lid] = (g.kind, g.index, "split-parent" if g.kind == "world" else how)
+    return resolved
+
+
+def _full_set_candidates(f: _CommFacts, i: int, layout: MegatronLayout, expected: dict[frozenset[int], list[Group]],
+                         may_be_pair: bool) -> tuple[dict[str, int], str]:  # fmt: skip
+    """Group kinds (and indices) communicator ``i`` of known members can be, and how: the groups
+    with its member set, or the pairs of its two ranks."""
+    s, n = f.sets[i], f.nr[i]
+    cands: dict[str, int] = {}
+    how = "member-set"
+    for g in expected.get(s, []) if len(s) == n else []:
+        cands.setdefault(g.kind, g.index)
+    pairs: dict[str, int] = {}
+    if may_be_pair and len(s) == 2:
+        a, b = sorted(s)
+        for kind, g in pair_kinds(layout, a, b):
+            pairs.setdefault(kind, g.index)
+    # Where NCCL prints split lines (>= 2.21.5), a two-rank plain init in an eager-split
+    # run is not a split, hence a pair; before, a split with a unique color looks the same.
+    if pairs and (not cands or (f.world_parent and f.kinds[i] != "split")):
+        cands, how = pairs, "pair"
+    else:
+        for k, v in pairs.items():
+            cands.setdefault(k, v)
+    return cands, how
+
+
+def _partial_candidates(layout: MegatronLayout, n: int, s: frozenset[int], lst: list[int]) -> dict[str, int]:
+    """Some members unknown: groups of this size whose ranks agree at every known position."""
+    cands: dict[str, int] = {}
+    for g in layout.groups:
+        if g.size == n and s <= set(g.ranks) and all(r < 0 or r == g.ranks[j] for j, r in enumerate(lst)):
+            cands.setdefault(g.kind, g.index)
+    return cands
 
 
 def _frame(rows: list[tuple]) -> pd.DataFrame:
