@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from nccltrace import __version__
+from nccltrace.core.layout import COMMS_FILE, MANIFEST_FILE
 from nccltrace.stages import STAGES, NodeStageError
 
 
@@ -51,7 +52,7 @@ def cmd_parse_nsys(args: argparse.Namespace) -> int:
         out = Path(args.out) if len(args.exports) == 1 else Path(args.out) / Path(path).stem
         export = NsysExport.open(path)
         written = export.export_tables(out)
-        write_manifest(out / "manifest.json", stage="parse_nsys", inputs=[path], outputs=list(written.values()))
+        write_manifest(out / MANIFEST_FILE, stage="parse_nsys", inputs=[path], outputs=list(written.values()))
         print(f"{path}: schema {export.schema_version} (nsys {export.product_version}) -> {out}")
         api = export.nccl_api_summary
         print(f"  {format_summary(api)}")
@@ -75,7 +76,7 @@ def cmd_parse_kineto(args: argparse.Namespace) -> int:
         out = Path(args.out) if len(paths) == 1 else Path(args.out) / name
         trace = KinetoTrace.open(path)
         written = trace.export_tables(out)
-        write_manifest(out / "manifest.json", stage="parse_kineto", inputs=[path], outputs=list(written.values()),
+        write_manifest(out / MANIFEST_FILE, stage="parse_kineto", inputs=[path], outputs=list(written.values()),
                        partial=bool(trace.truncated), reasons=[trace.truncated] if trace.truncated else [])
         n = pq.read_metadata(written["kernels"]).num_rows
         rank = "" if trace.rank is None else f", rank {trace.rank} of {trace.world_size}"
@@ -120,7 +121,7 @@ def cmd_communicators(args: argparse.Namespace) -> int:
 
     dirs = [Path(p) for p in args.parsed]
     for d in dirs:
-        if not (d / "comms.parquet").exists():
+        if not (d / COMMS_FILE).exists():
             raise FileNotFoundError(f"{d}: no comms.parquet (pass directories written by `nccltrace parse-nccl`)")
     result = infer_run_communicators(dirs, Path(args.out), _declared_settings(args) or None)
     bad = result.communicators[~result.communicators["complete"].astype(bool)]

@@ -23,6 +23,7 @@ import yaml
 
 from nccltrace import __version__
 from nccltrace.acquisition.status import write_status
+from nccltrace.core.layout import RUN_YAML_FILE
 
 
 class RawImportError(ValueError):
@@ -42,7 +43,7 @@ def write_run_yaml(raw: Path, run_id: str, settings: Mapping[str, Any], generato
     cfg = {k: v for k, v in settings.items() if k not in ("backend", "import_dir", "env", "imperfections")}
     cfg.setdefault("name", settings.get("model"))
     doc = {"nccltrace_version": __version__, "generator": generator, "run_id": run_id, "config": cfg}
-    (raw / "run.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    (raw / RUN_YAML_FILE).write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
 def _fresh(raw: Path) -> Path:
@@ -254,8 +255,8 @@ def import_raw(source: Path | str, raw: Path | str, *, run_id: str, settings: Ma
     if not hosts_logs & set(names):
         raise RawImportError(f"import_dir {source}: the exports are of hosts {sorted(names)} but the NCCL logs of "
                            f"{sorted(hosts_logs)}; name each export <host>.sqlite after the host in the log lines")
-    if (source / "run.yaml").is_file():
-        link_or_copy(source / "run.yaml", partial / "run.yaml")
+    if (source / RUN_YAML_FILE).is_file():
+        link_or_copy(source / RUN_YAML_FILE, partial / RUN_YAML_FILE)
     else:
         write_run_yaml(partial, run_id, settings, "nccltrace import")
     record = {"run": run_id, "backend": "import", "source": str(source.resolve()), "processes": len(logs),

@@ -44,7 +44,7 @@ from nccltrace.align.window import (
     unlocated_message,
     window_unlocated,
 )
-from nccltrace.core.layout import process_key
+from nccltrace.core.layout import COMMS_FILE, process_key
 from nccltrace.core.tables import _NULLABLE_DTYPES, frame_to_table
 from nccltrace.nccl.versions import NcclVersion
 
@@ -904,7 +904,7 @@ def align_files(calls_path, kernels_path, session_path, out_path, *, mode: str =
         if vfile.exists():
             v = read_table(vfile)
             nccl_version = str(v["version"].dropna().iloc[0]) if v["version"].notna().any() else None
-    comms_path = Path(calls_path).parent / "comms.parquet"  # the log's init lines (same parse output)
+    comms_path = Path(calls_path).parent / COMMS_FILE  # the log's init lines (same parse output)
     comms = read_table(comms_path) if comms_path.exists() else None
     tuning_path = Path(calls_path).parent / "tuning.parquet"
     tuning = read_table(tuning_path) if tuning_path.exists() else None

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from nccltrace.align.sequences import attach_tuning
+from nccltrace.core.layout import CALLS_FILE
 from nccltrace.nccl.enums import P2P_OPS
 
 __all__ = ["CARRY_KEY", "TIME_MARGIN", "carry_tuning", "donor_facts", "read_donor_facts", "tuning_donors"]
@@ -212,9 +213,9 @@ def read_donor_facts(parsed: Mapping[tuple[str, int], Path], donors: Mapping[int
     out: dict[int, pd.DataFrame] = {}
     for proc, comms in by_donor.items():
         d = parsed.get(proc)
-        if d is None or not (d / "calls.parquet").exists() or not (d / "tuning.parquet").exists():
+        if d is None or not (d / CALLS_FILE).exists() or not (d / "tuning.parquet").exists():
             continue
-        calls = read_table(d / "calls.parquet", columns=["file", "line", "op", "op_count", "count", "datatype", "comm",
+        calls = read_table(d / CALLS_FILE, columns=["file", "line", "op", "op_count", "count", "datatype", "comm",
                                                          "duplicate_of", "wall_time_ns"],
                            filters=[("comm", "in", list(comms))])  # fmt: skip
         tuning = read_table(d / "tuning.parquet")

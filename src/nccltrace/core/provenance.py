@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from nccltrace import __version__
+from nccltrace.core.layout import MANIFEST_FILE
 from nccltrace.core.tables import SCHEMA_VERSION, write_json_atomic
 
 _TOOLS = ("numpy", "pandas", "pyarrow", "numba", "msgspec", "snakemake", "jinja2", "pyyaml")
@@ -94,9 +95,9 @@ MAX_REASONS = 20
 def _input_manifest(p: Path) -> Path:
     """The stage manifest describing an input: the input itself, the manifest inside an input
     directory, or the manifest beside an input file."""
-    if p.name == "manifest.json":
+    if p.name == MANIFEST_FILE:
         return p
-    return p / "manifest.json" if p.is_dir() else p.parent / "manifest.json"
+    return p / MANIFEST_FILE if p.is_dir() else p.parent / MANIFEST_FILE
 
 
 def manifest_reasons(manifest: dict[str, Any], where: str) -> list[str]:

@@ -31,6 +31,7 @@ import yaml
 
 from nccltrace import __version__
 from nccltrace.core.capture_window import CaptureWindow
+from nccltrace.core.layout import RUN_YAML_FILE
 from nccltrace.core.tables import atomic_path, file_schema
 from nccltrace.emulator.config import EmulatorConfig
 from nccltrace.emulator.layout import Group, MegatronLayout, PairComm, layout_of
@@ -2058,7 +2059,7 @@ def _emulate_run(config: EmulatorConfig | dict, out_dir: Path, *, progress: bool
             for _log, tpath, _pid in line_time_files:
                 tpath.unlink(missing_ok=True)
     res.duration_ns = ctx.skel.job_end_ns
-    res.run_yaml = out_dir / "run.yaml"
+    res.run_yaml = out_dir / RUN_YAML_FILE
     _yaml_atomic(res.run_yaml, _run_yaml(ctx, res))
     _remove_stale(res)
     return res

@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 import pandas as pd
 
+from nccltrace.core.layout import SESSION_FILE
 from nccltrace.kineto.scan import ScanResult, iter_event_runs, sniff_trace
 from nccltrace.nsys import reader as nsys_reader
 from nccltrace.nsys import schema as nsys_schema
@@ -288,7 +289,7 @@ class KinetoTrace:
         out.mkdir(parents=True, exist_ok=True)
         paths = {name: out / f"{name}.parquet" for name in
                  ("kernels", "nvtx", "processes", "launches_without_kernel", "nccl_api_calls")}
-        paths["session"] = out / "session.json"
+        paths["session"] = out / SESSION_FILE
         specs = nsys_schema.KERNEL_SOURCE_TABLES
         frames = {"kernels": self.kernels(), "nvtx": self.nvtx(), "processes": self.processes(),
                   "launches_without_kernel": nsys_reader._frame({}, specs["launches_without_kernel"])}

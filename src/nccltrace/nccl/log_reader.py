@@ -23,6 +23,7 @@ from typing import Callable, Iterable
 import numpy as np
 import pyarrow as pa
 
+from nccltrace.core.layout import PARSE_REPORT_FILE
 from nccltrace.core.tables import TABLES, TableSink, write_json_atomic
 from nccltrace.nccl.enums import (
     ALGORITHMS,
@@ -1487,5 +1488,5 @@ def parse_logs(
         for s in sinks.values():
             s.abort()
         raise
-    write_json_atomic(out_dir / "parse_report.json", report.as_dict())
+    write_json_atomic(out_dir / PARSE_REPORT_FILE, report.as_dict())
     return report

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from nccltrace.core.kernel_args import KERNEL_ARG_COLUMNS
+from nccltrace.core.layout import KERNELS_FILE, LAUNCHES_FILE, NVTX_FILE, SESSION_FILE
 from nccltrace.core.tables import (
     atomic_output,
     frame_to_table,
@@ -1186,12 +1187,12 @@ class NsysExport:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         paths = {
-            "kernels": out / "kernels.parquet",
-            "nvtx": out / "nvtx.parquet",
+            "kernels": out / KERNELS_FILE,
+            "nvtx": out / NVTX_FILE,
             "processes": out / "processes.parquet",
-            "launches_without_kernel": out / "launches_without_kernel.parquet",
+            "launches_without_kernel": out / LAUNCHES_FILE,
             "nccl_api_calls": out / "nccl_api_calls.parquet",
-            "session": out / "session.json",
+            "session": out / SESSION_FILE,
         }
         schema = spec_schema(KERNEL_TABLE_COLUMNS)
         written = 0

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from nccltrace.core.layout import RunLayout
+from nccltrace.core.layout import KERNELS_FILE, NVTX_FILE, SESSION_FILE, RunLayout
 from nccltrace.core.tables import atomic_output, read_table, read_table_batch
 
 __all__ = [
@@ -1393,9 +1393,9 @@ def load_run_inputs(run_dir: Path | str, *, before_ns: int | None = None, column
     nsys_dirs = [layout.parsed_nsys(h) for h in (hosts if hosts is not None else layout.find_hosts())]
     for d in nsys_dirs:
         session = {}
-        if (d / "session.json").is_file():
-            session = json.loads((d / "session.json").read_text())
-        k = None if keys is None else _read_optional(d / "kernels.parquet", kcols)
+        if (d / SESSION_FILE).is_file():
+            session = json.loads((d / SESSION_FILE).read_text())
+        k = None if keys is None else _read_optional(d / KERNELS_FILE, kcols)
         if k is not None and {"global_pid", "correlation_id"} <= set(k.columns):
             # only the kernels of the ops kept (a semi-join per export keeps memory at one export)
             kernels.append(k.astype({"global_pid": "int64", "correlation_id": "int64"}).merge(keys, how="inner"))
@@ -1403,7 +1403,7 @@ def load_run_inputs(run_dir: Path | str, *, before_ns: int | None = None, column
         if before_ns is not None and session.get("utc_offset_ns") is not None:
             # session clock; 1 s of margin covers any clock correction between the hosts
             nv_filter = [("start", "<", before_ns - int(session["utc_offset_ns"]) + 1_000_000_000)]
-        v = read_table(d / "nvtx.parquet", filters=nv_filter) if (d / "nvtx.parquet").is_file() else None
+        v = read_table(d / NVTX_FILE, filters=nv_filter) if (d / NVTX_FILE).is_file() else None
         if v is not None:
             if nvtx_text is not None and "text" in v:
                 v = v[v["text"].astype("string").str.fullmatch(nvtx_text).fillna(False).astype(bool)]

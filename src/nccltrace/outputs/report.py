@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import yaml
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
-from nccltrace.core.layout import RunLayout
+from nccltrace.core.layout import MANIFEST_FILE, RunLayout
 from nccltrace.core.provenance import code_version
 from nccltrace.core.tables import atomic_output, read_table
 from nccltrace.outputs.summary import CONFIG_FIELDS, LARGE_MESSAGE_BYTES
@@ -642,8 +642,8 @@ def render_campaign_report(
         "volume_validation": tables.view("volume_validation", max_rows=500) if vv is not None else None,
         "volume_validation_compact": _compact_view(tables, vv, order),
         "renderer": _renderer(),
-        "provenance": [dict(run=r, **_manifest_view(run_dirs[r] / "ops" / "manifest.json", run_dirs[r]))
-                       for r in order if r in run_dirs and (run_dirs[r] / "ops" / "manifest.json").exists()],
+        "provenance": [dict(run=r, **_manifest_view(run_dirs[r] / "ops" / MANIFEST_FILE, run_dirs[r]))
+                       for r in order if r in run_dirs and (run_dirs[r] / "ops" / MANIFEST_FILE).exists()],
     }  # fmt: skip
     html = _env().get_template("campaign_report.html.j2").render(**context)
     return _write_html(out_html, html)

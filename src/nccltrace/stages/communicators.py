@@ -14,7 +14,7 @@ from nccltrace.communicators.infer import (
     communicator_problems,
     infer_run_communicators,
 )
-from nccltrace.core.layout import RunLayout
+from nccltrace.core.layout import COMMS_FILE, RunLayout
 from nccltrace.core.provenance import write_manifest
 from nccltrace.core.settings import RunSettings
 from nccltrace.stages import StageResult
@@ -38,7 +38,7 @@ def run_communicators(layout: RunLayout, procs: Iterable[str],
     incomplete = comms[~comms["complete"].astype(bool)] if len(comms) else comms
     outputs = [layout.communicators, layout.members]
     write_manifest(layout.manifest(layout.communicators_dir), stage="communicators",
-                   inputs=[d / "comms.parquet" for d in dirs] + sessions, outputs=outputs, partial=bool(reasons),
+                   inputs=[d / COMMS_FILE for d in dirs] + sessions, outputs=outputs, partial=bool(reasons),
                    reasons=reasons, config=dict(settings or {}))  # fmt: skip
     notes = [f"communicator {row.logical_id}: {row.problem}" for row in incomplete.itertuples()]
     if not result.unranked:  # a rank source that could not be used, though others named every rank

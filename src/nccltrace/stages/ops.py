@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from nccltrace.align.quality import QUALITY_FILE
-from nccltrace.core.layout import RunLayout
+from nccltrace.core.layout import ALIGNMENT_FILE, SESSION_FILE, RunLayout
 from nccltrace.core.provenance import write_manifest
 from nccltrace.core.settings import RunSettings
 from nccltrace.ops.build import stream_run_ops, write_run_ops
@@ -21,9 +21,9 @@ def run_ops(layout: RunLayout, procs: Iterable[str], hosts: Iterable[str],
     """Write ``ops/`` from the aligned processes ``procs`` and the parsed exports of ``hosts``.
     ``details['run_ops']`` is the :class:`~nccltrace.ops.build.RunOps` (labels, counts)."""
     procs, hosts, settings = list(procs), list(hosts), RunSettings.of(settings)
-    alignments = [layout.aligned(p) / "alignment.parquet" for p in procs]
+    alignments = [layout.aligned(p) / ALIGNMENT_FILE for p in procs]
     qualities = [layout.aligned(p) / QUALITY_FILE for p in procs]
-    sessions = {h: layout.parsed_nsys(h) / "session.json" for h in hosts}
+    sessions = {h: layout.parsed_nsys(h) / SESSION_FILE for h in hosts}
     layout.ops_dir.mkdir(parents=True, exist_ok=True)
     dumps = layout.flight_recorder if layout.flight_recorder.is_dir() else None
     result = stream_run_ops(alignments, [layout.parsed_nccl(p) for p in procs], layout.communicators, layout.members,

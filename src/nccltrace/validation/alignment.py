@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from nccltrace.align.correlate import align_process
+from nccltrace.core.layout import CALLS_FILE, RUN_YAML_FILE
 from nccltrace.core.tables import read_table
 from nccltrace.emulator.run import emulate_run
 from nccltrace.nccl.log_reader import parse_logs
@@ -67,7 +68,7 @@ def load_emulated(raw: Path, work: Path, *, need_nvtx: bool = False) -> RunInput
     for log in sorted((raw / "nccl").glob("nccl_*.log")):
         out = work / log.stem
         parse_logs([log], out)
-        c = read_table(out / "calls.parquet")
+        c = read_table(out / CALLS_FILE)
         if len(c):
             calls[(str(c["host"].dropna().iloc[0]), int(c["pid"].iloc[0]))] = c
     kernels: dict[tuple[str, int], pd.DataFrame] = {}
@@ -89,7 +90,7 @@ def load_emulated(raw: Path, work: Path, *, need_nvtx: bool = False) -> RunInput
                     nvtx[(host, int(pid))] = g.reset_index(drop=True)
     truth = read_table(raw / "ground_truth" / "ops.parquet")
     version = None
-    run_yaml = raw / "run.yaml"
+    run_yaml = raw / RUN_YAML_FILE
     if run_yaml.exists():  # what a launch record would say; the emulator writes its config there
         import yaml
 

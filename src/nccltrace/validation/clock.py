@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from nccltrace.core.layout import KERNELS_FILE
 from nccltrace.ops.clock_sync import (
     ClockModel,
     apply_clock_correction,
@@ -57,7 +58,7 @@ def clock_frame_from_run(run_dir: Path | str, *, include_p2p: bool = False) -> t
     from nccltrace.core.tables import read_table
 
     gt = Path(run_dir) / "ground_truth"
-    kernels = read_table(gt / "kernels.parquet")
+    kernels = read_table(gt / KERNELS_FILE)
     clock = read_table(gt / "clock.parquet")
     kernels = kernels[~kernels["dropped"].fillna(False).astype(bool)].reset_index(drop=True)
     session = clock.set_index("host")["session_start_utc_ns"].astype("int64")

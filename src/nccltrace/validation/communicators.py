@@ -30,6 +30,7 @@ from nccltrace.communicators.labels import (
     truth_label,
     with_logical_ids,
 )
+from nccltrace.core.layout import CALLS_FILE, COMMS_FILE
 from nccltrace.core.tables import read_table
 from nccltrace.emulator.run import emulate_run
 from nccltrace.nccl.log_reader import parse_logs
@@ -113,7 +114,7 @@ def emulate_config(name: str, workdir: Path | str | None = None, *, init_style: 
     parse_logs([out / "raw" / "nccl"], out / "parsed")
     run = EmulatedRun(
         name, init_style, nccl_version, settings,
-        read_table(out / "parsed" / "calls.parquet"), read_table(out / "parsed" / "comms.parquet"),
+        read_table(out / "parsed" / CALLS_FILE), read_table(out / "parsed" / COMMS_FILE),
         read_table(out / "parsed" / "comm_info.parquet"),
         read_table(res.ground_truth["communicators"]), read_table(res.ground_truth["ops"]),
     )  # fmt: skip

@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from nccltrace.core.layout import RUN_YAML_FILE
 from nccltrace.core.tables import read_table
 from nccltrace.emulator.run import emulate_run
 from nccltrace.validation.alignment import SCENARIO_BASE, score_alignment
@@ -116,7 +117,7 @@ def _forget_capture_and_markers(raw: Path) -> None:
 
 def _forget_capture(raw: Path) -> None:
     """The user does not say which steps were captured (run.yaml without ``capture``)."""
-    p = raw / "run.yaml"
+    p = raw / RUN_YAML_FILE
     doc = yaml.safe_load(p.read_text()) or {}
     for section in (doc, doc.get("config") or {}):
         section.pop("capture", None)

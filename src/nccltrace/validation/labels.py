@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from nccltrace.core.layout import RunLayout
+from nccltrace.core.layout import CALLS_FILE, RunLayout
 from nccltrace.core.tables import read_table
 from nccltrace.ops.build import call_counts, run_labels
 
@@ -32,7 +32,7 @@ def behaviour_vs_declared(run_dir: Path | str) -> dict[str, Any]:
     layout = RunLayout(run_dir)
     declared = read_table(layout.labels).set_index("logical_id")
     comms, members = read_table(layout.communicators), read_table(layout.members)
-    counts = pd.concat([call_counts(layout.parsed_nccl(p) / "calls.parquet") for p in layout.find_processes()],
+    counts = pd.concat([call_counts(layout.parsed_nccl(p) / CALLS_FILE) for p in layout.find_processes()],
                        ignore_index=True)  # fmt: skip
     notes: list[str] = []
     guessed = run_labels(comms, members, counts, None, notes, []).set_index("logical_id")
