@@ -28,8 +28,8 @@ from nccltrace.acquisition.raw import (
     RawImportError,
     assemble_raw,
     import_raw,
-    read_status,
 )
+from nccltrace.acquisition.status import read_status
 from nccltrace.analyze import find_raw_inputs
 from nccltrace.campaign.matrix import CampaignError, expand_campaign, validate_runs
 

@@ -545,7 +545,7 @@ def test_with_a_rank_log_missing_the_world_communicator_still_gives_the_world_si
     """Rank 3's log left out: the world communicator is a member short (incomplete), but its size
     is the world's, so the layout inference still runs on the complete groups (no sizes
     declared). The world size is the world communicator's, recorded in communicators.parquet."""
-    from nccltrace.communicators.infer import run_world_size
+    from nccltrace.communicators.schema import run_world_size
 
     (tmp_path / "run" / "nccl").mkdir(parents=True)
     for log in (CAPTURE / "nccl").glob("*.log"):

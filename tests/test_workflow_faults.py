@@ -27,7 +27,8 @@ import pytest
 import yaml
 from snakemake_jobs import scheduled_jobs
 
-from nccltrace.acquisition.raw import RawImportError, import_raw, read_status
+from nccltrace.acquisition.raw import RawImportError, import_raw
+from nccltrace.acquisition.status import read_status
 from nccltrace.campaign.matrix import expand_campaign
 from nccltrace.core.layout import RunLayout
 from nccltrace.core.provenance import write_manifest

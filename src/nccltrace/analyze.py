@@ -352,7 +352,7 @@ def _parse(run: _Analysis, progress: bool) -> None:
     its processes, then its kernel trace; a log host without one gets the workflow's empty 'no
     export' tables, so its calls are aligned as 'no_export'. Flight Recorder dumps found beside
     the logs are staged for the ops stage (which names process groups from them)."""
-    from nccltrace.acquisition.raw import ANALYZE_REMEDY
+    from nccltrace.acquisition.status import ANALYZE_REMEDY
     from nccltrace.stages.parse_node import run_parse_node
 
     layout, inputs = run.layout, run.inputs
@@ -372,7 +372,7 @@ def _parse(run: _Analysis, progress: bool) -> None:
 def _communicators_and_summary(run: _Analysis) -> str:
     """Stage 3, the communicators (exact, from init/split lines), whose world size completes the
     settings; then the parse summary. Returns the run id."""
-    from nccltrace.acquisition.raw import ANALYZE_REMEDY
+    from nccltrace.acquisition.status import ANALYZE_REMEDY
     from nccltrace.communicators.labels import ParallelSizes
     from nccltrace.stages.communicators import run_communicators
     from nccltrace.stages.parse_summary import run_parse_summary
@@ -479,9 +479,9 @@ def _kernel_sources(inputs: RawInputs, assigned: Any, procs: list[str], out: Pat
     """Each node's kernel sources: its nsys export(s) (one per node, or one per process) and the
     profiler traces of its processes (read once into ``out/inputs/kernels/``). A single export
     is passed as is (the workflow's parse); several sources are merged by the parse stage."""
+    from nccltrace.acquisition.status import CAPTURE_HINT
     from nccltrace.core.layout import process_key
     from nccltrace.inputs.kernel_sources import (
-        CAPTURE_HINT,
         stage_traces,
         traces_of_hosts,
     )

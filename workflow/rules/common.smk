@@ -184,7 +184,7 @@ _emulated_by_other_code()
 
 def acquired(run):
     """True when the run's acquisition succeeded (a failed training run is recorded, not raised)."""
-    from nccltrace.acquisition.raw import read_status
+    from nccltrace.acquisition.status import read_status
 
     return read_status(checkpoints.acquire.get(run=run).output.raw)["status"] == "ok"
 
@@ -285,7 +285,7 @@ def run_report_manifests(wildcards):
 
 def failed_runs(wildcards):
     """Run id -> why it has no results (its recorded acquisition failure)."""
-    from nccltrace.acquisition.raw import read_status
+    from nccltrace.acquisition.status import read_status
 
     out = {}
     for run in RUN_IDS:

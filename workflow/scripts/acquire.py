@@ -15,10 +15,9 @@ from nccltrace.acquisition.raw import (  # noqa: E402
     RawImportError,
     assemble_raw,
     import_raw,
-    read_status,
     record_failed_import,
-    write_status,
 )
+from nccltrace.acquisition.status import read_status, write_status  # noqa: E402
 from nccltrace.campaign.code_stamps import stage_code_hash  # noqa: E402
 from nccltrace.core.provenance import write_manifest  # noqa: E402
 

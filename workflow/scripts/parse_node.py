@@ -8,7 +8,7 @@ sys.path.insert(0, str(Path(snakemake.scriptdir)))  # noqa: F821
 from _bootstrap import setup
 
 setup(snakemake)  # noqa: F821
-from nccltrace.acquisition.raw import read_status
+from nccltrace.acquisition.status import read_status
 from nccltrace.core.layout import RunLayout
 from nccltrace.core.settings import RunSettings
 from nccltrace.stages.parse_node import run_parse_node

@@ -7,7 +7,7 @@ sys.path.insert(0, str(Path(snakemake.scriptdir)))  # noqa: F821
 from _bootstrap import setup  # noqa: E402
 
 setup(snakemake)  # noqa: F821
-from nccltrace.acquisition.raw import read_status  # noqa: E402
+from nccltrace.acquisition.status import read_status  # noqa: E402
 from nccltrace.core.layout import RunLayout  # noqa: E402
 from nccltrace.core.settings import RunSettings  # noqa: E402
 from nccltrace.stages.parse_summary import run_parse_summary  # noqa: E402

@@ -20,9 +20,11 @@ PACKAGE = Path(__file__).resolve().parent.parent
 # execute re-runs exactly the dependent rules, and a module added to the closure later is
 # covered without editing this table. (``core/provenance.py`` is left out: it only writes manifests.)
 # The rule scripts' own imports beside their stage (workflow/scripts/_bootstrap.py: errors, for
-# every rule; align_node.py: capture) count too; tests/test_code_stamps.py checks that every package
-# module a rule script imports is in its stage's closure.
-_RULE_SCRIPT_IMPORTS: dict[str, tuple[str, ...]] = {"align_node": ("core/capture_window.py",)}
+# every rule; align_node.py and parse_summary.py: the run settings, which their stages take only
+# as annotations) count too; tests/test_code_stamps.py checks that every package module a rule
+# script imports is in its stage's closure.
+_RULE_SCRIPT_IMPORTS: dict[str, tuple[str, ...]] = {"align_node": ("core/settings.py",),
+                                                    "parse_summary": ("core/settings.py",)}
 STAGE_ENTRIES: dict[str, tuple[str, ...]] = {
     "emulate": ("emulator/run.py",),
     # the workflow's rules (parse_node and align_node import the per-process stages they run)
@@ -47,18 +49,33 @@ def _module_facts(path: Path, mtime_ns: int) -> tuple[tuple, bytes]:
     :func:`stage_code_hash`), from one parse; cached per file version, since the workflow
     computes every stage's closure and hash each time it is read."""
     import ast
+    from collections import deque
 
     data = path.read_bytes()
     if path.suffix != ".py":
         return (), hashlib.sha256(data).digest()
     tree = ast.parse(data, filename=str(path))
     imports = []
-    for node in ast.walk(tree):
+    todo: deque[ast.AST] = deque([tree])  # breadth first, in the order of ast.walk
+    while todo:
+        node = todo.popleft()
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            todo.extend(node.orelse)  # the body never runs: its imports serve annotations only
+            continue
         if isinstance(node, ast.ImportFrom):
             imports.append((node.level, node.module, tuple(a.name for a in node.names)))
         elif isinstance(node, ast.Import):
             imports += [(0, a.name, ()) for a in node.names]
+        todo.extend(ast.iter_child_nodes(node))
     return tuple(imports), hashlib.sha256(ast.dump(tree).encode()).digest()
+
+
+def _is_type_checking(test: object) -> bool:
+    """``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``): a block no stage executes."""
+    import ast
+
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def _import_graph(entries: tuple[str, ...]) -> dict[Path, tuple[Path | None, str]]:
@@ -118,8 +135,9 @@ def _import_graph(entries: tuple[str, ...]) -> dict[Path, tuple[Path | None, str
 def import_closure(entries: tuple[str, ...]) -> list[str]:
     """Package modules (paths relative to the package) reachable from ``entries`` through
     ``import`` statements anywhere in a module (function-level imports included: a stage may
-    run them), plus the ``__init__.py`` of every package on the way. Static, so the result
-    does not depend on what happens to be imported already."""
+    run them; those under ``if TYPE_CHECKING:`` left out: nothing runs them), plus the
+    ``__init__.py`` of every package on the way. Static, so the result does not depend on what
+    happens to be imported already."""
     pkg = PACKAGE
     return sorted(str(p.relative_to(pkg)) for p in _import_graph(entries)
                   if str(p.relative_to(pkg)) not in _EXCLUDED)

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -21,6 +22,7 @@ from nccltrace.communicators.schema import (
     COMMUNICATOR_SCHEMA,
     MEMBER_SCHEMA,
     CommunicatorTables,
+    run_world_size,
 )
 from nccltrace.core.settings import RunSettings
 from nccltrace.core.tables import frame_to_table, write_table_atomic
@@ -142,6 +144,26 @@ def infer_communicators(comms: pd.DataFrame,
     proc = list(zip(lines["host"], lines["pid"]))
     ptr_key = list(zip(lines["host"], lines["pid"], lines["comm"]))
     is_split = (lines["event"] == "split").to_numpy()
+    logical, keys = _logical_ids(lines, proc, ptr_key, is_split)
+    lines["logical_id"] = [logical.get(k, -1) for k in ptr_key]
+    world_rank, world_lids = _world_ranks(lines, proc, is_split, logical)
+    sources = {RANK_SOURCE_WORLD: len(world_rank)} if world_rank else {}
+    conflicts: list[str] = []
+    # the world communicator is the largest; without one, the largest is not the world
+    world_size = int(lines["nranks"].max()) if world_rank else None
+    world_size = _add_known_ranks(world_rank, sorted(set(proc)), known_ranks, world_size, sources, conflicts)
+    unranked = sorted(f"{h}:{p}" for h, p in set(proc) if (h, p) not in world_rank)
+    comm_rows, member_rows = _communicator_rows(lines, keys, world_rank, world_lids)
+    comm_frame, member_frame = _rows_frame(comm_rows, COMMUNICATOR_SCHEMA), _rows_frame(member_rows, MEMBER_SCHEMA)
+    if world_size is None:
+        world_size = run_world_size(comm_frame, member_frame)
+    return CommunicatorTables(comm_frame, member_frame, world_size, sources, unranked, conflicts)
+
+
+def _logical_ids(lines: pd.DataFrame, proc: list[tuple], ptr_key: list[tuple],
+                 is_split: np.ndarray) -> tuple[dict[tuple, int], list[tuple]]:  # fmt: skip
+    """(host, pid, comm) -> logical id, and the grouping key of each logical id: what NCCL prints
+    alike on every member, and the k-th occurrence of that in the process."""
     logical: dict[tuple, int] = {}  # (host, pid, comm) -> logical id
     keys: list[tuple] = []
     key_index: dict[tuple, int] = {}
@@ -185,10 +207,13 @@ def infer_communicators(comms: pd.DataFrame,
         pending = retry
         if not pending:
             break
-    lines["logical_id"] = [logical.get(k, -1) for k in ptr_key]
-    orphans = lines[lines["logical_id"] < 0]
+    return logical, keys
 
-    # World communicator: parent of splits, else the first communicator spanning all processes.
+
+def _world_ranks(lines: pd.DataFrame, proc: list[tuple], is_split: np.ndarray,
+                 logical: dict[tuple, int]) -> tuple[dict[tuple, int], set[int]]:  # fmt: skip
+    """Each process's rank in the world communicator (the parent of splits, else the first
+    communicator spanning all processes), and the logical ids those ranks came from."""
     n_proc = len(set(proc))
     world_rank: dict[tuple, int] = {}
     world_lids: set[int] = set()  # the logical communicator each process's global rank came from
@@ -203,14 +228,19 @@ def infer_communicators(comms: pd.DataFrame,
         if not world.empty:
             world_rank[(host, pid)] = int(world.iloc[0]["rank"])
             world_lids.add(logical.get((host, pid, world.iloc[0]["comm"]), -1))
-    sources = {RANK_SOURCE_WORLD: len(world_rank)} if world_rank else {}
-    conflicts: list[str] = []
-    # the world communicator is the largest; without one, the largest is not the world
-    world_size = int(lines["nranks"].max()) if world_rank else None
+    return world_rank, world_lids
+
+
+def _add_known_ranks(world_rank: dict[tuple, int], procs: list[tuple],
+                     known_ranks: Mapping[str, Mapping[tuple[str, int], tuple[int, int | None]]] | None,
+                     world_size: int | None, sources: dict[str, int], conflicts: list[str]) -> int | None:  # fmt: skip
+    """Name the ranks the world communicator did not from ``known_ranks`` (``world_rank``,
+    ``sources`` and ``conflicts`` updated); a rank named for several processes by a source other
+    than the world communicator is dropped from all of them. Returns the world size."""
     claimed: dict[tuple, tuple[int, str]] = {k: (r, RANK_SOURCE_WORLD) for k, r in world_rank.items()}
     for source, ranks in (known_ranks or {}).items():
         used = 0
-        for key in sorted(set(proc)):
+        for key in procs:
             got = ranks.get((str(key[0]), int(key[1])))
             if got is None:
                 continue
@@ -237,8 +267,13 @@ def infer_communicators(comms: pd.DataFrame,
             for k in holders:
                 if claimed[k][1] != RANK_SOURCE_WORLD:
                     world_rank.pop(k)
-    unranked = sorted(f"{h}:{p}" for h, p in set(proc) if (h, p) not in world_rank)
+    return world_size
 
+
+def _communicator_rows(lines: pd.DataFrame, keys: list[tuple], world_rank: dict[tuple, int],
+                       world_lids: set[int]) -> tuple[list[tuple], list[tuple]]:  # fmt: skip
+    """Rows of the communicators table (members by rank in comm, completeness and its reasons)
+    and of the members table (lines of no logical communicator with logical id -1)."""
     comm_rows, member_rows = [], []
     for lid, g in lines[lines["logical_id"] >= 0].groupby("logical_id", sort=True):
         nranks = int(g["nranks"].iloc[0])
@@ -270,37 +305,17 @@ def infer_communicators(comms: pd.DataFrame,
             None if pd.isna(first["split_count"]) else int(first["split_count"]),
             members, not problems, "; ".join(problems) or None, lid in world_lids,
         ))
-    for row in orphans.itertuples(index=False):
+    for row in lines[lines["logical_id"] < 0].itertuples(index=False):
         member_rows.append((-1, row.host, row.pid, row.comm, int(row.rank), world_rank.get((row.host, row.pid)),
                             row.file, row.line))
-
-    def frame(rows, schema):
-        cols = list(zip(*rows)) if rows else [[] for _ in schema]
-        return pa.Table.from_arrays([pa.array(list(c), type=f.type) for c, f in zip(cols, schema)],
-                                    schema=schema).to_pandas(types_mapper=pd.ArrowDtype)
-
-    comm_frame, member_frame = frame(comm_rows, COMMUNICATOR_SCHEMA), frame(member_rows, MEMBER_SCHEMA)
-    if world_size is None:
-        world_size = run_world_size(comm_frame, member_frame)
-    return CommunicatorTables(comm_frame, member_frame, world_size, sources, unranked, conflicts)
+    return comm_rows, member_rows
 
 
-def run_world_size(communicators: pd.DataFrame, members: pd.DataFrame) -> int | None:
-    """The world size a run's communicator tables support: the size of the communicator of every
-    rank the global ranks came from; else the number of processes when their global ranks are
-    0..n-1, one each, and every communicator is whole (a rank beyond them left no log, and a
-    rank sharing a communicator with another would leave it a member short; one sharing none is
-    no part of this job); else None (unknown: the largest communicator is not the world)."""
-    if communicators is None or not len(communicators) or members is None or not len(members):
-        return None
-    if "world" in communicators and communicators["world"].fillna(False).astype(bool).any():
-        return int(communicators.loc[communicators["world"].fillna(False).astype(bool), "nranks"].max())
-    if not communicators["complete"].astype(bool).all():
-        return None
-    ranks = members.drop_duplicates(["host", "pid"])["global_rank"]
-    if ranks.isna().any():
-        return None
-    return len(ranks) if set(ranks.astype(int)) == set(range(len(ranks))) else None
+def _rows_frame(rows: list[tuple], schema: pa.Schema) -> pd.DataFrame:
+    """A table of ``schema`` from row tuples, as pandas with Arrow dtypes."""
+    cols = list(zip(*rows)) if rows else [[] for _ in schema]
+    return pa.Table.from_arrays([pa.array(list(c), type=f.type) for c, f in zip(cols, schema)],
+                                schema=schema).to_pandas(types_mapper=pd.ArrowDtype)
 
 
 RANK_SOURCE_FLIGHT_RECORDER = "Flight Recorder dump"

@@ -1,6 +1,7 @@
 """The communicator tables' schemas and the result both inferences return (from init lines,
 :mod:`nccltrace.communicators.infer`; from call sequences, :mod:`nccltrace.communicators.from_calls`):
-one home both import, so neither imports the other."""
+one home both import, so neither imports the other; and the world size those tables support,
+which the ops stage reads without running either inference."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import pyarrow as pa
 
-__all__ = ["COMMUNICATOR_SCHEMA", "MEMBER_SCHEMA", "CommunicatorTables"]
+__all__ = ["COMMUNICATOR_SCHEMA", "MEMBER_SCHEMA", "CommunicatorTables", "run_world_size"]
 
 COMMUNICATOR_SCHEMA = pa.schema(
     [
@@ -65,3 +66,21 @@ class CommunicatorTables:
     @property
     def complete(self) -> bool:
         return bool(self.communicators["complete"].all()) if len(self.communicators) else False
+
+
+def run_world_size(communicators: pd.DataFrame, members: pd.DataFrame) -> int | None:
+    """The world size a run's communicator tables support: the size of the communicator of every
+    rank the global ranks came from; else the number of processes when their global ranks are
+    0..n-1, one each, and every communicator is whole (a rank beyond them left no log, and a
+    rank sharing a communicator with another would leave it a member short; one sharing none is
+    no part of this job); else None (unknown: the largest communicator is not the world)."""
+    if communicators is None or not len(communicators) or members is None or not len(members):
+        return None
+    if "world" in communicators and communicators["world"].fillna(False).astype(bool).any():
+        return int(communicators.loc[communicators["world"].fillna(False).astype(bool), "nranks"].max())
+    if not communicators["complete"].astype(bool).all():
+        return None
+    ranks = members.drop_duplicates(["host", "pid"])["global_rank"]
+    if ranks.isna().any():
+        return None
+    return len(ranks) if set(ranks.astype(int)) == set(range(len(ranks))) else None

@@ -18,19 +18,12 @@ from typing import Any
 import pandas as pd
 
 __all__ = [
-    "CAPTURE_HINT",
     "StagedTrace",
     "merge_sources",
     "source_kind",
     "stage_traces",
     "traces_of_hosts",
 ]
-
-CAPTURE_HINT = ("profile the ranks with nsys (`nsys profile --trace=cuda,nvtx`, one report per node or per process, "
-                "exported with `nsys export --type sqlite`) or with torch.profiler (activities CPU and CUDA; one "
-                "Chrome trace per rank, e.g. tensorboard_trace_handler or Megatron --use-pytorch-profiler) and put "
-                "the files beside the logs")
-"""How to capture kernel times, said wherever a run has none."""
 
 _TIME_COLUMNS = {"kernels": ("start", "end", "launch_start", "launch_end"), "nvtx": ("start", "end"),
                  "launches_without_kernel": ("start", "end")}  # fmt: skip

@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from nccltrace.align.quality import CROSS_RANK_REASON, INFORMATIONAL_CHECKS, P2P_REASON
 from nccltrace.align.schema import ALIGNMENT_SCHEMA
-from nccltrace.communicators.infer import run_world_size
+from nccltrace.communicators.schema import run_world_size
 from nccltrace.core.settings import RunSettings
 from nccltrace.core.spill import PartSpill
 from nccltrace.core.tables import (

@@ -244,9 +244,9 @@ MATCH_CHECK_SCHEMAS: dict[str, pa.Schema] = {
 
 def written_schema(name: str) -> pa.Schema | None:
     """The documented schema of a run's summary table ``name``: :data:`RUN_SCHEMAS`, the match
-    checks' and the volume validation's (nccltrace.metrics.volume), None for any other name."""
+    checks' and the volume validation's (nccltrace.metrics.schema), None for any other name."""
     if name == "volume_validation":
-        from nccltrace.metrics.volume import VOLUME_SCHEMA
+        from nccltrace.metrics.schema import VOLUME_SCHEMA
 
         return VOLUME_SCHEMA
     return RUN_SCHEMAS.get(name) or MATCH_CHECK_SCHEMAS.get(name)

@@ -32,7 +32,7 @@ def documented_schemas() -> dict[str, pa.Schema]:
     from nccltrace.communicators.labels import LABEL_SCHEMA
     from nccltrace.communicators.schema import COMMUNICATOR_SCHEMA, MEMBER_SCHEMA
     from nccltrace.metrics.compute import TABLE_SCHEMAS as METRICS_SCHEMAS
-    from nccltrace.metrics.volume import VOLUME_SCHEMA
+    from nccltrace.metrics.schema import VOLUME_SCHEMA
     from nccltrace.nsys.nccl_api import NCCL_API_CALLS_SCHEMA
     from nccltrace.nsys.schema import KERNEL_SOURCE_TABLES, spec_schema
     from nccltrace.ops.build import CLOCK_SYNC_SCHEMA, OPS_SCHEMA

@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from nccltrace.acquisition.raw import read_status
+from nccltrace.acquisition.status import read_status
 from nccltrace.core.layout import RunLayout
 from nccltrace.core.provenance import write_manifest
 from nccltrace.outputs.plots import campaign_plots

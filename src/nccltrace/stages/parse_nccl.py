@@ -8,14 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nccltrace.core.layout import LOG_ORIGIN_FILE, MANIFEST_FILE, PARSE_REPORT_FILE
 from nccltrace.core.provenance import write_manifest
-from nccltrace.core.settings import RunSettings
 from nccltrace.core.tables import write_json_atomic
 from nccltrace.nccl.log_reader import TABLE_NAMES, ParseReport, parse_logs
+from nccltrace.nccl.parse_report import log_problems
 from nccltrace.stages import StageResult
+
+if TYPE_CHECKING:  # annotations only: the settings code is not in this stage's code stamp
+    from nccltrace.core.settings import RunSettings
 
 __all__ = ["log_problems", "run_parse_nccl"]
 
@@ -29,20 +32,6 @@ def _ends_mid_line(log_file: Path) -> bool:
             return False
         fh.seek(size - 1)
         return fh.read(1) != b"\n"
-
-
-def log_problems(report: ParseReport | Mapping[str, Any]) -> list[str]:
-    """The gaps a parse report records, one message each with file and line: issues of
-    severity error and records that could not be read (torn or damaged lines)."""
-    data = report.as_dict() if isinstance(report, ParseReport) else report
-    out: list[str] = []
-    for f in data["files"]:
-        out += [f"{f['file']}" + (f" line {i['line']}" if i.get("line") else "") + f": {i['message']}"
-                for i in f["issues"]]  # fmt: skip
-        if f["counts"].get("lost_records"):
-            out.append(f"{f['file']}: {f['counts']['lost_records']} NCCL record(s) could not be read (damaged or "
-                       "torn lines); tables built from this log miss them")
-    return out
 
 
 def _cut_problem(log_file: Path, report: ParseReport) -> str:

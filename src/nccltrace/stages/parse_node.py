@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from nccltrace.acquisition.raw import WORKFLOW_REMEDY, Remedy
+from nccltrace.acquisition.status import WORKFLOW_REMEDY, Remedy
 from nccltrace.core.layout import RunLayout
 from nccltrace.core.settings import RunSettings
 from nccltrace.stages import StageResult, each_process

@@ -11,23 +11,25 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow.parquet as pq
 
-from nccltrace.acquisition.raw import (
+from nccltrace.acquisition.status import (
     WORKFLOW_REMEDY,
     Remedy,
     export_hint,
     missing_export_problem,
 )
 from nccltrace.core.provenance import write_manifest
-from nccltrace.core.settings import RunSettings
 from nccltrace.core.tables import write_json_atomic, write_table_atomic
 from nccltrace.nsys.nccl_api import NCCL_API_CALLS_SCHEMA, format_summary
 from nccltrace.nsys.reader import NsysExport, NsysFormatError
 from nccltrace.nsys.schema import KERNEL_SOURCE_TABLES, spec_schema
 from nccltrace.stages import StageResult
+
+if TYPE_CHECKING:  # annotations only: the settings code is not in this stage's code stamp
+    from nccltrace.core.settings import RunSettings
 
 __all__ = ["NSYS_TABLES", "run_parse_nsys"]
 

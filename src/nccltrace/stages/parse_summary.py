@@ -12,17 +12,19 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow.parquet as pq
 
-from nccltrace.acquisition.raw import WORKFLOW_REMEDY, Remedy, missing_export_problem
+from nccltrace.acquisition.status import WORKFLOW_REMEDY, Remedy, missing_export_problem
 from nccltrace.core.layout import RunLayout, process_key
 from nccltrace.core.provenance import write_manifest
-from nccltrace.core.settings import RunSettings
 from nccltrace.core.tables import write_json_atomic
+from nccltrace.nccl.parse_report import log_problems
 from nccltrace.stages import StageResult
-from nccltrace.stages.parse_nccl import log_problems
+
+if TYPE_CHECKING:  # annotations only: the settings code is not in this stage's code stamp
+    from nccltrace.core.settings import RunSettings
 
 __all__ = ["run_parse_summary"]
 

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from nccltrace.core.layout import RunLayout
 from nccltrace.core.provenance import write_manifest
-from nccltrace.core.settings import RunSettings
 from nccltrace.metrics.volume import volume_validation_of_file, write_volume_validation
 from nccltrace.stages import StageResult
+
+if TYPE_CHECKING:  # annotations only: the settings code is not in this stage's code stamp
+    from nccltrace.core.settings import RunSettings
 
 
 def run_volume(layout: RunLayout, run_id: str, settings: RunSettings | Mapping[str, Any] | None,
