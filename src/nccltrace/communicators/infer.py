@@ -24,6 +24,7 @@ from nccltrace.communicators.schema import (
     CommunicatorTables,
     run_world_size,
 )
+from nccltrace.core.layout import CALLS_FILE, COMMS_FILE
 from nccltrace.core.settings import RunSettings
 from nccltrace.core.tables import frame_to_table, write_table_atomic
 
@@ -340,7 +341,7 @@ def _flight_recorder_ranks(parsed_dirs: list[Path], members: pd.DataFrame, dumps
     dirs = {process_key(d.name): d for d in parsed_dirs}
 
     def calls_of(host: str, pid: int) -> pd.DataFrame:
-        calls = read_table(dirs[(host, pid)] / "calls.parquet", columns=["comm", "op", "count", "line", "duplicate_of"])
+        calls = read_table(dirs[(host, pid)] / CALLS_FILE, columns=["comm", "op", "count", "line", "duplicate_of"])
         return calls[calls["duplicate_of"].isna()].sort_values("line")
 
     # the members (pointers, ranks in communicators) the dumps are fitted to
@@ -422,7 +423,7 @@ def infer_run_communicators(parsed_dirs: Iterable[Path], out_dir: Path,
     from nccltrace.core.tables import read_table
 
     parsed_dirs = [Path(d) for d in parsed_dirs]
-    frames = [read_table(d / "comms.parquet") for d in parsed_dirs]
+    frames = [read_table(d / COMMS_FILE) for d in parsed_dirs]
     comms = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(len(f) for f in frames) else None
     if comms is not None:
         _refuse_mixed_jobs(comms)
@@ -493,7 +494,7 @@ def _from_call_sequences(parsed_dirs: list[Path], settings: RunSettings | Mappin
     from nccltrace.communicators.labels import declares_sizes
     from nccltrace.core.tables import read_table
 
-    calls = [read_table(d / "calls.parquet") for d in parsed_dirs if (d / "calls.parquet").exists()]
+    calls = [read_table(d / CALLS_FILE) for d in parsed_dirs if (d / CALLS_FILE).exists()]
     info = [read_table(d / "comm_info.parquet") for d in parsed_dirs if (d / "comm_info.parquet").exists()]
     calls_df = pd.concat([c for c in calls if len(c)], ignore_index=True) if any(len(c) for c in calls) else None
     info_df = pd.concat([c for c in info if len(c)], ignore_index=True) if any(len(c) for c in info) else None

@@ -26,6 +26,7 @@ import pyarrow as pa
 from nccltrace.align.quality import CROSS_RANK_REASON, INFORMATIONAL_CHECKS, P2P_REASON
 from nccltrace.align.schema import ALIGNMENT_SCHEMA
 from nccltrace.communicators.schema import run_world_size
+from nccltrace.core.layout import CALLS_FILE
 from nccltrace.core.settings import RunSettings
 from nccltrace.core.spill import PartSpill
 from nccltrace.core.tables import (
@@ -180,7 +181,7 @@ def _process_ops(aligned_path: Path | str, calls_dir: Path | str, members: pd.Da
     from nccltrace.communicators.labels import label_ops
 
     aligned = read_table(aligned_path)
-    calls = read_table(Path(calls_dir) / "calls.parquet", columns=_CALL_COLS)
+    calls = read_table(Path(calls_dir) / CALLS_FILE, columns=_CALL_COLS)
     ops = aligned.merge(calls, on=["file", "line"], how="left")
     m = members[["host", "pid", "comm", "logical_id", "rank_in_comm", "global_rank"]]
     ops = ops.merge(m, on=["host", "pid", "comm"], how="left")
@@ -609,7 +610,7 @@ def _run_inputs(alignment_paths: list[Path], calls_dirs: list[Path], communicato
     proc_rank = members.dropna(subset=["global_rank"]).groupby(["host", "pid"])["global_rank"].first()
     # Labels need which ops each communicator carries and, without sizes, how often (behaviour):
     # per (host, pid, comm, op) the number of calls and of distinct Send/Recv peers.
-    call_kinds = pd.concat([call_counts(d / "calls.parquet") for d in calls_dirs], ignore_index=True)
+    call_kinds = pd.concat([call_counts(d / CALLS_FILE) for d in calls_dirs], ignore_index=True)
     labels = run_labels(comms, members, call_kinds, settings, notes, problems)
     seq_parts: list[pd.DataFrame] = []
     labels = _named(labels, comms, members, records, sessions, settings, call_kinds, notes, flight_recorder,
@@ -747,7 +748,7 @@ def _flight_recorder_names(comms: pd.DataFrame, members: pd.DataFrame, dumps_dir
         d = dirs.get((host, pid))
         if d is None:
             return pd.DataFrame({"comm": [], "op": [], "count": []})
-        calls = read_table(d / "calls.parquet", columns=["comm", "op", "count", "line", "duplicate_of"])
+        calls = read_table(d / CALLS_FILE, columns=["comm", "op", "count", "line", "duplicate_of"])
         return calls[calls["duplicate_of"].isna()].sort_values("line")
 
     names, said, seqs = name_by_flight_recorder(comms, members, dumps, calls_of)

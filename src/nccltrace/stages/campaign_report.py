@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 
 from nccltrace.acquisition.status import read_status
-from nccltrace.core.layout import RunLayout
+from nccltrace.core.layout import MANIFEST_FILE, RunLayout
 from nccltrace.core.provenance import write_manifest
 from nccltrace.outputs.plots import campaign_plots
 from nccltrace.outputs.report import render_campaign_report, report_partial
@@ -52,7 +52,7 @@ def run_campaign_report(report_manifests: Iterable[Path | str], out_dir: Path | 
     problems = [*(f"run {r} is partial (see {layouts[r].report_html})" for r in partial_runs),
                 *(f"run {r}: {w}" for r, w in missing.items())]  # fmt: skip
     outputs = [*written.values(), *plots.values(), html]
-    write_manifest(out / "manifest.json", stage="campaign_report", inputs=manifests, outputs=outputs,
+    write_manifest(out / MANIFEST_FILE, stage="campaign_report", inputs=manifests, outputs=outputs,
                    config=dict(settings), partial=bool(problems), propagate=False, reasons=problems,
                    extra={"partial_runs": partial_runs, "missing_runs": missing})  # fmt: skip
     return StageResult("campaign_report", outputs, bool(problems), problems,

@@ -21,6 +21,7 @@ from nccltrace.acquisition.status import (
     export_hint,
     missing_export_problem,
 )
+from nccltrace.core.layout import MANIFEST_FILE, SESSION_FILE
 from nccltrace.core.provenance import write_manifest
 from nccltrace.core.tables import write_json_atomic, write_table_atomic
 from nccltrace.nsys.nccl_api import NCCL_API_CALLS_SCHEMA, format_summary
@@ -49,10 +50,10 @@ def _unavailable(export_file: Path | None, out: Path, host: str, problem: str,
         write_table_atomic(schema.empty_table(), path)
         outputs.append(path)
     name = export_file.name if export_file is not None else f"{host}.sqlite"
-    write_json_atomic(out / "session.json", {"source_file": name, "hostname": host, "available": False,
+    write_json_atomic(out / SESSION_FILE, {"source_file": name, "hostname": host, "available": False,
                                              "problem": problem, "utc_offset_ns": None, "session_start_utc_ns": None})
-    outputs.append(out / "session.json")
-    write_manifest(out / "manifest.json", stage="parse_nsys", inputs=[export_file] if export_file else [],
+    outputs.append(out / SESSION_FILE)
+    write_manifest(out / MANIFEST_FILE, stage="parse_nsys", inputs=[export_file] if export_file else [],
                    outputs=outputs, config=dict(settings), partial=True, reasons=[problem])
     return StageResult("parse_nsys", outputs, True, [problem], f"node {host}: no usable export")
 
@@ -107,7 +108,7 @@ def run_parse_nsys(export_file: Path | str | Sequence[Path | str] | None, out_di
     # Not a gap in this stage's tables (the call ranges and kernel links are complete), but the
     # arguments of the calls are missing: worth saying.
     notes = [f"nsys export {export_file.name} of node {host}: {api['payload_warning']}"] if api["payload_warning"] else []
-    write_manifest(out / "manifest.json", stage="parse_nsys", inputs=[export_file], outputs=list(written.values()),
+    write_manifest(out / MANIFEST_FILE, stage="parse_nsys", inputs=[export_file], outputs=list(written.values()),
                    config=settings, partial=bool(problems), reasons=problems,
                    extra={"nccl_kernels": kernels, "nccl_api_calls": api["api_calls"],
                           "nccl_api_calls_matched": api["matched"]})  # fmt: skip
@@ -129,8 +130,8 @@ def _parse_sources(sources: list[Path], out: Path, host: str, settings: dict[str
     for src in sources:
         if src.is_dir():
             parts.append(src)
-            inputs.append(src / "session.json")
-            s = json.loads((src / "session.json").read_text())
+            inputs.append(src / SESSION_FILE)
+            s = json.loads((src / SESSION_FILE).read_text())
             if s.get("truncated"):
                 problems.append(f"profiler trace {s.get('source_file')} of node {host} is cut short "
                                 f"({s['truncated']}): kernels after the cut are missing; copy the whole trace again")
@@ -159,7 +160,7 @@ def _parse_sources(sources: list[Path], out: Path, host: str, settings: dict[str
                         "activity traced and NCCL in use")
     if problems:
         write_json_atomic(written["session"], {**session, "problems": problems})
-    write_manifest(out / "manifest.json", stage="parse_nsys", inputs=inputs, outputs=list(written.values()),
+    write_manifest(out / MANIFEST_FILE, stage="parse_nsys", inputs=inputs, outputs=list(written.values()),
                    config=settings, partial=bool(problems), reasons=problems,
                    extra={"nccl_kernels": kernels, "sources": [s.get("source_file") for s in session["sources"]],
                           "source_kind": session["source_kind"]})  # fmt: skip

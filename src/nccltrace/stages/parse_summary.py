@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.parquet as pq
 
 from nccltrace.acquisition.status import WORKFLOW_REMEDY, Remedy, missing_export_problem
-from nccltrace.core.layout import RunLayout, process_key
+from nccltrace.core.layout import (
+    KERNELS_FILE,
+    MANIFEST_FILE,
+    PARSE_REPORT_FILE,
+    SESSION_FILE,
+    RunLayout,
+    process_key,
+)
 from nccltrace.core.provenance import write_manifest
 from nccltrace.core.tables import write_json_atomic
 from nccltrace.nccl.parse_report import log_problems
@@ -61,7 +68,7 @@ def run_parse_summary(layout: RunLayout, procs: Iterable[str], hosts: Iterable[s
     inputs: list[Path] = []
     for proc in procs:
         d = layout.parsed_nccl(proc)
-        data = json.loads((d / "parse_report.json").read_text())
+        data = json.loads((d / PARSE_REPORT_FILE).read_text())
         host, pid = process_key(proc)
         logs_per_host[host] += 1
         logged.setdefault(host, set()).add(pid)
@@ -76,26 +83,26 @@ def run_parse_summary(layout: RunLayout, procs: Iterable[str], hosts: Iterable[s
         issues += [{"process": proc, "severity": "error", "line": None, "message": m}
                    for m in gaps if m not in {i["message"] for i in issues}]  # fmt: skip
         # the parse stage's manifest adds what the parser does not judge (a log cut mid-line)
-        manifest = json.loads((d / "manifest.json").read_text())
+        manifest = json.loads((d / MANIFEST_FILE).read_text())
         if manifest.get("partial"):
             processes[-1]["partial"] = True
             known = {i["message"] for i in issues}
             issues += [{"process": proc, "severity": "error", "line": None, "message": r}
                        for r in manifest.get("partial_reasons") or [] if r not in known]
-        inputs += [d / "parse_report.json", d / "manifest.json"]
+        inputs += [d / PARSE_REPORT_FILE, d / MANIFEST_FILE]
     for host in hosts:
         d = layout.parsed_nsys(host)
-        data = json.loads((d / "session.json").read_text())
+        data = json.loads((d / SESSION_FILE).read_text())
         nodes.append({"host": host, **data})
-        inputs.append(d / "session.json")
+        inputs.append(d / SESSION_FILE)
         if data.get("available") is False:
             issues.append({"host": host, "severity": "error", "line": None,
                            "message": data.get("problem") or f"nsys export of node {host} is unusable"})
         issues += [{"host": host, "severity": "error", "line": None, "message": p} for p in data.get("problems") or []]
-        orphan = _orphan_kernels(d / "kernels.parquet", host, logged.get(host, set()))
+        orphan = _orphan_kernels(d / KERNELS_FILE, host, logged.get(host, set()))
         if orphan:
             issues.append({"host": host, "severity": "error", "line": None, "message": orphan})
-            inputs.append(d / "kernels.parquet")
+            inputs.append(d / KERNELS_FILE)
 
     per_node = int(settings.get("gpus_per_node") or 0) or (
         max((expected_processes or 0) // max(expected_nodes or 1, 1), 1))
