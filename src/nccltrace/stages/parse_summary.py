@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,19 @@ def _orphan_kernels(kernels: Path, host: str, logged_pids: set[int]) -> str | No
             f"table; add their logs ({_LOG_NAMING}), or ignore this if they belong to another job")
 
 
+@dataclass
+class _Parsed:
+    """What the parse results of a run's processes and nodes say, gathered for the summary."""
+
+    totals: Counter = field(default_factory=Counter)
+    processes: list[dict[str, Any]] = field(default_factory=list)
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    issues: list[dict[str, Any]] = field(default_factory=list)
+    logs_per_host: Counter = field(default_factory=Counter)
+    logged: dict[str, set[int]] = field(default_factory=dict)  # pids with a log, per host
+    inputs: list[Path] = field(default_factory=list)
+
+
 def run_parse_summary(layout: RunLayout, procs: Iterable[str], hosts: Iterable[str], *, run_id: str | None,
                       expected_processes: int | None, expected_nodes: int | None,
                       settings: RunSettings | Mapping[str, Any] | None = None, warnings: Iterable[str] = (),
@@ -61,74 +75,15 @@ def run_parse_summary(layout: RunLayout, procs: Iterable[str], hosts: Iterable[s
     noted; ``input_problems``: what finding them lost (e.g. NCCL lines no process prefix names)."""
     settings = dict(settings or {})
     procs, hosts = list(procs), list(hosts)
-    totals: Counter = Counter()
-    processes, nodes, issues = [], [], []
-    logs_per_host: Counter = Counter()
-    logged: dict[str, set[int]] = {}
-    inputs: list[Path] = []
+    parsed = _Parsed()
     for proc in procs:
-        d = layout.parsed_nccl(proc)
-        data = json.loads((d / PARSE_REPORT_FILE).read_text())
-        host, pid = process_key(proc)
-        logs_per_host[host] += 1
-        logged.setdefault(host, set()).add(pid)
-        totals.update(data["totals"])
-        processes.append({"process": proc, "partial": data["partial"], "totals": data["totals"]})
-        # issues of every severity are listed; the gaps (errors, lost records) carry one message each
-        gaps = set(log_problems(data))
-        for f in data["files"]:
-            for i in f["issues"]:
-                msg = f["file"] + (f" line {i['line']}" if i.get("line") else "") + f": {i['message']}"
-                issues.append({"process": proc, "file": f["file"], **i, "message": msg})
-        issues += [{"process": proc, "severity": "error", "line": None, "message": m}
-                   for m in gaps if m not in {i["message"] for i in issues}]  # fmt: skip
-        # the parse stage's manifest adds what the parser does not judge (a log cut mid-line)
-        manifest = json.loads((d / MANIFEST_FILE).read_text())
-        if manifest.get("partial"):
-            processes[-1]["partial"] = True
-            known = {i["message"] for i in issues}
-            issues += [{"process": proc, "severity": "error", "line": None, "message": r}
-                       for r in manifest.get("partial_reasons") or [] if r not in known]
-        inputs += [d / PARSE_REPORT_FILE, d / MANIFEST_FILE]
+        _add_process(parsed, layout, proc)
     for host in hosts:
-        d = layout.parsed_nsys(host)
-        data = json.loads((d / SESSION_FILE).read_text())
-        nodes.append({"host": host, **data})
-        inputs.append(d / SESSION_FILE)
-        if data.get("available") is False:
-            issues.append({"host": host, "severity": "error", "line": None,
-                           "message": data.get("problem") or f"nsys export of node {host} is unusable"})
-        issues += [{"host": host, "severity": "error", "line": None, "message": p} for p in data.get("problems") or []]
-        orphan = _orphan_kernels(d / KERNELS_FILE, host, logged.get(host, set()))
-        if orphan:
-            issues.append({"host": host, "severity": "error", "line": None, "message": orphan})
-            inputs.append(d / KERNELS_FILE)
-
+        _add_node(parsed, layout, host)
+    processes, nodes, issues = parsed.processes, parsed.nodes, parsed.issues
     per_node = int(settings.get("gpus_per_node") or 0) or (
         max((expected_processes or 0) // max(expected_nodes or 1, 1), 1))
-    export_hosts = set(hosts)
-    # One NCCL log per rank and one nsys export per node are expected; fewer means ranks are missing.
-    missing_ranks = max((expected_processes or 0) - len(processes), 0)
-    if missing_ranks:
-        short = {h: n for h, n in sorted(logs_per_host.items()) if n < per_node}
-        where = (", ".join(f"node {h} has {n} of {per_node}" for h, n in short.items())
-                 or f"{len(logs_per_host)} of {expected_nodes or '?'} nodes have logs")
-        issues.append({"severity": "error", "line": None,
-                       "message": f"{missing_ranks} of {expected_processes} rank logs are missing ({where}; found "
-                                  f"{len(processes)} process logs): the calls of the missing ranks are absent from "
-                                  "every table and communicators with them are incomplete. Write one log per rank "
-                                  f"({_LOG_NAMING}), add the missing ones to {remedy.inputs_dir}, {remedy.redo}"})
-    no_export = sorted(set(logs_per_host) - export_hosts)
-    for h in no_export:
-        issues.append({"host": h, "severity": "error", "line": None, "message": missing_export_problem(h, remedy)})
-    seen_nodes = set(logs_per_host) | export_hosts
-    if expected_nodes and len(seen_nodes) < expected_nodes:
-        issues.append({"severity": "error", "line": None,
-                       "message": f"{expected_nodes - len(seen_nodes)} of {expected_nodes} nodes have neither NCCL "
-                                  f"logs nor an nsys export (found {', '.join(sorted(seen_nodes))})"})
-    for h in sorted(export_hosts - set(logs_per_host)):
-        issues.append({"host": h, "severity": "warning", "line": None,
-                       "message": f"nsys export of {h} belongs to no host of the NCCL logs; it is not used"})
+    no_export = _coverage_issues(parsed, set(hosts), per_node, expected_processes, expected_nodes, remedy)
     issues += [{"severity": "error", "line": None, "message": str(m)} for m in input_problems]
     issues += [{"severity": "warning", "line": None, "message": str(w)} for w in warnings]
     usable = sum(1 for n in nodes if n.get("available", True) and not n.get("problems"))
@@ -141,7 +96,7 @@ def run_parse_summary(layout: RunLayout, procs: Iterable[str], hosts: Iterable[s
         "usable_exports": usable,
         "expected_nodes": expected_nodes,
         "hosts_without_export": no_export,
-        "totals": dict(sorted(totals.items())),
+        "totals": dict(sorted(parsed.totals.items())),
         "partial": partial,
         "issues": issues,
         "per_process": processes,
@@ -153,8 +108,83 @@ def run_parse_summary(layout: RunLayout, procs: Iterable[str], hosts: Iterable[s
     reasons = list(dict.fromkeys(i["message"] for i in issues
                                  if i["severity"] == "error" or i.get("process") in partial_procs))  # fmt: skip
     warned = list(dict.fromkeys(i["message"] for i in issues if i["message"] not in reasons))
-    write_manifest(layout.manifest(layout.parse_summary.parent), stage="parse_summary", inputs=inputs,
+    write_manifest(layout.manifest(layout.parse_summary.parent), stage="parse_summary", inputs=parsed.inputs,
                    outputs=[layout.parse_summary], config=settings, partial=partial, reasons=reasons,
                    extra={"problems": reasons, "warnings": warned})
     return StageResult("parse_summary", [layout.parse_summary], partial, reasons, json.dumps(summary["totals"]),
                        warned, {"summary": summary})
+
+
+def _add_process(parsed: _Parsed, layout: RunLayout, proc: str) -> None:
+    """Add one process's parse report and parse manifest: its totals, partial flag and issues."""
+    d = layout.parsed_nccl(proc)
+    issues = parsed.issues
+    data = json.loads((d / PARSE_REPORT_FILE).read_text())
+    host, pid = process_key(proc)
+    parsed.logs_per_host[host] += 1
+    parsed.logged.setdefault(host, set()).add(pid)
+    parsed.totals.update(data["totals"])
+    parsed.processes.append({"process": proc, "partial": data["partial"], "totals": data["totals"]})
+    # issues of every severity are listed; the gaps (errors, lost records) carry one message each
+    gaps = set(log_problems(data))
+    for f in data["files"]:
+        for i in f["issues"]:
+            msg = f["file"] + (f" line {i['line']}" if i.get("line") else "") + f": {i['message']}"
+            issues.append({"process": proc, "file": f["file"], **i, "message": msg})
+    issues += [{"process": proc, "severity": "error", "line": None, "message": m}
+               for m in gaps if m not in {i["message"] for i in issues}]  # fmt: skip
+    # the parse stage's manifest adds what the parser does not judge (a log cut mid-line)
+    manifest = json.loads((d / MANIFEST_FILE).read_text())
+    if manifest.get("partial"):
+        parsed.processes[-1]["partial"] = True
+        known = {i["message"] for i in issues}
+        issues += [{"process": proc, "severity": "error", "line": None, "message": r}
+                   for r in manifest.get("partial_reasons") or [] if r not in known]
+    parsed.inputs += [d / PARSE_REPORT_FILE, d / MANIFEST_FILE]
+
+
+def _add_node(parsed: _Parsed, layout: RunLayout, host: str) -> None:
+    """Add one node's export session: unusable exports, their problems, kernels of unlogged pids."""
+    d = layout.parsed_nsys(host)
+    data = json.loads((d / SESSION_FILE).read_text())
+    parsed.nodes.append({"host": host, **data})
+    parsed.inputs.append(d / SESSION_FILE)
+    if data.get("available") is False:
+        parsed.issues.append({"host": host, "severity": "error", "line": None,
+                              "message": data.get("problem") or f"nsys export of node {host} is unusable"})
+    parsed.issues += [{"host": host, "severity": "error", "line": None, "message": p}
+                      for p in data.get("problems") or []]  # fmt: skip
+    orphan = _orphan_kernels(d / KERNELS_FILE, host, parsed.logged.get(host, set()))
+    if orphan:
+        parsed.issues.append({"host": host, "severity": "error", "line": None, "message": orphan})
+        parsed.inputs.append(d / KERNELS_FILE)
+
+
+def _coverage_issues(parsed: _Parsed, export_hosts: set[str], per_node: int, expected_processes: int | None,
+                     expected_nodes: int | None, remedy: Remedy) -> list[str]:  # fmt: skip
+    """Add the issues of missing rank logs, exports and nodes, and of exports of no logged host;
+    returns the hosts with logs but no export."""
+    issues, logs_per_host = parsed.issues, parsed.logs_per_host
+    # One NCCL log per rank and one nsys export per node are expected; fewer means ranks are missing.
+    missing_ranks = max((expected_processes or 0) - len(parsed.processes), 0)
+    if missing_ranks:
+        short = {h: n for h, n in sorted(logs_per_host.items()) if n < per_node}
+        where = (", ".join(f"node {h} has {n} of {per_node}" for h, n in short.items())
+                 or f"{len(logs_per_host)} of {expected_nodes or '?'} nodes have logs")
+        issues.append({"severity": "error", "line": None,
+                       "message": f"{missing_ranks} of {expected_processes} rank logs are missing ({where}; found "
+                                  f"{len(parsed.processes)} process logs): the calls of the missing ranks are absent "
+                                  "from every table and communicators with them are incomplete. Write one log per "
+                                  f"rank ({_LOG_NAMING}), add the missing ones to {remedy.inputs_dir}, {remedy.redo}"})
+    no_export = sorted(set(logs_per_host) - export_hosts)
+    for h in no_export:
+        issues.append({"host": h, "severity": "error", "line": None, "message": missing_export_problem(h, remedy)})
+    seen_nodes = set(logs_per_host) | export_hosts
+    if expected_nodes and len(seen_nodes) < expected_nodes:
+        issues.append({"severity": "error", "line": None,
+                       "message": f"{expected_nodes - len(seen_nodes)} of {expected_nodes} nodes have neither NCCL "
+                                  f"logs nor an nsys export (found {', '.join(sorted(seen_nodes))})"})
+    for h in sorted(export_hosts - set(logs_per_host)):
+        issues.append({"host": h, "severity": "warning", "line": None,
+                       "message": f"nsys export of {h} belongs to no host of the NCCL logs; it is not used"})
+    return no_export
