@@ -347,28 +347,32 @@ def test_declared_steps_that_nothing_verifies_are_refused_not_guessed(unmarked_w
     assert _window_record(tmp_path / "o")["located_by"] is None
 
 
-def test_every_capture_family_has_no_wrong_match(tmp_path):
+# One test per family, each in a scheduling group of its own: the families share nothing, and as
+# one test they were the longest single piece of the suite on one process.
+@pytest.mark.parametrize("fam", [
+    pytest.param(f, id=f"{f.name} ({f.nccl})", marks=pytest.mark.xdist_group(f"capture-family-{i}"))
+    for i, f in enumerate(FAMILIES)])  # fmt: skip
+def test_every_capture_family_has_no_wrong_match(fam, tmp_path):
     """`nccltrace validate`'s capture families: precision >= 0.999 in every family, recall at
     least the family's floor."""
-    for fam in FAMILIES:
-        row = run_family(fam, tmp_path)
-        assert row["precision"] >= 0.999 and row["recall"] >= fam.min_recall, row
-        if fam.name in ("step window, nothing declared", "step window, declared steps, no markers",
-                        "log cut short") and fam.nccl < "2.26":
-            assert row["partial"] and row["problems"] > 0, row
-        if fam.name == "block of log lines lost":  # named from the opCount gaps it leaves
-            assert row["partial"] and row["problems"] == 2, row
-        if fam.name == "full":
-            assert not row["partial"] and row["problems"] == 0, row
-        if fam.name.startswith("lazy process groups"):  # global ranks unknown: said, and partial
-            assert row["partial"] and row["problems"] > 0, row
-        if fam.name.startswith("kernel ends spread by milliseconds") or fam.name == GRAPH_TIME_SHARED:
-            # ranks time-sharing a GPU: the common-end and order tests stand down where one
-            # collective's ends lie as far apart as consecutive collectives, and demote nothing
-            assert "cross_rank_stood_down" in row["stood_down"] and row["cross_rank_demoted"] == 0, row
-            assert row["partial"] is (fam.name == GRAPH_TIME_SHARED), row  # graph replays are flagged
-        else:  # nowhere else does a check stand down
-            assert row["stood_down"] == "", row
+    row = run_family(fam, tmp_path)
+    assert row["precision"] >= 0.999 and row["recall"] >= fam.min_recall, row
+    if fam.name in ("step window, nothing declared", "step window, declared steps, no markers",
+                    "log cut short") and fam.nccl < "2.26":
+        assert row["partial"] and row["problems"] > 0, row
+    if fam.name == "block of log lines lost":  # named from the opCount gaps it leaves
+        assert row["partial"] and row["problems"] == 2, row
+    if fam.name == "full":
+        assert not row["partial"] and row["problems"] == 0, row
+    if fam.name.startswith("lazy process groups"):  # global ranks unknown: said, and partial
+        assert row["partial"] and row["problems"] > 0, row
+    if fam.name.startswith("kernel ends spread by milliseconds") or fam.name == GRAPH_TIME_SHARED:
+        # ranks time-sharing a GPU: the common-end and order tests stand down where one
+        # collective's ends lie as far apart as consecutive collectives, and demote nothing
+        assert "cross_rank_stood_down" in row["stood_down"] and row["cross_rank_demoted"] == 0, row
+        assert row["partial"] is (fam.name == GRAPH_TIME_SHARED), row  # graph replays are flagged
+    else:  # nowhere else does a check stand down
+        assert row["stood_down"] == "", row
 
 
 REAL_EXPORTS = NSYS_SQLITE  # tests/data/real/nsys_sqlite
