@@ -215,7 +215,7 @@ def test_a_second_invocation_has_nothing_to_do(first_run, workdir):
 
 
 def test_an_analysis_code_change_reruns_exactly_the_downstream_stages(first_run, workdir):
-    metrics = workdir / "src" / "nccltrace" / "metrics.py"
+    metrics = workdir / "src" / "nccltrace" / "metrics" / "compute.py"
     metrics.write_text(metrics.read_text() + "\n\n_REANALYSIS_MARKER = 1  # changed by the test\n")
     capture = {p: p.stat().st_mtime_ns for p in (workdir / "results" / "slurmtest" / GOOD / "raw").rglob("*")
                if p.is_file()}
