@@ -90,7 +90,7 @@ def _profiler(rank: int) -> pd.DataFrame:
             "file": path.name, "record": i, "rank": trace["distributedInfo"]["rank"], "host": None, "pid": e["pid"],
             "tid": e["tid"], "torch_op": torch_collective(a["Collective name"]), "op": op, "op_source": "cpu-record",
             "count": log_count(op, a["In msg nelems"], a["Out msg nelems"], a["Group size"]),
-            "datatype_name": nccl_datatype(a["dtype"])[1], "size_source": "cpu-record", "nranks": a["Group size"],
+            "datatype_name": nccl_datatype(a["dtype"]), "size_source": "cpu-record", "nranks": a["Group size"],
             "root": ranks.index(peer) if op in ("Send", "Recv") else 0, "pg_name": a["Process Group Name"],
             "pg_desc": a["Process Group Description"], "pg_ranks": ranks_text(ranks), "comm_source": "process-group",
             "pg_seq": None, "seq_source": None, "kernel_correlation_id": None,
@@ -128,7 +128,7 @@ def test_dump_rows_are_the_calls_and_agree_with_truth():
             group = tuple(json.loads(row.pg_ranks))
             right["op"] += row.op == op
             right["count"] += row.count == count
-            right["dtype"] += row.datatype_name == nccl_datatype(call["dtype"])[1]
+            right["dtype"] += row.datatype_name == nccl_datatype(call["dtype"])
             if op in (
                 "Send",
                 "Recv",

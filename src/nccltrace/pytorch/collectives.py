@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import re
 
-from nccltrace.nccl.enums import DATATYPE_BY_NAME
-
 __all__ = [
     "RECORD_COLUMNS",
     "log_count",
@@ -99,10 +97,9 @@ def log_count(op: str | None, in_nelems: int | None, out_nelems: int | None, gro
     return in_nelems
 
 
-def nccl_datatype(dtype: str | None) -> tuple[int | None, str | None]:
-    """(ncclDataType_t value, name) of a torch dtype as recorded (``BFloat16``,
-    ``torch.float32``); (None, None) when unknown."""
+def nccl_datatype(dtype: str | None) -> str | None:
+    """The NCCL datatype name (as ``nccl.enums.DATATYPES`` spells it: ``bfloat16``, ``float32``)
+    of a torch dtype as recorded (``BFloat16``, ``torch.float32``); None when unknown."""
     if not dtype:
-        return None, None
-    name = _DTYPES.get(dtype.strip().lower().removeprefix("torch.").replace(" ", ""))
-    return (DATATYPE_BY_NAME[name], name) if name else (None, None)
+        return None
+    return _DTYPES.get(dtype.strip().lower().removeprefix("torch.").replace(" ", ""))

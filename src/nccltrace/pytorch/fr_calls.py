@@ -155,7 +155,7 @@ def _datatype(entry: dict[str, Any], problems: _Problems, rid: Any) -> str | Non
             f"tensors of several dtypes {sorted(names)}: datatype left null", rid
         )
         return None
-    _, name = nccl_datatype(names.pop())
+    name = nccl_datatype(names.pop())
     if name is None:
         problems.add(
             f"dtype {dtypes[0]!r} has no NCCL datatype known here: datatype left null",
