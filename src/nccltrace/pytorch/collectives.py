@@ -45,8 +45,9 @@ _DTYPES = {
 RECORD_COLUMNS: dict[str, str] = {
     "file": "object", "record": "int64", "rank": "Int64", "host": "object", "pid": "Int64", "tid": "Int64",
     "torch_op": "object", "op": "object", "op_source": "object", "count": "Int64", "datatype_name": "object",
-    "size_source": "object", "nranks": "Int64", "root": "Int64", "pg_name": "object", "pg_desc": "object",
-    "pg_ranks": "object", "comm_source": "object", "pg_seq": "Int64", "seq_source": "object",
+    "bytes": "Int64", "size_source": "object", "nranks": "Int64", "root": "Int64", "pg_name": "object",
+    "pg_desc": "object", "pg_ranks": "object", "comm_id": "UInt64", "comm_source": "object", "pg_seq": "Int64",
+    "seq_source": "object",
     "kernel_correlation_id": "Int64", "record_utc": "Int64", "enqueue_utc": "Int64", "started_utc": "Int64",
     "ended_utc": "Int64",
 }  # fmt: skip
@@ -54,8 +55,12 @@ RECORD_COLUMNS: dict[str, str] = {
 dump's, an nsys export's): one row per call as that source saw it, in the order of the
 process's calls (``record``: 0-based position in ``file``). ``op``/``count``/``datatype_name``
 /``root``/``nranks`` follow the NCCL log's conventions (``nccl_op``, ``log_count``); ``*_source``
-say which record gave each fact (null with the fact); ``pg_ranks`` is the group's global
-ranks as text "[0, 1]"; ``pg_seq`` PyTorch's per-group sequence number; ``record_utc`` the
+say which record gave each fact (null with the fact); ``bytes`` the message size where a source
+records bytes but no count and datatype (nsys's NVTX payload: NCCL's count x datatype size as the
+call passed it; null elsewhere, count and datatype give it); ``pg_ranks`` is the group's global
+ranks as text "[0, 1]"; ``comm_id`` NCCL's communicator id (commHash, as the log's init lines
+print it) where a source records it (nsys's NVTX payload), else null; ``pg_seq`` PyTorch's
+per-group sequence number; ``record_utc`` the
 CPU record's start, ``enqueue_utc`` Flight Recorder's enqueue time (UTC ns, CPU clocks),
 ``started_utc``/``ended_utc`` the GPU start/end Flight Recorder times with
 ``TORCH_NCCL_ENABLE_TIMING=1`` (null without). ``kernel_correlation_id`` ties the call to its

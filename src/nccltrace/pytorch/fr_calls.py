@@ -92,7 +92,8 @@ def _records_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     nulls inferred as float would round nanosecond times."""
     data = {}
     for col, dtype in RECORD_COLUMNS.items():
-        values = [r[col] for r in rows]
+        # facts a dump never records (comm_id, bytes) stay null
+        values = [r.get(col) for r in rows]
         data[col] = pd.Series(np.array(values, dtype=object) if dtype == "object" else pd.array(values, dtype=dtype),
                               dtype=dtype)  # fmt: skip
     return pd.DataFrame(data)
