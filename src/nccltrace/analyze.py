@@ -102,36 +102,49 @@ def find_raw_inputs(raw_dir: Path | str, staging: Path | str | None = None) -> R
                if not any(p.resolve().is_relative_to(d) for d in skip_dirs)}
     if staging is not None:
         exports.update(_export_reports(nsys_dir, exports, Path(staging) / "nsys", notes))
-    if not logs:
+    dumps = _find_dumps(raw, staging, notes) if staging is not None else []
+    if not logs and not (traces or dumps or exports):
         found_txt = f" (found {', '.join(p.name for p in ignored[:5])}, without NCCL lines)" if ignored else ""
-        raise FileNotFoundError(f"no NCCL debug lines in any file of {log_dir}{found_txt}: expected the NCCL logs "
-                                f"of the run (one per process, per rank, or one combined stdout of all ranks, in "
-                                f"{raw / 'nccl'} or directly in {raw}); {_LOG_HINT}")
-    if not exports and not traces:
+        raise FileNotFoundError(f"no evidence of NCCL calls in {raw}{found_txt}: looked for NCCL debug logs (one per "
+                                f"process, per rank, or one combined stdout of all ranks, in {raw / 'nccl'} or "
+                                f"directly in {raw}), PyTorch-profiler traces, Flight Recorder dumps and nsys exports; "
+                                f"found none. {_LOG_HINT}; or keep torch.profiler traces, Flight Recorder dumps "
+                                "(TORCH_FR_BUFFER_SIZE) or nsys reports of the run")
+    if not logs:
+        found_txt = ", ".join(f"{n} {what}" for n, what in ((len(traces), "profiler trace(s)"),
+                                                             (len(dumps), "Flight Recorder dump(s)"),
+                                                             (len(exports), "nsys export(s)")) if n)  # fmt: skip
+        notes.append(f"no NCCL debug log in {raw}: the calls come from {found_txt} (each fact's source is in the "
+                     "ops table's *_source columns; what none of them records is said once)")
+    elif not exports and not traces:
         reports = sorted({*nsys_dir.glob("*.nsys-rep"), *nsys_dir.glob("*.qdrep")})
         names = ", ".join(p.name for p in reports[:5])
         found = f" (found {names}, not exported yet: {_EXPORT_HINT})" if reports else ""
         notes.append(f"no kernel trace in {raw}{found}: the NCCL logs alone are analysed (calls, communicators, "
                      "labels, volumes; no kernel times or bandwidths)")
-    dumps: list[Path] = []
-    if staging is not None:
-        from nccltrace.pytorch.flight_recorder import (
-            FlightRecorderError,
-            pickle_files,
-            read_dump,
-        )
-
-        for f in pickle_files(raw):
-            if f.resolve().is_relative_to(Path(staging).resolve()):
-                continue
-            try:
-                read_dump(f)
-                dumps.append(f)
-            except FlightRecorderError as e:
-                notes.append(f"not used as a Flight Recorder dump: {e}")
     run_yaml = raw / "run.yaml"
     return RawInputs(raw, logs, exports, run_yaml if run_yaml.is_file() else None, ignored, notes, problems,
                      traces, dumps)
+
+
+def _find_dumps(raw: Path, staging: Path | str, notes: list[str]) -> list[Path]:
+    """The Flight Recorder dumps below ``raw`` (by content; outside the staging directory)."""
+    from nccltrace.pytorch.flight_recorder import (
+        FlightRecorderError,
+        pickle_files,
+        read_dump,
+    )
+
+    dumps: list[Path] = []
+    for f in pickle_files(raw):
+        if f.resolve().is_relative_to(Path(staging).resolve()):
+            continue
+        try:
+            read_dump(f)
+            dumps.append(f)
+        except FlightRecorderError as e:
+            notes.append(f"not used as a Flight Recorder dump: {e}")
+    return dumps
 
 
 def _export_reports(nsys_dir: Path, exports: Mapping[str, Path], dest: Path, notes: list[str]) -> dict[str, Path]:
@@ -265,6 +278,8 @@ class _Analysis:
     hosts: list[str] = field(default_factory=list)  # nodes with a kernel trace
     no_export: list[str] = field(default_factory=list)  # log hosts without one
     procs_of: dict[str, list[str]] = field(default_factory=dict)
+    # processes without an NCCL log, from their other sources (inputs.evidence): name -> process
+    logless: dict[str, Any] = field(default_factory=dict)
 
     @property
     def nodes(self) -> list[str]:
@@ -288,7 +303,7 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *,
         raise ValueError(f"unknown alignment mode {mode!r}; use one of {', '.join(MODES)}")
     if until not in STAGES:
         raise ValueError(f"unknown stage {until!r} to stop after; use one of {', '.join(STAGES)}")
-    run = _start(raw_dir, out_dir, settings)
+    run = _start(raw_dir, out_dir, settings, progress)
     if capture_steps is not None:
         steps: tuple[int, int] | None = CaptureWindow(*capture_steps).loop_indices
     else:
@@ -305,14 +320,39 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *,
     return _finish(run, mode, result, ops_outputs, stage_outputs)
 
 
-def _start(raw_dir: Path | str, out_dir: Path | str, settings: RunSettings | Mapping[str, Any] | None) -> _Analysis:
+def _start(raw_dir: Path | str, out_dir: Path | str, settings: RunSettings | Mapping[str, Any] | None,
+           progress: bool = False) -> _Analysis:
     """Find the run's inputs (staged below ``out_dir/inputs``) and read its settings once."""
     out = Path(out_dir)
     inputs = find_raw_inputs(raw_dir, staging=out / "inputs")
     procs = sorted(inputs.logs)
     run_settings, source = _run_settings(inputs, settings)
+    logless, problems = ({}, []) if procs else _logless_processes(inputs, out, progress)
+    procs = procs or sorted(logless)
     return _Analysis(RunLayout(out), inputs, run_settings, source, procs,
-                     log_hosts=sorted({inputs.host_of(p) for p in procs}), notes=list(inputs.notes))
+                     log_hosts=sorted({inputs.host_of(p) for p in procs}), notes=list(inputs.notes),
+                     problems=problems, logless=logless)  # fmt: skip
+
+
+def _logless_processes(inputs: RawInputs, out: Path, progress: bool) -> tuple[dict[str, Any], list[str]]:
+    """The processes of a run without NCCL logs, from its profiler traces (read once into
+    ``out/inputs/kernels/``) and Flight Recorder dumps; and the problems of sources not used."""
+    from nccltrace.inputs.evidence import source_processes
+    from nccltrace.inputs.kernel_sources import stage_traces
+
+    problems: list[str] = []
+    staged = []
+    if inputs.traces:
+        with _bar(len(inputs.traces), "read profiler traces", "file", progress) as bar:
+            staged = stage_traces(inputs.traces, out / "inputs" / "kernels", progress=lambda _: bar.update(1))
+        problems += [f"profiler trace {t.path.name} not used: {t.problem}" for t in staged if t.problem]
+    procs = source_processes(staged, inputs.dumps, problems)
+    if not procs:
+        if inputs.exports:
+            raise ValueError(f"{inputs.raw_dir}: nsys exports without NCCL logs, profiler traces or Flight Recorder "
+                             "dumps are not analysed on their own yet: add the run's NCCL logs (" + _LOG_HINT + ")")
+        raise ValueError(f"{inputs.raw_dir}: no usable source of NCCL calls: " + "; ".join(problems))
+    return {p.name: p for p in procs}, problems
 
 
 def _place_kernel_traces(run: _Analysis, progress: bool) -> None:
@@ -323,14 +363,22 @@ def _place_kernel_traces(run: _Analysis, progress: bool) -> None:
 
     inputs, out = run.inputs, run.layout.root
     try:
-        run.assigned = assigned = assign_exports(list(inputs.exports.values()), set(run.log_hosts))
+        exports = [] if run.logless else list(inputs.exports.values())
+        run.assigned = assigned = assign_exports(exports, set(run.log_hosts))
     except RawImportError as e:
         raise ValueError(str(e)) from None
     n_before = len(run.problems)
-    run.sources = _kernel_sources(inputs, assigned, run.procs, out, progress, run.problems, run.notes)
+    if run.logless:
+        run.sources = {p.host: [p.trace.tables] for p in run.logless.values() if p.trace is not None}
+        if inputs.exports:
+            run.problems.append(f"{len(inputs.exports)} nsys export(s) not used: without NCCL logs, the processes come "
+                                "from the profiler traces and Flight Recorder dumps, and an export's processes are "
+                                "not yet joined to them")  # fmt: skip
+    else:
+        run.sources = _kernel_sources(inputs, assigned, run.procs, out, progress, run.problems, run.notes)
     run.source_problems = run.problems[n_before:]  # traces not used, no kernel trace: the report names them too
     run.hosts = sorted(run.sources)
-    if (inputs.exports or inputs.traces) and not set(run.hosts) & set(run.log_hosts):
+    if (inputs.exports or inputs.traces) and not run.logless and not set(run.hosts) & set(run.log_hosts):
         # kernel traces of other hosts or jobs: named, and the logs alone are analysed
         run.source_problems.append(
             f"no kernel trace belongs to a host of the NCCL logs (log hosts: {', '.join(run.log_hosts)}; nsys "
@@ -358,15 +406,31 @@ def _parse(run: _Analysis, progress: bool) -> None:
     layout, inputs = run.layout, run.inputs
     with _bar(len(run.procs) + len(run.nodes), "parse NCCL logs and nsys exports", "file", progress) as bar:
         for host in run.nodes:
-            res = run_parse_node(layout, host, {p: inputs.logs[p] for p in run.procs_of[host]}, run.sources.get(host),
-                                 run.settings, unusable=run.assigned.unusable.get(host), remedy=ANALYZE_REMEDY,
+            logs = {p: inputs.logs[p] for p in run.procs_of[host] if p in inputs.logs}
+            res = run_parse_node(layout, host, logs, run.sources.get(host), run.settings,
+                                 unusable=run.assigned.unusable.get(host), remedy=ANALYZE_REMEDY,
                                  done=lambda _: bar.update(1))  # fmt: skip
             _say(res, run.problems, run.notes)
+            for proc in run.procs_of[host]:
+                if proc in run.logless:
+                    _say(_parse_sources(run, run.logless[proc], host in run.sources), run.problems, run.notes)
+                    bar.update(1)
     shutil.rmtree(layout.staged_flight_recorder, ignore_errors=True)
-    if inputs.dumps:
+    if inputs.dumps and not run.logless:  # (a log-less run's dumps are its processes' call records)
         layout.staged_flight_recorder.mkdir(parents=True)
         for i, dump in enumerate(inputs.dumps):
             shutil.copyfile(dump, layout.staged_flight_recorder / f"{i:05d}_{dump.name}")
+
+
+def _parse_sources(run: _Analysis, proc: Any, kernels: bool) -> Any:
+    """Stage parse_sources of one log-less process (its calls, communicators and alignment)."""
+    from nccltrace.stages.parse_sources import run_parse_sources
+
+    trace = proc.trace
+    return run_parse_sources(run.layout, proc.name, proc.host, proc.pid, rank=proc.rank, rank_source=proc.rank_source,
+                             trace_tables=trace.tables if trace is not None else None,
+                             trace_file=trace.path.name if trace is not None else None, dump=proc.dump,
+                             kernels=kernels)  # fmt: skip
 
 
 def _communicators_and_summary(run: _Analysis) -> str:
@@ -410,8 +474,10 @@ def _align(run: _Analysis, mode: str, steps: tuple[int, int] | None, progress: b
         _require_payloads(run.layout, [h for h in run.hosts if h in run.log_hosts])
     with _bar(len(run.procs), f"align ({mode})", "proc", progress) as bar:
         for host in run.log_hosts:
-            _say(run_align_node(run.layout, host, run.procs_of[host], mode=mode, capture_steps=steps,
-                                done=lambda _: bar.update(1)), run.problems, run.notes)  # fmt: skip
+            logged = [p for p in run.procs_of[host] if p not in run.logless]  # (log-less: aligned by their records)
+            if logged:
+                _say(run_align_node(run.layout, host, logged, mode=mode, capture_steps=steps,
+                                    done=lambda _: bar.update(1)), run.problems, run.notes)  # fmt: skip
 
 
 def _ops_to(run: _Analysis, run_id: str, until: str, trace_options: Mapping[str, Any] | None,
@@ -466,7 +532,7 @@ def _finish(run: _Analysis, mode: str, result: Any, ops_outputs: list[Path],
                     "alignment_quality": str(layout.quality), "communicators": str(layout.communicators),
                     "parse_summary": str(layout.parse_summary), **stage_outputs},
     }  # fmt: skip
-    raw_files = [*inputs.logs.values(), *inputs.exports.values(), *inputs.traces,
+    raw_files = [*inputs.logs.values(), *inputs.exports.values(), *inputs.traces, *inputs.dumps,
                  *([inputs.run_yaml] if inputs.run_yaml else [])]
     write_manifest(layout.root / "manifest.json", stage="analyze", inputs=raw_files,
                    outputs=ops_outputs + [layout.parse_summary], config=recorded, partial=partial, reasons=problems,

@@ -14,8 +14,9 @@ __all__ = [
     "FOREIGN_PROCESS_REASON",
     "GRAPH_CAPTURED_REASON",
     "MODES",
-    "NO_EXPORT_REASON",
     "NOT_IN_EXPORT_REASON",
+    "NO_CALL_RECORD_REASON",
+    "NO_EXPORT_REASON",
     "OUTSIDE_CAPTURE_REASON",
 ]
 
@@ -29,6 +30,9 @@ FOREIGN_PROCESS_REASON = "other_process_in_log"
 """Reason of call lines of another process in a log (a shared file): never aligned."""
 GRAPH_CAPTURED_REASON = "graph_captured"
 """Reason of call lines captured into a CUDA graph: logged once, their kernels are the replays."""
+NO_CALL_RECORD_REASON = "no_call_record"
+"""Reason of kernel rows of a log-less process whose kernel no call record of its sources claims
+(an nsys kernel launched before the export's window, a profiler kernel without its record)."""
 OUTSIDE_CAPTURE_REASON = "outside_capture"
 """Reason of call lines written outside the span the capture covers (a step-window capture)."""
 
@@ -68,11 +72,14 @@ ALIGNMENT_SCHEMA = pa.schema(
            "'contradicted_stream' (the aligned kernel ran on the export stream of "
            "another log stream: demoted), 'contradicted_cross_rank' (ops table: the kernel disagrees with its "
            "instance's other ranks or its communicator's instance order: demoted), 'no_log_line' (kernel rows), "
-           "'unparsed' (thesis mode: not an op it aligns); null when matched"),
+           "'unparsed' (thesis mode: not an op it aligns), 'no_call_record' (kernel rows of a process without a log: no "
+           "call record of its sources claims the kernel); null when matched"),
         _f("confidence", pa.float64(), "", "0..1: share of the available evidence (family, dtype, stream, time) "
            "that confirms the match; 1.0 for exact matches; null when unmatched"),
         _f("method", pa.string(), "", "'alignment', 'opcount' (fixed by opCount arithmetic), 'thesis-nw', "
-           "'nvtx' (exact)"),
+           "'nvtx' (exact); without a log, the link the call's own record makes: 'kernel-record' (the profiler's "
+           "kernel carries the call's id), 'cpu-record' (a batched P2P kernel launched inside its records' range), "
+           "'nvtx-launch' (nsys: the launch inside the API call's range)"),
         _f("duplicate_of", pa.int64(), "", "for duplicate lines: the line they repeat"),
         _f("steps_verified", pa.bool_(), "", "calls of a partial capture located in the log: true when the evidence "
            "that located it also fixes which training iterations were captured (log timestamps, the profiler's step "

@@ -89,6 +89,24 @@ def launcher_ranks(parsed_dirs: Iterable[Path | str]) -> dict[tuple[str, int], t
     return {k: (int(o["launcher"]["rank"]), None) for k, o in _log_origins(parsed_dirs).items() if o.get("launcher")}
 
 
+RANK_SOURCE_RECORDS = "call records"
+
+
+def record_ranks(parsed_dirs: Iterable[Path | str]) -> dict[tuple[str, int], tuple[int, int | None]]:
+    """(host, pid) -> (global rank, None) of processes parsed from records without a log
+    (``source_rank.json``: the profiler's distributedInfo or a Flight Recorder dump)."""
+    import json
+
+    from nccltrace.core.layout import SOURCE_RANK_FILE, process_key
+
+    out = {}
+    for d in parsed_dirs:
+        f = Path(d) / SOURCE_RANK_FILE
+        if f.is_file() and isinstance(rank := json.loads(f.read_text()).get("rank"), int):
+            out[process_key(Path(d).name)] = (rank, None)
+    return out
+
+
 RANK_SOURCE_FILE_NAME = "log file name"
 RANK_NAME_SETTING = "rank_in_log_name"
 """The run setting (and ``analyze --rank-in-log-name``) naming where log file names carry the rank."""
@@ -428,7 +446,8 @@ def infer_run_communicators(parsed_dirs: Iterable[Path], out_dir: Path,
     if comms is not None:
         _refuse_mixed_jobs(comms)
         notes: list[str] = []  # what each rank source could not use, in the order they were tried
-        known = {RANK_SOURCE_PROFILER: profiler_ranks(sessions), RANK_SOURCE_LAUNCHER: launcher_ranks(parsed_dirs),
+        known = {RANK_SOURCE_RECORDS: record_ranks(parsed_dirs), RANK_SOURCE_PROFILER: profiler_ranks(sessions),
+                 RANK_SOURCE_LAUNCHER: launcher_ranks(parsed_dirs),
                  RANK_SOURCE_FILE_NAME: file_name_ranks(parsed_dirs, (settings or {}).get(RANK_NAME_SETTING), notes)}
         result = infer_communicators(comms, known)
         # the last two sources fit what the others named, so each runs only while ranks are unknown

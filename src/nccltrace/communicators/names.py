@@ -70,6 +70,7 @@ def name_communicators(comms: pd.DataFrame, members: pd.DataFrame, records: Iter
     lid_of = {(str(h), int(p), int(c)): int(lid) for h, p, c, lid in
               zip(members["host"], members["pid"], members["comm"], members["logical_id"]) if int(lid) >= 0}  # fmt: skip
     votes: dict[int, dict[tuple[str, str | None], int]] = {}
+    evidence: dict[int, str] = {}  # what named the group: the kernels' records, or a log-less process's records
     for rec in records:
         host, pid = rec.get("host"), rec.get("pid")
         for entry in rec.get("process_groups") or []:
@@ -79,6 +80,7 @@ def name_communicators(comms: pd.DataFrame, members: pd.DataFrame, records: Iter
             for g in entry["groups"]:
                 key = (str(g["pg_name"]), g.get("pg_desc"))
                 votes.setdefault(lid, {})[key] = votes.get(lid, {}).get(key, 0) + int(g["calls"])
+                evidence.setdefault(lid, entry.get("name_source") or "kernel-records")
     member_set = {int(lid): tuple(sorted(int(r) for r in m)) for lid, m in zip(comms["logical_id"], comms["members"])}
     named: dict[int, tuple[str, str | None, str]] = {}
     refused: set[int] = set()  # contradicting evidence: not named by elimination either
@@ -95,7 +97,7 @@ def name_communicators(comms: pd.DataFrame, members: pd.DataFrame, records: Iter
                          f"{list(ranks)} are not the communicator's {list(member_set.get(lid, ()))}; left unnamed")
             refused.add(lid)
             continue
-        named[lid] = (name, desc, "kernel-records")
+        named[lid] = (name, desc, evidence.get(lid, "kernel-records"))
     for lid, name, desc, src in (named_before.itertuples(index=False) if named_before is not None else ()):
         lid = int(lid)
         if lid in refused:

@@ -14,9 +14,25 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ALIGNMENT_FILE", "ALIGNMENT_QUALITY_FILE", "CALLS_FILE", "COMMS_FILE", "KERNELS_FILE", "LAUNCHES_FILE",
-           "LOG_ORIGIN_FILE", "MANIFEST_FILE", "METRIC_TABLES", "NVTX_FILE", "PARSE_REPORT_FILE", "RUN_YAML_FILE",
-           "SESSION_FILE", "RunLayout", "process_key"]  # fmt: skip
+__all__ = [
+    "ALIGNMENT_FILE",
+    "ALIGNMENT_QUALITY_FILE",
+    "CALLS_FILE",
+    "CALL_SOURCES_FILE",
+    "COMMS_FILE",
+    "KERNELS_FILE",
+    "LAUNCHES_FILE",
+    "LOG_ORIGIN_FILE",
+    "MANIFEST_FILE",
+    "METRIC_TABLES",
+    "NVTX_FILE",
+    "PARSE_REPORT_FILE",
+    "RUN_YAML_FILE",
+    "SESSION_FILE",
+    "SOURCE_RANK_FILE",
+    "RunLayout",
+    "process_key",
+]  # fmt: skip
 
 # The file names of a run's results, spelled once. The format readers write the parsed tables
 # under these names, the stages and the command line read them through these names (or RunLayout).
@@ -45,6 +61,12 @@ METRIC_TABLES = ("op_metrics", "instances", "stragglers", "limits", "algorithms"
 """The tables of the metrics stage, in the order it writes them."""
 ALIGNMENT_QUALITY_FILE = "alignment_quality.json"
 """A process's alignment-quality record, beside its alignment table."""
+CALL_SOURCES_FILE = "call_sources.parquet"
+"""Beside the parsed tables of a process without an NCCL log: per call, which source gave each
+fact (``inputs.call_records.CALL_SOURCE_SCHEMA``)."""
+SOURCE_RANK_FILE = "source_rank.json"
+"""Beside the parsed tables of a process without an NCCL log: its global rank and what recorded
+it (``rank``, ``rank_source``: the profiler's distributedInfo or a Flight Recorder dump)."""
 LOG_ORIGIN_FILE = "log_origin.json"
 """Beside a process's parsed tables, when log discovery made its log: ``launcher``, the global
 rank its launcher prefix named in a combined stdout (:func:`nccltrace.inputs.logs.launcher_ranks`),

@@ -26,7 +26,7 @@ import pyarrow as pa
 from nccltrace.align.quality import CROSS_RANK_REASON, INFORMATIONAL_CHECKS, P2P_REASON
 from nccltrace.align.schema import ALIGNMENT_SCHEMA
 from nccltrace.communicators.schema import run_world_size
-from nccltrace.core.layout import CALLS_FILE
+from nccltrace.core.layout import CALL_SOURCES_FILE, CALLS_FILE
 from nccltrace.core.settings import RunSettings
 from nccltrace.core.spill import PartSpill
 from nccltrace.core.tables import (
@@ -67,6 +67,21 @@ OPS_SCHEMA = pa.schema(
         _f("instance", pa.string(), "", "cross-rank key of one collective instance: '<logical_id>:<opCount>' where "
            "opCount is informative, else '<logical_id>#<k-th call on the communicator>'; null for P2P, duplicate "
            "lines and single-rank communicators"),
+        _f("source", pa.string(), "", "what the row was made from: 'nccl-log' (a call line; kernel rows: the kernel "
+           "source), 'profiler', 'flight-recorder' (processes without a log: their call records)"),
+        _f("op_source", pa.string(), "", "which record named op: 'nccl-log', 'kernel-record', 'cpu-record', "
+           "'flight-recorder', 'nvtx-range'; null: none did (see call_sources in docs/evidence-sources.md)"),
+        _f("size_source", pa.string(), "", "which record gave count/datatype (as op_source); null: no present source "
+           "records the size (the run's problems name what to capture)"),
+        _f("comm_source", pa.string(), "", "what the communicator is known from: 'nccl-init', 'process-group'; null"),
+        _f("rank_source", pa.string(), "", "what names global_rank: 'communicators' (logged processes: the "
+           "communicators stage, from the world communicator or the run's other rank records), "
+           "'profiler-distributed-info', 'flight-recorder'; null: unknown"),
+        _f("time_source", pa.string(), "", "what gives the kernel times: 'kernel' (a kernel record); null: none"),
+        _f("seq_source", pa.string(), "", "what gives pg_seq: 'flight-recorder'; null: no sequence number"),
+        _f("torch_op", pa.string(), "", "PyTorch's collective as its record names it (processes without a log)"),
+        _f("enqueue_utc", pa.int64(), "ns", "Flight Recorder's enqueue time of the call (UTC, CPU clock; not a kernel "
+           "time)"),
         _f("kernel_start_utc", pa.int64(), "ns", "kernel start read on the node's clock as UTC (nsys + session start)"),
         _f("kernel_end_utc", pa.int64(), "ns", "kernel end on the node's clock as UTC"),
         _f("kernel_start_sync", pa.int64(), "ns", "kernel start on the reference node's clock (clock sync); null "
@@ -192,10 +207,40 @@ def _process_ops(aligned_path: Path | str, calls_dir: Path | str, members: pd.Da
                                                                                        ops.loc[miss, "pid"])]  # fmt: skip
     ops = label_ops(ops, labels)
     ops["pg_seq"] = _pg_seq(ops, pg_seqs)
+    ops = _provenance(ops, Path(calls_dir) / CALL_SOURCES_FILE)
     ops["instance"] = _instances(ops)
     off = ops["host"].map(utc).astype("Int64")
     ops["kernel_start_utc"] = ops["kernel_start"].astype("Int64") + off
     ops["kernel_end_utc"] = ops["kernel_end"].astype("Int64") + off
+    return ops
+
+
+_SOURCE_COLUMNS = ["source", "op_source", "size_source", "comm_source", "rank_source", "time_source", "seq_source",
+                   "torch_op", "enqueue_utc"]  # fmt: skip
+
+
+def _provenance(ops: pd.DataFrame, call_sources: Path) -> pd.DataFrame:
+    """Where each row's facts came from: a process without a log has its call sources' record
+    (``CALL_SOURCES_FILE``: its sequence numbers too); a logged one's call facts are the log's."""
+    if call_sources.exists():
+        src = read_table(call_sources, columns=["file", "line", *_SOURCE_COLUMNS, "pg_seq"])
+        src = src.rename(columns={"pg_seq": "_pg_seq"})
+        ops = ops.merge(src, on=["file", "line"], how="left")
+        ops["pg_seq"] = ops["pg_seq"].astype("Int64").fillna(ops.pop("_pg_seq").astype("Int64"))
+        kernel = ops["row_kind"] == "kernel"
+        ops.loc[kernel, "source"] = "profiler" if ops["source"].eq("profiler").any() else ops.loc[kernel, "source"]
+        ops.loc[kernel & ops["kernel_start"].notna(), "time_source"] = "kernel"
+        return ops
+    call = (ops["row_kind"] == "call").to_numpy()
+    ops["source"] = "nccl-log"
+    ops["op_source"] = np.where(call, "nccl-log", None)
+    ops["size_source"] = np.where(call & ops["count"].notna().to_numpy(), "nccl-log", None)
+    ops["comm_source"] = np.where(ops["logical_id"].notna(), "nccl-init", None)
+    ops["rank_source"] = np.where(ops["global_rank"].notna(), "communicators", None)
+    ops["time_source"] = np.where(ops["kernel_start"].notna(), "kernel", None)
+    ops["seq_source"] = np.where(ops["pg_seq"].notna(), "flight-recorder", None)
+    ops["torch_op"] = None
+    ops["enqueue_utc"] = pd.array([pd.NA] * len(ops), dtype="Int64")
     return ops
 
 
@@ -826,7 +871,10 @@ def _named(labels: pd.DataFrame, comms: pd.DataFrame, members: pd.DataFrame, rec
                  f"({int((names['name_source'] == 'kernel-records').sum())} from the kernels' records, "
                  f"{int((names['name_source'] == 'flight-recorder').sum())} from Flight Recorder dumps, "
                  f"{int((names['name_source'] == 'pytorch-log').sum())} from PyTorch's log lines, "
-                 f"{int((names['name_source'] == 'elimination').sum())} as the only group with their members left)")
+                 f"{int((names['name_source'] == 'elimination').sum())} as the only group with their members left"
+                 + "".join(f", {n} from {src.removesuffix('-records')} records of processes without a log"
+                           for src, n in names["name_source"].value_counts().items()
+                           if src.endswith("-records") and src != "kernel-records") + ")")  # fmt: skip
     return named
 
 

@@ -1,0 +1,93 @@
+"""Which processes a run without NCCL logs had, and which source describes each.
+
+A profiler trace records its process's OS pid and global rank (``distributedInfo``) but no
+host; a Flight Recorder dump records only the rank (the member its groups share). Sources of one
+rank are one process. A process's host is recorded by none of them, so it is named
+``rank<R>`` (one clock domain per rank: the clock-sync stage then measures whether they share a
+clock rather than assuming it), and a process known from a dump alone takes its rank as its pid.
+Two traces (or dumps) of one rank are refused by name: they are two jobs, or one rank twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from nccltrace.core.layout import process_name
+from nccltrace.inputs.kernel_sources import StagedTrace
+
+__all__ = ["SourceProcess", "source_processes"]
+
+
+@dataclass(frozen=True)
+class SourceProcess:
+    """One process of a log-less run: its name in the layout, host and pid (as named, see the
+    module docstring), global rank and where the rank came from, and its sources."""
+
+    name: str
+    host: str
+    pid: int
+    rank: int | None
+    rank_source: str | None
+    trace: StagedTrace | None = None
+    dump: Path | None = None
+
+    @property
+    def sources(self) -> list[str]:
+        """The sources of the process, in words."""
+        return [s for s, v in (("profiler trace", self.trace), ("Flight Recorder dump", self.dump)) if v is not None]
+
+
+def source_processes(traces: Sequence[StagedTrace], dumps: Sequence[Path],
+                     problems: list[str]) -> list[SourceProcess]:  # fmt: skip
+    """The processes of usable profiler traces and Flight Recorder dumps, one per rank (a trace
+    and a dump of the same rank are one process), in rank order; ``problems`` gets one message
+    per source not used (unreadable, no rank, or a rank another source of its kind has)."""
+    from nccltrace.pytorch.flight_recorder import FlightRecorderError, read_dump
+
+    by_rank: dict[int, dict[str, object]] = {}
+    rankless: list[StagedTrace] = []
+    for t in traces:
+        if t.tables is None or t.problem:
+            continue  # named by the caller (staging)
+        if t.rank is None or len(t.pids) != 1:
+            rankless.append(t)
+            continue
+        _claim(by_rank, t.rank, "trace", t, t.path.name, problems)
+    for f in dumps:
+        try:
+            rank = read_dump(f).rank
+        except FlightRecorderError as e:
+            problems.append(f"Flight Recorder dump not used: {e}")
+            continue
+        if rank is None:
+            problems.append(f"{f.name}: Flight Recorder dump whose groups share no single rank: its rank is unknown; "
+                            "not used")  # fmt: skip
+            continue
+        _claim(by_rank, rank, "dump", f, f.name, problems)
+    for t in rankless:
+        problems.append(f"{t.path.name}: profiler trace without a rank (distributedInfo) or with "
+                        f"{len(t.pids)} processes: its calls cannot be placed in the job; profile with torch.distributed "
+                        "initialised (the profiler then records distributedInfo)")  # fmt: skip
+    out = []
+    for rank, got in sorted(by_rank.items()):
+        trace, dump = got.get("trace"), got.get("dump")
+        pid = trace.pids[0] if isinstance(trace, StagedTrace) else rank
+        host = f"rank{rank}"
+        source = "profiler-distributed-info" if trace is not None else "flight-recorder"
+        out.append(SourceProcess(process_name(host, pid), host, pid, rank, source, trace, dump))  # type: ignore[arg-type]
+    return out
+
+
+def _claim(by_rank: dict[int, dict[str, object]], rank: int, kind: str, value: object, name: str,
+           problems: list[str]) -> None:  # fmt: skip
+    """Give ``rank`` its ``kind`` source, unless another source of that kind has it."""
+    have = by_rank.setdefault(rank, {})
+    if kind in have:
+        other = have[kind]
+        other_name = other.path.name if isinstance(other, StagedTrace) else Path(str(other)).name
+        problems.append(f"{name}: a second {kind} of rank {rank} (besides {other_name}): two jobs, or one rank "
+                        "twice; not used. Analyse one job's files at a time")  # fmt: skip
+        return
+    have[kind] = value

@@ -1,0 +1,142 @@
+"""Stage parse_sources: one process without an NCCL log, from the records its other sources
+left (a PyTorch-profiler trace, a Flight Recorder dump, or both), into the tables the log path
+writes: ``parsed/nccl/<host>/<proc>/`` (calls, comms, call sources) and, since each record
+names its own kernel, its alignment ``aligned/<host>/<proc>/``. Later stages then run as for a
+logged process. Where a trace and a dump both describe the process, the dump's entries are
+linked to the trace's calls (sequence numbers, sizes the trace lacks) and every disagreement is
+named (quality check ``sources_agree``). Facts no source gives stay null (``details['no_size']``
+counts the calls without a size; the run says it once, with the remedy)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from nccltrace.align.quality import quality_problems, write_quality
+from nccltrace.align.records import record_alignment
+from nccltrace.core.layout import (
+    KERNELS_FILE,
+    MANIFEST_FILE,
+    PARSE_REPORT_FILE,
+    SESSION_FILE,
+    SOURCE_RANK_FILE,
+    RunLayout,
+)
+from nccltrace.core.provenance import write_manifest
+from nccltrace.core.tables import read_table, write_json_atomic, write_table_atomic
+from nccltrace.inputs.call_records import records_tables, write_record_tables
+from nccltrace.stages import StageResult
+
+__all__ = ["run_parse_sources"]
+
+_METHOD = {"kernel-record": "kernel-record", "cpu-record": "cpu-record", "nvtx-range": "nvtx-launch",
+           "flight-recorder": "kernel-record"}  # fmt: skip
+
+
+def _trace_records(trace_tables: Path, trace_file: str) -> tuple[pd.DataFrame, list[str]]:
+    """The calls a staged profiler trace records (``kineto.comm_calls``)."""
+    from nccltrace.kineto.comm_calls import profiler_call_records
+
+    session = json.loads((trace_tables / SESSION_FILE).read_text())
+    kernels = read_table(trace_tables / KERNELS_FILE)
+    records_path = trace_tables / "comm_records.parquet"
+    comm = read_table(records_path) if records_path.exists() else None
+    got = profiler_call_records(kernels, comm, session, trace_file)
+    frame, messages = (got.records, got.messages) if hasattr(got, "records") else got
+    return frame.assign(source="profiler"), list(messages)
+
+
+def _records(trace_tables: Path | None, trace_file: str | None,
+             dump: Path | None) -> tuple[pd.DataFrame, list[str], dict]:  # fmt: skip
+    """The process's call records from its sources: the trace's (linked to the dump's entries
+    when both exist), else the dump's; messages; link statistics."""
+    from nccltrace.pytorch.flight_recorder import read_dump
+    from nccltrace.pytorch.fr_calls import dump_call_records, link_profiler_records
+
+    messages: list[str] = []
+    fr = dump_call_records(read_dump(dump), dump.name) if dump is not None else None
+    if trace_tables is None:
+        return fr.assign(source="flight-recorder"), messages, {}
+    rows, messages = _trace_records(trace_tables, trace_file or trace_tables.name)
+    if fr is None:
+        return rows, messages, {}
+    linked, link_messages, stats = link_profiler_records(rows, fr)
+    return linked.assign(source="profiler"), messages + list(link_messages), dict(stats)
+
+
+def _groups(trace_tables: Path | None, dump: Path | None) -> list[tuple[str, list[int]]]:
+    """(name, global ranks in group order) of every group the process's sources list: the
+    profiler's ``distributedInfo.pg_config`` (in PyTorch's order), else the dump's."""
+    out: list[tuple[str, list[int]]] = []
+    if trace_tables is not None:
+        cfg = json.loads((trace_tables / SESSION_FILE).read_text()).get("pg_config") or []
+        out += [(str(g.get("name", g.get("pg_name"))), list(g["ranks"])) for g in cfg
+                if isinstance(g, dict) and isinstance(g.get("ranks"), list)]  # fmt: skip
+    if dump is not None:
+        from nccltrace.pytorch.flight_recorder import read_dump
+
+        out += [(name, list(ranks)) for name, (ranks, _) in read_dump(dump).groups.items()]
+    return out
+
+
+def _process_groups(calls: pd.DataFrame, sources: pd.DataFrame) -> list[dict]:
+    """Per communicator of the process, the process group its records name (as the alignment
+    records the groups a profiler's kernels name), so the run names its communicators."""
+    t = pd.DataFrame({"comm": calls["comm"], "pg_name": sources["pg_name"], "pg_desc": sources["pg_desc"],
+                      "source": sources["source"]}).dropna(subset=["comm", "pg_name"])  # fmt: skip
+    out = []
+    for comm, g in t.groupby("comm", sort=True):
+        counts = g.groupby(["pg_name", "pg_desc"], dropna=False).size()
+        out.append({"comm": f"0x{int(comm):x}", "name_source": f"{g['source'].iloc[0]}-records", "groups": [
+            {"pg_name": str(n), "pg_desc": None if pd.isna(d) else str(d), "calls": int(c)}
+            for (n, d), c in counts.items()]})  # fmt: skip
+    return out
+
+
+def run_parse_sources(layout: RunLayout, proc: str, host: str, pid: int, *, rank: int | None,
+                      rank_source: str | None, trace_tables: Path | None = None, trace_file: str | None = None,
+                      dump: Path | None = None, kernels: bool = False) -> StageResult:  # fmt: skip
+    """Parse process ``proc`` (``host``, ``pid``, global ``rank`` recorded by ``rank_source``)
+    from its staged profiler trace (``trace_tables``, read from ``trace_file``) and/or Flight
+    Recorder ``dump``; ``kernels``: the node's parsed kernel source exists (the trace's), so its
+    calls are linked to kernels there."""
+    out, aligned = layout.parsed_nccl(proc), layout.aligned(proc)
+    records, messages, stats = _records(trace_tables, trace_file, dump)
+    calls, comms, sources = records_tables(records, host, pid, rank, rank_source, _groups(trace_tables, dump))
+    written = write_record_tables(out, calls, comms, sources)
+    write_json_atomic(out / SOURCE_RANK_FILE, {"rank": rank, "rank_source": rank_source})
+    files = sorted(set(calls["file"]))
+    write_json_atomic(out / PARSE_REPORT_FILE, {  # the parse summary's per-process record, as a log's
+        "partial": False, "totals": {"call": len(calls), "init": len(comms)},
+        "files": [{"file": f, "lines": int((calls["file"] == f).sum()), "issues": [], "counts": {}} for f in files]})
+    written.append(out / PARSE_REPORT_FILE)
+    inputs = [p for p in (dump, *(sorted(trace_tables.iterdir()) if trace_tables else [])) if p is not None]
+    no_size = int(calls["count"].isna().sum())
+    summary = {"calls": len(calls), "no_size": no_size, "sources": sorted(set(sources["source"].dropna())),
+               **{f"link_{k}": v for k, v in stats.items()}}  # fmt: skip
+    write_manifest(out / MANIFEST_FILE, stage="parse_sources", inputs=inputs, outputs=[*written, out / SOURCE_RANK_FILE],
+                   partial=False, reasons=[], extra={"summary": summary})  # fmt: skip
+    kernel_table = read_table(layout.parsed_nsys_table(host, "kernels")) if kernels else None
+    method = records["op_source"].map(_METHOD)
+    table = record_alignment(calls, records["kernel_correlation_id"], kernel_table, method, host, pid)
+    aligned.mkdir(parents=True, exist_ok=True)
+    from nccltrace.align.schema import ALIGNMENT_SCHEMA
+    from nccltrace.core.tables import coerce_to_schema, frame_to_table
+
+    write_table_atomic(frame_to_table(coerce_to_schema(table, ALIGNMENT_SCHEMA), ALIGNMENT_SCHEMA), layout.alignment(proc))
+    contradicted = int(stats.get("contradicted", 0) or 0)
+    check = {"check": "sources_agree", "applicable": bool(stats), "confirmed": int(stats.get("linked", 0) or 0) -
+             contradicted, "contradicted": contradicted, "not_checkable": int(stats.get("unlinked", 0) or 0),
+             "message": "; ".join(messages[:5]) if contradicted else None}  # fmt: skip
+    write_quality(layout.alignment_quality(proc), proc, {"host": host, "pid": int(pid), "checks": [check] if stats else [],
+                                                         "process_groups": _process_groups(calls, sources)})
+    problems = quality_problems(proc, {"checks": [check]})
+    matched = int((table["status"] == "matched").sum())
+    write_manifest(layout.manifest(aligned), stage="align", inputs=[out / "calls.parquet"],
+                   outputs=[layout.alignment(proc), layout.alignment_quality(proc)], partial=bool(problems),
+                   reasons=problems, extra={"summary": {"calls": len(calls), "matched": matched}})  # fmt: skip
+    notes = [m for m in messages if m not in problems]
+    return StageResult("parse_sources", [*written, layout.alignment(proc)], bool(problems), problems,
+                       str(summary), notes, details={"summary": summary, "no_size": no_size, "stats": stats})
