@@ -405,21 +405,52 @@ def _parse(run: _Analysis, progress: bool) -> None:
 
     layout, inputs = run.layout, run.inputs
     with _bar(len(run.procs) + len(run.nodes), "parse NCCL logs and nsys exports", "file", progress) as bar:
+        no_size = {}
         for host in run.nodes:
             logs = {p: inputs.logs[p] for p in run.procs_of[host] if p in inputs.logs}
-            res = run_parse_node(layout, host, logs, run.sources.get(host), run.settings,
-                                 unusable=run.assigned.unusable.get(host), remedy=ANALYZE_REMEDY,
-                                 done=lambda _: bar.update(1))  # fmt: skip
-            _say(res, run.problems, run.notes)
+            if logs or host in run.sources:  # (a log-less process without a kernel source: said once, below)
+                res = run_parse_node(layout, host, logs, run.sources.get(host), run.settings,
+                                     unusable=run.assigned.unusable.get(host), remedy=ANALYZE_REMEDY,
+                                     done=lambda _: bar.update(1))  # fmt: skip
+                _say(res, run.problems, run.notes)
             for proc in run.procs_of[host]:
                 if proc in run.logless:
-                    _say(_parse_sources(run, run.logless[proc], host in run.sources), run.problems, run.notes)
+                    res = _parse_sources(run, run.logless[proc], host in run.sources)
+                    _say(res, run.problems, run.notes)
+                    no_size[proc] = (res.details["no_size"], res.details["summary"]["calls"])
                     bar.update(1)
+    if run.logless:
+        run.problems += _logless_gaps(run, no_size)
     shutil.rmtree(layout.staged_flight_recorder, ignore_errors=True)
     if inputs.dumps and not run.logless:  # (a log-less run's dumps are its processes' call records)
         layout.staged_flight_recorder.mkdir(parents=True)
         for i, dump in enumerate(inputs.dumps):
             shutil.copyfile(dump, layout.staged_flight_recorder / f"{i:05d}_{dump.name}")
+
+
+_SIZE_REMEDY = ("keep CPU activity in torch.profiler (activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]: its "
+                "record_param_comms ops hold every call's size, batched Send/Recv too), or keep Flight Recorder dumps "
+                "(TORCH_FR_BUFFER_SIZE=<entries>, dumped at the end), or log with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL")
+_TIME_REMEDY = ("profile the ranks with torch.profiler (activities CPU and CUDA) or nsys, or set "
+                "TORCH_NCCL_ENABLE_TIMING=1 so that Flight Recorder times each call")
+
+
+def _logless_gaps(run: _Analysis, no_size: Mapping[str, tuple[int, int]]) -> list[str]:
+    """What the sources of a log-less run do not record, said once for the run with the remedy:
+    call sizes (e.g. batched Send/Recv in a trace without CPU records), kernel times (dumps alone)."""
+    out = []
+    lacking = {p: n for p, (n, _) in no_size.items() if n}
+    if lacking:
+        total = sum(c for _, c in no_size.values())
+        out.append(f"{sum(lacking.values())} of {total} calls have no size (count, bytes null; on "
+                   f"{len(lacking)} of {len(no_size)} processes): no source present records it. To get it, "
+                   + _SIZE_REMEDY)  # fmt: skip
+    untimed = [p for p, sp in run.logless.items() if sp.trace is None]
+    if untimed:
+        out.append(f"{len(untimed)} of {len(run.logless)} processes have no kernel trace (Flight Recorder dumps "
+                   f"alone): their calls have no kernel times (reason 'no_export'), so no bandwidths or timeline. "
+                   f"To get them, {_TIME_REMEDY}")  # fmt: skip
+    return out
 
 
 def _parse_sources(run: _Analysis, proc: Any, kernels: bool) -> Any:

@@ -168,7 +168,8 @@ def _instances(ops: pd.DataFrame) -> pd.Series:
     informative = sub.groupby(["host", "pid", "comm"])["op_count"].transform("nunique") > 1
     kth = sub.groupby(["host", "pid", "comm"]).cumcount()
     lid = sub["logical_id"].astype("int64").astype(str)
-    key.loc[sub.index] = np.where(informative, lid + ":" + sub["op_count"].astype("int64").astype(str),
+    # (op_count may be null on a communicator whose source numbers no call: then not informative)
+    key.loc[sub.index] = np.where(informative, lid + ":" + sub["op_count"].astype("Int64").astype(str),
                                   lid + "#" + kth.astype(str))  # fmt: skip
     return key
 

@@ -23,6 +23,7 @@ from nccltrace.core.layout import (
     MANIFEST_FILE,
     PARSE_REPORT_FILE,
     SESSION_FILE,
+    SOURCE_RANK_FILE,
     RunLayout,
     process_key,
 )
@@ -63,6 +64,7 @@ class _Parsed:
     logs_per_host: Counter = field(default_factory=Counter)
     logged: dict[str, set[int]] = field(default_factory=dict)  # pids with a log, per host
     inputs: list[Path] = field(default_factory=list)
+    from_records: set[str] = field(default_factory=set)  # hosts of processes parsed from records, not logs
 
 
 def run_parse_summary(layout: RunLayout, procs: Iterable[str], hosts: Iterable[str], *, run_id: str | None,
@@ -121,6 +123,8 @@ def _add_process(parsed: _Parsed, layout: RunLayout, proc: str) -> None:
     issues = parsed.issues
     data = json.loads((d / PARSE_REPORT_FILE).read_text())
     host, pid = process_key(proc)
+    if (d / SOURCE_RANK_FILE).exists():  # parsed from other sources' records, not from a log
+        parsed.from_records.add(host)
     parsed.logs_per_host[host] += 1
     parsed.logged.setdefault(host, set()).add(pid)
     parsed.totals.update(data["totals"])
@@ -177,7 +181,7 @@ def _coverage_issues(parsed: _Parsed, export_hosts: set[str], per_node: int, exp
                                   "from every table and communicators with them are incomplete. Write one log per "
                                   f"rank ({_LOG_NAMING}), add the missing ones to {remedy.inputs_dir}, {remedy.redo}"})
     no_export = sorted(set(logs_per_host) - export_hosts)
-    for h in no_export:
+    for h in (h for h in no_export if h not in parsed.from_records):  # (their run says it once, with its sources)
         issues.append({"host": h, "severity": "error", "line": None, "message": missing_export_problem(h, remedy)})
     seen_nodes = set(logs_per_host) | export_hosts
     if expected_nodes and len(seen_nodes) < expected_nodes:
