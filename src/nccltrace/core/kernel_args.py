@@ -16,12 +16,14 @@ __all__ = ["KERNEL_ARG_COLUMNS", "kernel_count_fits"]
 KERNEL_ARG_COLUMNS: list[tuple[str, str]] = [
     ("coll_name", "object"), ("coll_in_nelems", "Int64"), ("coll_out_nelems", "Int64"),
     ("coll_dtype", "object"), ("coll_group_size", "Int64"), ("pg_name", "object"), ("pg_desc", "object"),
-    ("pg_ranks", "object"),
+    ("pg_ranks", "object"), ("external_id", "Int64"),
 ]  # fmt: skip
 """Per-kernel communication arguments a PyTorch-profiler trace records for NCCL kernels launched
 through ProcessGroupNCCL (null where the trace has none, e.g. batched Send/Recv, or for nsys):
-PyTorch's collective name, input/output element counts, dtype, group size, and the process group
-(name, description, member ranks as text "[0, 1]")."""
+PyTorch's collective name, input/output element counts, dtype, group size, the process group
+(name, description, member ranks as text "[0, 1]"), and the profiler's ``External id``, the id
+of the CPU op that launched the kernel (its ``record_param_comms`` record carries the same one:
+the ``comm_records`` table's ``external_id``)."""
 
 
 def kernel_count_fits(op: np.ndarray, count: np.ndarray, nranks: np.ndarray, in_nelems: np.ndarray,

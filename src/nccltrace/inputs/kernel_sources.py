@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 _TIME_COLUMNS = {"kernels": ("start", "end", "launch_start", "launch_end"), "nvtx": ("start", "end"),
-                 "launches_without_kernel": ("start", "end")}  # fmt: skip
+                 "launches_without_kernel": ("start", "end"), "comm_records": ("start", "end")}  # fmt: skip
 
 
 def source_kind(path: Path | str) -> str | None:
@@ -74,8 +74,9 @@ def stage_traces(paths: Sequence[Path], staging: Path, progress=None) -> list[St
         dest = staging / name
         stamp = {"size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns, "path": str(p.resolve())}
         session = dest / "session.json"
-        if session.is_file() and (dest / "staged.json").is_file() and \
-                json.loads((dest / "staged.json").read_text()) == stamp:
+        # tables staged by a version without comm_records are staged again
+        if session.is_file() and (dest / "staged.json").is_file() and (dest / "comm_records.parquet").is_file() \
+                and json.loads((dest / "staged.json").read_text()) == stamp:
             s = json.loads(session.read_text())
         else:
             try:
@@ -129,9 +130,12 @@ def traces_of_hosts(staged: Sequence[StagedTrace], procs: dict[str, tuple[str, i
 
 
 def _read(part: Path, name: str) -> pd.DataFrame:
+    """A source's table; a table the source does not write (``comm_records`` of an nsys export,
+    or of tables staged before it existed) reads as empty."""
     import pyarrow.parquet as pq
 
-    return pq.read_table(part / f"{name}.parquet").to_pandas()
+    path = part / f"{name}.parquet"
+    return pq.read_table(path).to_pandas() if path.is_file() else pd.DataFrame()
 
 
 def _nulls_as_none(col: pd.Series) -> list:
@@ -143,8 +147,9 @@ def merge_sources(parts: Sequence[Path], out: Path, host: str) -> dict[str, Path
     """One node's tables from several parsed sources (directories of tables, each with its
     ``session.json``): rows concatenated, every source's stored times moved onto the first
     anchored source's clock (``t + own utc offset - base utc offset``), so one ``utc_offset_ns``
-    serves them all. ``session.json`` lists the sources; a source without a UTC anchor among
-    anchored ones is kept on its own clock and named in ``problems``."""
+    serves them all. ``comm_records`` (profiler traces only) is written too, empty when no source
+    has one. ``session.json`` lists the sources; a source without a UTC anchor among anchored
+    ones is kept on its own clock and named in ``problems``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -161,7 +166,7 @@ def merge_sources(parts: Sequence[Path], out: Path, host: str) -> dict[str, Path
         if o is None and base is not None:
             problems.append(f"{s.get('source_file')}: no UTC anchor in the source, so its times cannot be put on the "
                             "clock of the node's other sources; its kernels keep their own clock")
-    specs = nsys_schema.KERNEL_SOURCE_TABLES
+    specs = {**nsys_schema.KERNEL_SOURCE_TABLES, **nsys_schema.PROFILER_TABLES}
     paths: dict[str, Path] = {}
     out.mkdir(parents=True, exist_ok=True)
     for name, spec in specs.items():

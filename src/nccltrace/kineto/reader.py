@@ -3,7 +3,9 @@
 :meth:`KinetoTrace.export_tables` writes what :meth:`nccltrace.nsys.reader.NsysExport.export_tables`
 writes, so every later stage reads one kernel table whichever profiler recorded it; what the
 profiler adds per kernel (PyTorch's collective, sizes, dtype, process group) goes to
-``KERNEL_ARG_COLUMNS``. The format and its times: ``docs/kineto.md``.
+``KERNEL_ARG_COLUMNS``. ProcessGroupNCCL's own record of each call (the ``record_param_comms``
+CPU ops) is kept in the same pass (:meth:`KinetoTrace.comm_records`, ``comm_records.parquet``).
+The format and its times: ``docs/kineto.md``.
 """
 
 from __future__ import annotations
@@ -39,15 +41,10 @@ class KinetoFormatError(ValueError):
     wrong and what to do."""
 
 
-class _KernelArgs(msgspec.Struct, omit_defaults=True):
-    device: int | None = None
-    context: int | None = None
-    stream: int | None = None
-    correlation: int | None = None
-    grid: list[int] | None = None
-    block: list[int] | None = None
-    registers: int | None = msgspec.field(default=None, name="registers per thread")
-    shared: int | None = msgspec.field(default=None, name="shared memory")
+class _CallArgs(msgspec.Struct, omit_defaults=True):
+    """What ProcessGroupNCCL records of a call, on its kernel and on its ``record_param_comms``."""
+
+    external_id: int | None = msgspec.field(default=None, name="External id")
     coll: str | None = msgspec.field(default=None, name="Collective name")
     in_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
     out_nelems: int | None = msgspec.field(default=None, name="Out msg nelems")
@@ -56,8 +53,25 @@ class _KernelArgs(msgspec.Struct, omit_defaults=True):
     pg_name: str | None = msgspec.field(default=None, name="Process Group Name")
     pg_desc: str | None = msgspec.field(default=None, name="Process Group Description")
     pg_ranks: str | None = msgspec.field(default=None, name="Process Group Ranks")
+
+
+class _KernelArgs(_CallArgs, omit_defaults=True):
+    device: int | None = None
+    context: int | None = None
+    stream: int | None = None
+    correlation: int | None = None
+    grid: list[int] | None = None
+    block: list[int] | None = None
+    registers: int | None = msgspec.field(default=None, name="registers per thread")
+    shared: int | None = msgspec.field(default=None, name="shared memory")
     graph_id: int | None = msgspec.field(default=None, name="graph id")
     graph_node_id: int | None = msgspec.field(default=None, name="graph node id")
+
+
+class _CommArgs(_CallArgs, omit_defaults=True):
+    rank: int | None = msgspec.field(default=None, name="Rank")  # send/recv: the peer's rank in the group
+    dst_rank: int | None = msgspec.field(default=None, name="Dst Rank")  # global
+    src_rank: int | None = msgspec.field(default=None, name="Src Rank")
 
 
 class _Event(msgspec.Struct):
@@ -97,6 +111,7 @@ class _Header(msgspec.Struct):
 
 _EVENTS = msgspec.json.Decoder(list[_Event])
 _KARGS = msgspec.json.Decoder(_KernelArgs)
+_CARGS = msgspec.json.Decoder(_CommArgs)
 _LAUNCH_ARGS = msgspec.json.Decoder(dict[str, Any])
 _HEADER = msgspec.json.Decoder(_Header)
 
@@ -115,6 +130,11 @@ def _ns(raw: msgspec.Raw | bytes | Decimal | None) -> int | None:
     if isinstance(raw, Decimal):
         return int((raw * 1000).to_integral_value())
     b = bytes(raw)
+    if b[-4:-3] == b".":  # the usual text, three decimals: the digits are the nanoseconds
+        try:
+            return int(b[:-4] + b[-3:])
+        except ValueError:  # an exponent ("1.5e3"): below
+            pass
     if not b or b == b"null":
         return None
     whole, _, frac = b.partition(b".")
@@ -131,6 +151,7 @@ def _ns(raw: msgspec.Raw | bytes | Decimal | None) -> int | None:
 @dataclass
 class _Collected:
     kernels: list[dict[str, Any]] = field(default_factory=list)
+    comms: list[tuple[Any, ...]] = field(default_factory=list)  # record_param_comms, COMM_RECORD_COLUMNS order
     launches: dict[tuple[int, int], tuple[int, int, int, int, str]] = field(default_factory=dict)
     ranges: list[tuple[int, int, int, int, str]] = field(default_factory=list)
     pids: set[int] = field(default_factory=set)
@@ -236,6 +257,16 @@ class KinetoTrace:
                 "payload_source": [None] * len(r)}  # fmt: skip
         return nsys_reader._frame(cols, nsys_schema.NVTX_COLUMNS)
 
+    def comm_records(self) -> pd.DataFrame:
+        """ProcessGroupNCCL's record of each call (the ``record_param_comms`` CPU ops: collectives,
+        send, recv, ``wait``) in :data:`~nccltrace.nsys.schema.COMM_RECORD_COLUMNS`, ordered by
+        start; empty when the trace kept no CPU activity."""
+        spec = nsys_schema.COMM_RECORD_COLUMNS
+        rows = self._c.comms
+        cols = {name: [r[i] for r in rows] for i, (name, _) in enumerate(spec)}
+        frame = nsys_reader._frame(cols, spec)
+        return frame.sort_values("start", kind="stable").reset_index(drop=True)
+
     def processes(self) -> pd.DataFrame:
         """The OS processes of the trace (pid, name)."""
         pids = self.pids
@@ -278,7 +309,8 @@ class KinetoTrace:
         """Write the tables an nsys export's :meth:`~nccltrace.nsys.reader.NsysExport.export_tables`
         writes, with the same names and columns (``kernels`` fills :data:`KERNEL_ARG_COLUMNS`;
         ``launches_without_kernel`` and ``nccl_api_calls`` are empty: a profiler trace records
-        neither lost launches nor NCCL's own API ranges). Each file appears atomically."""
+        neither lost launches nor NCCL's own API ranges), plus ``comm_records``
+        (:meth:`comm_records`, a table only a profiler trace has). Each file appears atomically."""
         from nccltrace.core.tables import (
             atomic_output,
             frame_to_table,
@@ -288,11 +320,12 @@ class KinetoTrace:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         paths = {name: out / f"{name}.parquet" for name in
-                 ("kernels", "nvtx", "processes", "launches_without_kernel", "nccl_api_calls")}
+                 ("kernels", "nvtx", "processes", "launches_without_kernel", "comm_records", "nccl_api_calls")}
         paths["session"] = out / SESSION_FILE
-        specs = nsys_schema.KERNEL_SOURCE_TABLES
+        specs = {**nsys_schema.KERNEL_SOURCE_TABLES, **nsys_schema.PROFILER_TABLES}
         frames = {"kernels": self.kernels(), "nvtx": self.nvtx(), "processes": self.processes(),
-                  "launches_without_kernel": nsys_reader._frame({}, specs["launches_without_kernel"])}
+                  "launches_without_kernel": nsys_reader._frame({}, specs["launches_without_kernel"]),
+                  "comm_records": self.comm_records()}
         for key, frame in frames.items():
             write_table_atomic(frame_to_table(frame, nsys_schema.spec_schema(specs[key])), paths[key])
         write_table_atomic(NCCL_API_CALLS_SCHEMA.empty_table(), paths["nccl_api_calls"])
@@ -323,7 +356,8 @@ def _is_launch(name: str) -> bool:
 
 def _collect(events: list[_Event], c: _Collected) -> None:
     """Keep what the tables need from one run of events: NCCL kernels (with their arguments),
-    kernel launch calls, CPU ranges, process names."""
+    kernel launch calls, ProcessGroupNCCL's call records (``record_param_comms``), CPU ranges,
+    process names."""
     c.events += len(events)
     pids = c.pids
     for e in events:
@@ -346,31 +380,10 @@ def _collect(events: list[_Event], c: _Collected) -> None:
                 continue
             c.launches[key] = (start, start + (_ns(e.dur) or 0), pid, _int(e.tid) or -1, e.name or "")
         elif cat == "kernel":
-            c.kernel_records += 1
-            c.cuda_events += 1
-            name = e.name or ""
-            short = name.split("(", 1)[0].strip()
-            if short.startswith("void "):
-                short = short[5:]
-            if not short.startswith("nccl"):
-                continue
-            a = _KARGS.decode(e.args) if e.args else _KernelArgs()
-            start = _ns(e.ts)
-            dur = _ns(e.dur) or 0
-            grid = (a.grid or [None, None, None]) + [None, None, None]
-            block = (a.block or [None, None, None]) + [None, None, None]
-            c.kernels.append({
-                "start": start, "end": None if start is None else start + dur, "device_id": a.device,
-                "context_id": a.context, "stream_id": a.stream if a.stream is not None else _int(e.tid),
-                "correlation_id": a.correlation, "name": name, "short_name": short,
-                "grid_x": grid[0], "grid_y": grid[1], "grid_z": grid[2],
-                "block_x": block[0], "block_y": block[1], "block_z": block[2],
-                "registers_per_thread": a.registers, "static_shared_memory": 0, "dynamic_shared_memory": a.shared,
-                "graph_id": a.graph_id, "graph_node_id": a.graph_node_id,
-                "coll_name": a.coll, "coll_in_nelems": a.in_nelems, "coll_out_nelems": a.out_nelems,
-                "coll_dtype": a.dtype, "coll_group_size": a.group_size, "pg_name": a.pg_name,
-                "pg_desc": a.pg_desc, "pg_ranks": a.pg_ranks,
-            })  # fmt: skip
+            _keep_kernel(e, c)
+        elif cat == "cpu_op":
+            if e.name == "record_param_comms":
+                _keep_comm(e, c)
         elif cat == "user_annotation" and e.ph == "X":
             pid, tid = _int(e.pid), _int(e.tid)
             start = _ns(e.ts)
@@ -382,6 +395,47 @@ def _collect(events: list[_Event], c: _Collected) -> None:
             label = _LAUNCH_ARGS.decode(e.args).get("name")
             if isinstance(label, str):
                 c.process_names.setdefault(int(e.pid), label)  # type: ignore[arg-type]
+
+
+def _keep_kernel(e: _Event, c: _Collected) -> None:
+    """Count a GPU kernel; keep it with its arguments when it is NCCL's."""
+    c.kernel_records += 1
+    c.cuda_events += 1
+    name = e.name or ""
+    short = name.split("(", 1)[0].strip().removeprefix("void ")
+    if not short.startswith("nccl"):
+        return
+    a = _KARGS.decode(e.args) if e.args else _KernelArgs()
+    start = _ns(e.ts)
+    dur = _ns(e.dur) or 0
+    grid = (a.grid or [None, None, None]) + [None, None, None]
+    block = (a.block or [None, None, None]) + [None, None, None]
+    c.kernels.append({
+        "start": start, "end": None if start is None else start + dur, "device_id": a.device,
+        "context_id": a.context, "stream_id": a.stream if a.stream is not None else _int(e.tid),
+        "correlation_id": a.correlation, "name": name, "short_name": short,
+        "grid_x": grid[0], "grid_y": grid[1], "grid_z": grid[2],
+        "block_x": block[0], "block_y": block[1], "block_z": block[2],
+        "registers_per_thread": a.registers, "static_shared_memory": 0, "dynamic_shared_memory": a.shared,
+        "graph_id": a.graph_id, "graph_node_id": a.graph_node_id,
+        "coll_name": a.coll, "coll_in_nelems": a.in_nelems, "coll_out_nelems": a.out_nelems,
+        "coll_dtype": a.dtype, "coll_group_size": a.group_size, "pg_name": a.pg_name,
+        "pg_desc": a.pg_desc, "pg_ranks": a.pg_ranks, "external_id": a.external_id,
+    })  # fmt: skip
+
+
+def _keep_comm(e: _Event, c: _Collected) -> None:
+    """Keep one ``record_param_comms`` CPU op: its times, thread and the call's arguments (a row
+    of ``COMM_RECORD_COLUMNS``); one without a start is dropped."""
+    start = _ns(e.ts)
+    if start is None:
+        return
+    pid, tid = _int(e.pid), _int(e.tid)
+    if pid is not None:
+        c.pids.add(pid)
+    a = _CARGS.decode(e.args) if e.args else _CommArgs()
+    c.comms.append((start, start + (_ns(e.dur) or 0), pid, tid, a.external_id, a.coll, a.in_nelems, a.out_nelems,
+                    a.dtype, a.group_size, a.pg_name, a.pg_desc, a.pg_ranks, a.rank, a.dst_rank, a.src_rank))
 
 
 def _attach_launches(c: _Collected) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 from nccltrace.core.kernel_args import KERNEL_ARG_COLUMNS
 
 __all__ = [
+    "COMM_RECORD_COLUMNS",
+    "COMM_RECORD_DOCS",
     "GPID_MASK",
     "GPU_COLUMNS",
     "KERNEL_COLUMNS",
@@ -18,6 +20,7 @@ __all__ = [
     "NVTX_COLUMNS",
     "PAYLOAD_SCHEMA_ENTRY_COLUMNS",
     "PROCESS_COLUMNS",
+    "PROFILER_TABLES",
     "RUNTIME_COLUMNS",
     "THREAD_COLUMNS",
     "spec_schema",
@@ -82,6 +85,40 @@ KERNEL_SOURCE_TABLES: dict[str, list[tuple[str, str]]] = {
 }  # fmt: skip
 """The column specs of the tables a kernel source's parse writes beside ``nccl_api_calls``
 (nsys exports, profiler traces, their per-node merge): the one home of their schemas."""
+COMM_RECORD_COLUMNS: list[tuple[str, str]] = [
+    ("start", "int64"), ("end", "Int64"), ("pid", "Int64"), ("tid", "Int64"), ("external_id", "Int64"),
+    ("coll_name", "object"), ("coll_in_nelems", "Int64"), ("coll_out_nelems", "Int64"), ("coll_dtype", "object"),
+    ("coll_group_size", "Int64"), ("pg_name", "object"), ("pg_desc", "object"), ("pg_ranks", "object"),
+    ("coll_rank", "Int64"), ("dst_rank", "Int64"), ("src_rank", "Int64"),
+]  # fmt: skip
+"""Columns of ``comm_records.parquet``: a profiler trace's ``record_param_comms`` CPU ops, the
+record ProcessGroupNCCL makes of each call on the calling thread (one per collective, send, recv
+and ``wait``), in start order. Meanings and units: :data:`COMM_RECORD_DOCS`."""
+COMM_RECORD_DOCS: dict[str, tuple[str, str]] = {
+    "start": ("ns", "the record's start, on the trace's stored clock (the kernels' clock: + utc_offset_ns = UTC)"),
+    "end": ("ns", "the record's end, same clock"),
+    "pid": ("", "OS pid of the calling process"),
+    "tid": ("", "OS thread id of the calling thread (the thread that launches the call's kernel)"),
+    "external_id": ("", ("the profiler's External id of the record: a kernel with the same external_id is its "
+                         "kernel (none for the kernel of a batched Send/Recv)")),
+    "coll_name": ("", "PyTorch's collective ('Collective name': _allgather_base, send, recv, wait, ...)"),
+    "coll_in_nelems": ("elements", "input tensor elements ('In msg nelems')"),
+    "coll_out_nelems": ("elements", "output tensor elements ('Out msg nelems')"),
+    "coll_dtype": ("", "torch dtype as recorded ('dtype': BFloat16, Float, ...)"),
+    "coll_group_size": ("ranks", "members of the process group ('Group size')"),
+    "pg_name": ("", "process group name ('Process Group Name')"),
+    "pg_desc": ("", "process group description ('Process Group Description', e.g. Megatron's group name)"),
+    "pg_ranks": ("", "the group's global ranks as text \"[0, 1]\" ('Process Group Ranks')"),
+    "coll_rank": ("", ("'Rank': for send/recv the peer's rank in the group, for broadcast/reduce the root's, "
+                       "otherwise the caller's own rank in the group")),
+    "dst_rank": ("", "send: the peer's global rank ('Dst Rank'; null elsewhere or in older PyTorch)"),
+    "src_rank": ("", "recv: the peer's global rank ('Src Rank'; null elsewhere or in older PyTorch)"),
+}  # fmt: skip
+"""Unit and meaning of each :data:`COMM_RECORD_COLUMNS` column (rendered by ``tables-doc``)."""
+PROFILER_TABLES: dict[str, list[tuple[str, str]]] = {"comm_records": COMM_RECORD_COLUMNS}
+"""The tables only a profiler trace records, written beside :data:`KERNEL_SOURCE_TABLES` by a
+trace's parse and by the per-node merge of kernel sources (empty there when no source is a
+trace). An nsys export's parse does not write them: a reader takes a missing file as empty."""
 THREAD_COLUMNS: list[tuple[str, str]] = [
     ("global_tid", "Int64"), ("pid", "Int64"), ("tid", "Int64"), ("name", "object"), ("priority", "Int64"),
 ]
@@ -95,8 +132,9 @@ GPU_COLUMNS: list[tuple[str, str]] = [
 ]  # fmt: skip
 
 
-def spec_schema(spec: list[tuple[str, str]]):
-    """The Arrow schema of a reader column spec ((name, pandas kind) pairs): how its tables are written."""
+def spec_schema(spec: list[tuple[str, str]], docs: dict[str, tuple[str, str]] | None = None):
+    """The Arrow schema of a reader column spec ((name, pandas kind) pairs): how its tables are
+    written. ``docs`` (column -> (unit, meaning)): the fields carry them, as documented tables do."""
     import pyarrow as pa
 
     types = {
@@ -106,4 +144,7 @@ def spec_schema(spec: list[tuple[str, str]]):
         "float64": pa.float64(),
         "object": pa.string(),
     }
-    return pa.schema([(name, types[kind]) for name, kind in spec])
+    if docs is None:
+        return pa.schema([(name, types[kind]) for name, kind in spec])
+    return pa.schema([pa.field(name, types[kind], metadata=dict(zip(("unit", "doc"), docs[name], strict=True)))
+                      for name, kind in spec])

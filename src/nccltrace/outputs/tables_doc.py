@@ -15,12 +15,16 @@ __all__ = ["documented_schema_of", "documented_schemas", "tables_markdown"]
 
 _KERNEL_SOURCE_DOCS = {
     "kernels": "Per node (parsed/nsys/<host>/) and per kernel source (inputs/kernels/<source>/): every NCCL kernel "
-               "with its launch; the call-argument columns (coll_*, pg_*) only from profiler traces, null from nsys "
-               "exports (docs/nsys.md, docs/kineto.md).",
+               "with its launch; the call-argument columns (coll_*, pg_*, external_id) only from profiler traces, null "
+               "from nsys exports (docs/nsys.md, docs/kineto.md).",
     "nvtx": "Per node and kernel source: NVTX ranges and marks, with NCCL's decoded payloads (docs/nsys.md).",
     "processes": "Per node and kernel source: the processes of the capture (docs/nsys.md).",
     "launches_without_kernel": "Per node and kernel source: kernel launches without a kernel record (lost "
                                "records, launches inside a CUDA-graph capture) (docs/nsys.md).",
+    "comm_records": "Per profiler trace (inputs/kernels/<source>/) and per node with one: ProcessGroupNCCL's "
+                    "record of each call (the record_param_comms CPU ops: collectives, send, recv, wait), in start "
+                    "order; empty without CPU activity or when no kernel source is a profiler trace (an nsys "
+                    "export's parse writes none) (nccltrace.kineto.reader).",
 }
 
 
@@ -34,7 +38,12 @@ def documented_schemas() -> dict[str, pa.Schema]:
     from nccltrace.metrics.compute import TABLE_SCHEMAS as METRICS_SCHEMAS
     from nccltrace.metrics.schema import VOLUME_SCHEMA
     from nccltrace.nsys.nccl_api import NCCL_API_CALLS_SCHEMA
-    from nccltrace.nsys.schema import KERNEL_SOURCE_TABLES, spec_schema
+    from nccltrace.nsys.schema import (
+        COMM_RECORD_DOCS,
+        KERNEL_SOURCE_TABLES,
+        PROFILER_TABLES,
+        spec_schema,
+    )
     from nccltrace.ops.build import CLOCK_SYNC_SCHEMA, OPS_SCHEMA
     from nccltrace.outputs.summary import (
         CAMPAIGN_RUNS_SCHEMA,
@@ -46,6 +55,8 @@ def documented_schemas() -> dict[str, pa.Schema]:
     out: dict[str, pa.Schema] = dict(TABLES)
     for name, spec in KERNEL_SOURCE_TABLES.items():
         out[name] = spec_schema(spec).with_metadata({"doc": _KERNEL_SOURCE_DOCS[name]})
+    for name, spec in PROFILER_TABLES.items():
+        out[name] = spec_schema(spec, COMM_RECORD_DOCS).with_metadata({"doc": _KERNEL_SOURCE_DOCS[name]})
     out["nccl_api_calls"] = NCCL_API_CALLS_SCHEMA
     out["communicators"] = COMMUNICATOR_SCHEMA.with_metadata({"doc": "Logical communicators of a run, from "
                                                                      "init/split lines (nccltrace.communicators.infer)."})
