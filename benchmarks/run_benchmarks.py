@@ -14,6 +14,11 @@ kineto     PyTorch-profiler trace JSON: ``KinetoTrace.open`` (streaming, typed, 
            ``json.load`` and msgspec's whole-document decode on one large trace (the real capture's
            rank-0 events tiled), each in a fresh interpreter: MB/s per core, peak RSS. Full 1000 MB,
            quick 20 MB.
+sources    Evidence sources without NCCL logs: a profiler trace of the real capture's four ranks
+           (their events tiled, times and ids shifted per copy) read by ``KinetoTrace.open`` with
+           ProcessGroupNCCL's ``record_param_comms`` records kept (MB/s per core), then the call
+           rows made from it (``kineto.comm_calls.profiler_call_records``, rows/s per core), each
+           in a fresh interpreter. Full 100 MB, quick 20 MB.
 nsys       Nsight Systems export reading on a synthetic export written with ``NsysExportWriter``
            (schema 3.16.1 = nsys 2024.6, 8 processes of one node, per process NCCL kernels and as
            many compute kernels, a runtime launch row per kernel, an NCCL-domain NVTX range with
@@ -90,7 +95,8 @@ sys.path.insert(0, str(HERE))
 import bench_align
 import bench_parse
 
-SECTIONS = ("parse", "nsys", "kineto", "align", "clocksync", "ranks", "trace", "stages", "scaling", "e2e", "rerun")
+SECTIONS = ("parse", "nsys", "kineto", "sources", "align", "clocksync", "ranks", "trace", "stages", "scaling", "e2e",
+            "rerun")  # fmt: skip
 
 # --------------------------------------------------------------------------- figures
 
@@ -293,8 +299,16 @@ def child_kineto(cfg: dict[str, Any]) -> dict[str, Any]:
     return bench_kineto.run_reader(Path(cfg["path"]), cfg["how"])
 
 
+def child_sources(cfg: dict[str, Any]) -> dict[str, Any]:
+    """One step of the log-less sources (``bench_sources.run``: read or calls) on a trace file."""
+    import bench_sources
+
+    return bench_sources.run(Path(cfg["path"]), cfg["what"])
+
+
 CHILDREN: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {"nsys": child_nsys, "trace": child_trace,
-                                                                   "stage": child_stage, "kineto": child_kineto}
+                                                                   "stage": child_stage, "kineto": child_kineto,
+                                                                   "sources": child_sources}  # fmt: skip
 
 
 # --------------------------------------------------------------------------- parse
@@ -517,6 +531,41 @@ def section_kineto(sec: Section, ctx: Context) -> None:
     sec.notes.append("nccltrace = KinetoTrace.open (streamed in 8 MB blocks, typed msgspec decode, exact "
                      "decimal times, the tables' rows); msgspec-whole and json decode the whole document into "
                      "Python objects and only count the NCCL kernels")
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def section_sources(sec: Section, ctx: Context) -> None:
+    """Evidence sources without NCCL logs: the profiler trace read with ProcessGroupNCCL's call
+    records kept (MB/s per core of CPU time), and the call rows made from it (rows/s per core),
+    each in a fresh interpreter."""
+    import bench_sources
+
+    mb = 20.0 if ctx.quick else 100.0
+    d = ctx.work / "sources"
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / "trace.json"
+    _log(f"sources: writing a {mb:.0f} MB profiler trace")
+    info = bench_sources.write_trace(path, mb)
+    size = _mb(info["bytes"])
+    case = f"profiler trace ({size:,.0f} MB)"
+    _log("sources: read")
+    r = run_child("sources", {"path": str(path), "what": "read"})
+    sec.add(case, "read time", r["wall_s"], "s")
+    sec.add(case, "read throughput per core (CPU time)", size / max(r["cpu_s"], 1e-9), "MB/s")
+    sec.add(case, "read peak RSS", r["peak_rss_mb"], "MiB")
+    sec.add(case, "NCCL kernels", r["kernels"], "kernels", show=False)
+    sec.add(case, "record_param_comms records", r["comm_records"], "records", show=False)
+    _log("sources: call rows")
+    c = run_child("sources", {"path": str(path), "what": "calls"})
+    sec.add(case, "call rows time", c["wall_s"], "s")
+    sec.add(case, "call rows per core (CPU time)", c["rows"] / max(c["cpu_s"], 1e-9), "rows/s")
+    sec.add(case, "call rows", c["rows"], "rows", show=False)
+    sec.add(case, "call rows with their kernel", c["linked"], "rows", show=False)
+    sec.notes.append(f"trace: {info['copies']} copies of the real H200 capture's {info['ranks']} rank traces' events "
+                     "in one file (each copy 10 s later, with fresh correlation and External ids)")
+    sec.notes.append("read = KinetoTrace.open (streamed, typed msgspec decode, exact decimal times; NCCL kernels, "
+                     "launches, ranges and record_param_comms kept); call rows = profiler_call_records per process "
+                     f"(after the read); {c['messages']} message(s)")
     shutil.rmtree(d, ignore_errors=True)
 
 
@@ -1407,7 +1456,8 @@ def section_rerun(sec: Section, ctx: Context) -> None:
 
 
 RUNNERS: dict[str, Callable[[Section, Context], None]] = {
-    "parse": section_parse, "nsys": section_nsys, "kineto": section_kineto, "align": section_align, "clocksync": section_clocksync,
+    "parse": section_parse, "nsys": section_nsys, "kineto": section_kineto, "sources": section_sources,
+    "align": section_align, "clocksync": section_clocksync,
     "ranks": section_ranks, "trace": section_trace, "stages": section_stages, "scaling": section_scaling, "e2e": section_e2e,
     "rerun": section_rerun,
 }  # fmt: skip
