@@ -124,8 +124,9 @@ def with_logical_ids(calls: pd.DataFrame, members: pd.DataFrame) -> pd.DataFrame
     ``communicator_members`` (-1 where the pointer has no known communicator)."""
     key = members[["host", "pid", "comm", "logical_id"]].drop_duplicates(["host", "pid", "comm"])
     key = key.astype({"host": object, "pid": "int64", "comm": "uint64", "logical_id": "int64"})
-    left = calls.astype({"host": object, "pid": "int64", "comm": "uint64"})
-    out = left.merge(key, on=["host", "pid", "comm"], how="left")
+    # (a call no source ties to a communicator, e.g. a profiler kernel without its record, has no comm)
+    left = calls.astype({"host": object, "pid": "int64", "comm": "UInt64"})
+    out = left.merge(key.astype({"comm": "UInt64"}), on=["host", "pid", "comm"], how="left")
     out["logical_id"] = out["logical_id"].fillna(-1).astype("int64")
     out.index = calls.index
     return out
