@@ -78,7 +78,7 @@ ALIGNMENT_SCHEMA = pa.schema(
            "that confirms the match; 1.0 for exact matches; null when unmatched"),
         _f("method", pa.string(), "", "'alignment', 'opcount' (fixed by opCount arithmetic), 'thesis-nw', "
            "'nvtx' (exact); without a log, the link the call's own record makes: 'kernel-record' (the profiler's "
-           "kernel carries the call's id), 'cpu-record' (a batched P2P kernel launched inside its records' range), "
+           "kernel carries the call's id), 'cpu-record' (a batched P2P kernel, without a record of its own, launched after its send/recv records on their thread), "
            "'nvtx-launch' (nsys: the launch inside the API call's range)"),
         _f("duplicate_of", pa.int64(), "", "for duplicate lines: the line they repeat"),
         _f("steps_verified", pa.bool_(), "", "calls of a partial capture located in the log: true when the evidence "

@@ -66,6 +66,12 @@ def documented_schemas() -> dict[str, pa.Schema]:
     out["alignment"] = ALIGNMENT_SCHEMA.with_metadata({"doc": "Per process (aligned/<host>/<proc>/): every call "
                                                               "line with its kernel or why none, and every kernel no "
                                                               "call was matched to (nccltrace.align)."})
+    from nccltrace.inputs.call_records import CALL_SOURCE_SCHEMA
+
+    out["call_sources"] = CALL_SOURCE_SCHEMA.with_metadata({"doc": "Per process without an NCCL log "
+                                                                   "(parsed/nccl/<host>/<proc>/): per call, the source "
+                                                                   "of each fact (nccltrace.inputs.call_records; "
+                                                                   "docs/evidence-sources.md)."})  # fmt: skip
     out["alignment_quality"] = QUALITY_SCHEMA.with_metadata({"doc": "Per run (ops/): per process and check, the "
                                                                     "matches the check confirmed, contradicted "
                                                                     "(demoted) and could not test "
