@@ -172,9 +172,14 @@ def test_import_renames_logs_by_their_process_and_rejects_unusable_directories(t
     assert sorted(raw.logs) == sorted(p.stem for p in (tmp_path / "capture" / "nccl").glob("*.log"))
     assert list(raw.exports) == [report.stem]  # named after the host inside the export
     assert rec["processes"] == 4
-    (src / "profile_node0.sqlite").unlink()
-    with pytest.raises(RawImportError, match="no nsys export"):
-        import_raw(src, tmp_path / "raw2", run_id="r", settings=TINY)
+    assert rec["sources"] == ["nccl-log", "nsys-export"]
+    (src / "profile_node0.sqlite").unlink()  # logs alone: imported, with how to get kernel times
+    rec = import_raw(src, tmp_path / "raw2", run_id="r", settings=TINY)
+    assert rec["sources"] == ["nccl-log"] and any("no kernel trace" in w for w in rec["warnings"])
+    for log in src.glob("*.log"):
+        log.unlink()
+    with pytest.raises(RawImportError, match="none of the run's evidence sources found"):
+        import_raw(src, tmp_path / "raw4", run_id="r", settings=TINY)
     with pytest.raises(RawImportError, match="no such directory"):
         import_raw(tmp_path / "nope", tmp_path / "raw3", run_id="r", settings=TINY)
 

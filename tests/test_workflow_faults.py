@@ -89,7 +89,9 @@ def _no_cuda_trace(d: Path) -> None:
 
 
 def _no_logs(d: Path) -> None:
+    # no source at all: a run without logs but with its exports is imported (issue 34)
     shutil.rmtree(d / "nccl")
+    shutil.rmtree(d / "nsys")
 
 
 # model name (= run id prefix) -> (hardware, fault)

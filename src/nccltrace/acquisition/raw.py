@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from nccltrace import __version__
-from nccltrace.acquisition.status import write_status
+from nccltrace.acquisition.status import CAPTURE_HINT, write_status
 from nccltrace.core.layout import RUN_YAML_FILE
 
 
@@ -213,27 +213,52 @@ def assign_exports(sqlites: list[Path], log_hosts: set[str], source: Path | None
     return ExportAssignment(names, unusable, ignored, warnings, more)
 
 
+SOURCE_KINDS: dict[str, str] = {
+    "nccl-log": "NCCL debug logs",
+    "nsys-export": "nsys exports",
+    "profiler-trace": "PyTorch-profiler traces",
+    "flight-recorder": "Flight Recorder dumps",
+}
+"""The evidence sources an import looks for (keys as ``import.json``'s ``sources`` lists them)."""
+TRACES_DIR = "kineto"
+"""Where an import puts a run's PyTorch-profiler traces in its raw directory (found by content there)."""
+_LOOKED_FOR = (
+    "no NCCL debug log found (a file whose lines contain 'host:pid:tid [dev] NCCL INFO'; run with NCCL_DEBUG=INFO "
+    "and NCCL_DEBUG_FILE), no nsys export (*.sqlite) or report (*.nsys-rep; nsys profile --trace=cuda,nvtx), no "
+    "PyTorch-profiler trace (a Chrome-trace JSON, .json or .json.gz, of torch.profiler with CPU and CUDA "
+    "activities) and no Flight Recorder dump (a pickle PyTorch writes with TORCH_FR_BUFFER_SIZE set)"
+)
+
+
 def import_raw(source: Path | str, raw: Path | str, *, run_id: str, settings: Mapping[str, Any],
-               nsys: str = "nsys") -> dict[str, Any]:
-    """Bring a run made elsewhere into ``raw``: NCCL logs (any names; each is identified by the
-    host:pid of its first NCCL line and renamed ``nccl_<host>_<pid>.log``), nsys exports
-    (``*.sqlite``; reports ``*.nsys-rep`` without an export are exported here) and an optional
-    ``run.yaml``. Raises :class:`RawImportError` naming what is missing."""
+               nsys: str = "nsys") -> dict[str, Any]:  # fmt: skip
+    """Bring a run made elsewhere into ``raw``: whichever of its evidence sources it left
+    (:data:`SOURCE_KINDS`), each found by content: NCCL logs (any names; each is identified by
+    the host:pid of its first NCCL line and renamed ``nccl_<host>_<pid>.log``), nsys exports
+    (``*.sqlite``; reports ``*.nsys-rep`` without an export are exported here), PyTorch-profiler
+    traces (into ``kineto/``), Flight Recorder dumps (into ``flight_recorder/``), and an optional
+    ``run.yaml``. ``import.json`` and ``status.json`` list the sources found (``sources``, and
+    ``source_counts`` per kind). Raises :class:`RawImportError` when the directory holds none of
+    them, naming what was looked for and what was found, or when logs and exports disagree."""
     source, raw = Path(source), Path(raw)
     if not source.is_dir():
         raise RawImportError(f"import_dir {source}: no such directory (run {run_id}); point import_dir at the "
-                           "directory holding the run's NCCL logs and nsys exports")
+                             "directory holding the run's NCCL logs, nsys exports, profiler traces or Flight "
+                             "Recorder dumps")  # fmt: skip
     files = sorted(p for p in source.rglob("*") if p.is_file())
     partial = _fresh(raw)
-    found, logs = _discover_import_logs(source, partial)
+    warnings: list[str] = []
+    traces = _import_traces(source, partial)
+    dumps = _import_flight_recorder(source, partial, warnings)
+    found, logs = _discover_import_logs(source, partial, exclude=[*traces, *dumps])
     ignored: list[str] = [str(q.relative_to(source)) for q in found.ignored if q.is_relative_to(source)]
     sqlites = [p for p in files if p.suffix == ".sqlite"]
-    warnings: list[str] = [f"import: {n}" for n in found.notes()]
+    warnings[:0] = [f"import: {n}" for n in found.notes()]
     for p in files:
         if _LEFTOVER.search(p.name):
             ignored.append(str(p.relative_to(source)))
             warnings.append(f"import: ignored {p.relative_to(source)} (left over by an interrupted export or copy; "
-                            "not an export)")
+                            "not an export)")  # fmt: skip
     reports = [p for p in files if p.suffix in (".nsys-rep", ".qdrep", ".qdstrm")]
     for (host, pid), p in sorted(logs.items()):
         if p.parent != partial / "nccl":  # logs split by discovery are written there already
@@ -241,48 +266,73 @@ def import_raw(source: Path | str, raw: Path | str, *, run_id: str, settings: Ma
     for p in files:
         if p.suffix == ".xml":
             link_or_copy(p, partial / "nccl" / p.name)
-    _import_flight_recorder(source, partial, warnings)
     records = _import_reports(reports, partial, sqlites, nsys)
-    if not sqlites:
-        raise RawImportError(f"import_dir {source}: no nsys export (*.sqlite) or report (*.nsys-rep) found; "
-                           "profile with nsys profile --trace=cuda,nvtx and copy the reports")
     hosts_logs = {h for h, _ in logs}
     assigned = assign_exports(sqlites, hosts_logs, source)
     names, unusable = assigned.exports, assigned.unusable
     ignored += assigned.ignored
     warnings += assigned.warnings
+    counts = {"nccl-log": len(logs), "nsys-export": len(names) + sum(map(len, assigned.more.values())),
+              "profiler-trace": len(traces), "flight-recorder": len(dumps)}  # fmt: skip
+    if not any(counts.values()):
+        raise RawImportError(_nothing_found(source, files, warnings))
     _place_exports(assigned, partial)
-    if not hosts_logs & set(names):
+    if logs and names and not hosts_logs & set(names):
         raise RawImportError(f"import_dir {source}: the exports are of hosts {sorted(names)} but the NCCL logs of "
-                           f"{sorted(hosts_logs)}; name each export <host>.sqlite after the host in the log lines")
+                             f"{sorted(hosts_logs)}; name each export <host>.sqlite after the host in the log "
+                             "lines")  # fmt: skip
+    warnings += _source_notes(counts)
     if (source / RUN_YAML_FILE).is_file():
         link_or_copy(source / RUN_YAML_FILE, partial / RUN_YAML_FILE)
     else:
         write_run_yaml(partial, run_id, settings, "nccltrace import")
+    sources = [k for k in SOURCE_KINDS if counts[k]]
     record = {"run": run_id, "backend": "import", "source": str(source.resolve()), "processes": len(logs),
-              "exports": sorted(names), "ignored": ignored, "exported_here": records,
-              "warnings": warnings, "unusable_exports": unusable}  # fmt: skip
+              "exports": sorted(names), "sources": sources, "source_counts": counts, "ignored": ignored,
+              "exported_here": records, "warnings": warnings, "unusable_exports": unusable}  # fmt: skip
     (partial / "launch").mkdir(exist_ok=True)
     (partial / "launch" / "import.json").write_text(json.dumps(record, indent=2))
     # NCCL lines discovery could not give to a process: missing records, so the run is partial
-    write_status(partial, "ok", warnings=warnings, problems=found.problems(), unusable_exports=unusable)
+    write_status(partial, "ok", warnings=warnings, problems=found.problems(), unusable_exports=unusable,
+                 sources=sources, source_counts=counts)  # fmt: skip
     _finish(partial, raw)
     return record
 
 
-def _discover_import_logs(source: Path, partial: Path) -> tuple[Any, dict[tuple[str, int], Path]]:
+def _nothing_found(source: Path, files: list[Path], warnings: list[str]) -> str:
+    """The refusal of a directory with none of the sources: what was looked for, what was there."""
+    names = [str(p.relative_to(source)) for p in files]
+    seen = (f"{len(names)} file(s): {', '.join(names[:8])}" + (f" and {len(names) - 8} more" if len(names) > 8
+            else "")) if names else "no file"  # fmt: skip
+    aside = "; ".join(w.removeprefix("import: ") for w in warnings)
+    aside = f"; set aside: {aside}" if aside else ""
+    return f"import_dir {source}: none of the run's evidence sources found: {_LOOKED_FOR}; found {seen}{aside}"
+
+
+def _source_notes(counts: Mapping[str, int]) -> list[str]:
+    """What a run without logs, or without kernel traces, is imported with (warnings, not problems)."""
+    have = ", ".join(f"{n} {SOURCE_KINDS[k]}" for k, n in counts.items() if n)
+    if not counts["nccl-log"]:
+        return [(f"import: no NCCL debug log found (NCCL_DEBUG=INFO and NCCL_DEBUG_FILE give one per process): "
+                 f"imported with {have} only")]  # fmt: skip
+    if not counts["nsys-export"] and not counts["profiler-trace"]:
+        return [(f"import: no kernel trace (no nsys export, no PyTorch-profiler trace): imported with {have}, so "
+                 f"the calls have no kernel times; to get them, {CAPTURE_HINT}")]  # fmt: skip
+    return []
+
+
+def _discover_import_logs(source: Path, partial: Path,
+                          exclude: list[Path]) -> tuple[Any, dict[tuple[str, int], Path]]:  # fmt: skip
     """The NCCL logs of ``source`` by content, as ``nccltrace analyze`` finds them: any name, .gz,
     one per process or one combined stdout of all ranks (split per process into the raw
-    directory). Returns the discovery and its logs by (host, pid)."""
+    directory), none of ``exclude`` (the traces and dumps found). Returns the discovery and its
+    logs by (host, pid), none when the run left no log."""
     from nccltrace.inputs.logs import discover_logs
 
     try:
-        found = discover_logs([source], partial / "nccl")
+        found = discover_logs([source], partial / "nccl", exclude=exclude)
     except ValueError as e:
         raise RawImportError(f"import_dir {source}: {e}") from None
-    if not found.logs:
-        raise RawImportError(f"import_dir {source}: no NCCL debug log found (a file whose lines contain "
-                           "'host:pid:tid [dev] NCCL INFO'); was the run made with NCCL_DEBUG=INFO and NCCL_DEBUG_FILE?")
     logs = {}
     for stem, q in found.logs.items():
         host, _, pid = stem[len("nccl_"):].rpartition("_")
@@ -290,15 +340,33 @@ def _discover_import_logs(source: Path, partial: Path) -> tuple[Any, dict[tuple[
     return found, logs
 
 
-def _import_flight_recorder(source: Path, partial: Path, warnings: list[str]) -> None:
+def _import_traces(source: Path, partial: Path) -> list[Path]:
+    """PyTorch-profiler traces (Chrome-trace JSON, any name, gzipped or not, found by content)
+    into raw/kineto; a name taken twice gets its index in front. Returns the traces found."""
+    from nccltrace.kineto.reader import iter_kineto_files
+
+    traces = list(iter_kineto_files([source]))
+    taken: set[str] = set()
+    for i, p in enumerate(traces):
+        name = p.name if p.name not in taken else f"{i:05d}_{p.name}"
+        taken.add(name)
+        link_or_copy(p, partial / TRACES_DIR / name)
+    return traces
+
+
+def _import_flight_recorder(
+    source: Path, partial: Path, warnings: list[str]
+) -> list[Path]:
     """Flight Recorder dumps (any name, found by content) into raw/flight_recorder: the ops stage
-    names process groups from them. A file that does not read as a dump is a warning."""
+    names process groups from them. A file that does not read as a dump is a warning. Returns
+    the dumps imported."""
     from nccltrace.pytorch.flight_recorder import (
         FlightRecorderError,
         pickle_files,
         read_dump,
     )
 
+    dumps = []
     for i, p in enumerate(pickle_files(source)):
         try:
             read_dump(p)
@@ -307,6 +375,8 @@ def _import_flight_recorder(source: Path, partial: Path, warnings: list[str]) ->
             continue
         (partial / "flight_recorder").mkdir(exist_ok=True)
         link_or_copy(p, partial / "flight_recorder" / f"{i:05d}_{p.name}")
+        dumps.append(p)
+    return dumps
 
 
 def _import_reports(reports: list[Path], partial: Path, sqlites: list[Path], nsys: str) -> list[dict]:
