@@ -130,7 +130,7 @@ def test_stripped_traces_leave_batched_send_recv_sizes_null_and_say_it_once(runs
     assert len(calls) == 708 and len(no_size) == 96
     assert no_size["op"].isna().all() and no_size["size_source"].isna().all()
     assert set(no_size["kernel_name"]) == {"ncclDevKernel_SendRecv"}
-    said = [p for p in summary["problems"] if "have no size" in p]
+    said = [p for p in summary["problems"] if "have no element count" in p]
     assert len(said) == 1 and "record_param_comms" in said[0] and "Flight Recorder" in said[0]
     sized = calls[calls["count"].notna()]
     assert len(sized) == 612 and set(sized["size_source"]) == {"kernel-record"}
@@ -154,3 +154,36 @@ def test_every_source_names_the_communicators_from_the_jobs_own_groups(runs):
         print(name, "labels:", sorted(labels["parallelism"]), set(labels["label_source"]))
         assert sorted(labels["parallelism"]) == LABELS
         assert set(labels["label_source"]) == {"pg-names"}
+
+
+def _nsys_alone(tmp_path: Path, name: str) -> tuple[dict, pd.DataFrame]:
+    from data_paths import NSYS_SQLITE
+
+    (tmp_path / "raw").mkdir()
+    shutil.copy(NSYS_SQLITE / f"{name}.sqlite", tmp_path / "raw")
+    summary = analyze_run(tmp_path / "raw", tmp_path / "out", progress=False)
+    return summary, pd.read_parquet(tmp_path / "out" / "ops" / "ops.parquet")
+
+
+@pytest.mark.parametrize(("name", "calls", "linked", "kernels", "lost"), [
+    ("nsysai_mfu_2gpu_before", 264, 256, 64, 8), ("nsysai_mfu_2gpu_after", 240, 240, 60, 0)])  # fmt: skip
+def test_an_nsys_export_alone_gives_its_api_calls_with_their_kernels_and_no_sizes(tmp_path, name, calls, linked,
+                                                                                  kernels, lost):  # fmt: skip
+    summary, ops = _nsys_alone(tmp_path, name)
+    c = ops[ops["row_kind"] == "call"]
+    m = c[c["status"] == "matched"]
+    before = ops[ops["reason"] == "no_call_record"]
+    print(name, "alone:", len(c), "calls,", len(m), "linked to", len(m.drop_duplicates(["pid", "kernel_correlation_id"])),
+          "kernels;", len(before), "kernels before the window")  # fmt: skip
+    assert (len(c), len(m), len(m.drop_duplicates(["pid", "kernel_correlation_id"]))) == (calls, linked, kernels)
+    assert int((c["reason"] == "kernel_record_missing").sum()) == lost and len(before) == 2
+    assert c["count"].isna().all() and c["global_rank"].isna().all() and c["logical_id"].isna().all()
+    assert set(c["op"]) == {"Send", "Recv"} and set(c["torch_op"]) == {"all_to_all"} and set(c["source"]) == {"nsys-nvtx"}
+    said = [n for n in summary["notes"] + summary["problems"] if "--include-blobs=true" in n]
+    assert len(said) == 1
+
+
+def test_an_nsys_export_without_nccl_gives_empty_tables_and_says_why(tmp_path):
+    summary, ops = _nsys_alone(tmp_path, "nsysai_h100_2gpu_1s")
+    assert len(ops) == 0 and summary["processes"] == 0 and not summary["partial"]
+    assert any("no NCCL call or kernel in the export's window" in n for n in summary["notes"])

@@ -312,6 +312,8 @@ def analyze_run(raw_dir: Path | str, out_dir: Path | str, *,
     if run.inputs.ignored_logs:
         run.notes.append(f"ignored {len(run.inputs.ignored_logs)} text file(s) without NCCL lines: "
                          f"{', '.join(p.name for p in run.inputs.ignored_logs[:5])}")
+    if not run.procs:  # sources without any NCCL call or kernel (a negative control): empty tables, said
+        return _empty_run(run, mode)
     _place_kernel_traces(run, progress)
     _parse(run, progress)
     run_id = _communicators_and_summary(run)
@@ -327,14 +329,16 @@ def _start(raw_dir: Path | str, out_dir: Path | str, settings: RunSettings | Map
     inputs = find_raw_inputs(raw_dir, staging=out / "inputs")
     procs = sorted(inputs.logs)
     run_settings, source = _run_settings(inputs, settings)
-    logless, problems = ({}, []) if procs else _logless_processes(inputs, out, progress)
+    notes = list(inputs.notes)
+    logless, problems = ({}, []) if procs else _logless_processes(inputs, out, progress, notes)
     procs = procs or sorted(logless)
     return _Analysis(RunLayout(out), inputs, run_settings, source, procs,
-                     log_hosts=sorted({inputs.host_of(p) for p in procs}), notes=list(inputs.notes),
-                     problems=problems, logless=logless)  # fmt: skip
+                     log_hosts=sorted({inputs.host_of(p) for p in procs}), notes=notes, problems=problems,
+                     logless=logless)  # fmt: skip
 
 
-def _logless_processes(inputs: RawInputs, out: Path, progress: bool) -> tuple[dict[str, Any], list[str]]:
+def _logless_processes(inputs: RawInputs, out: Path, progress: bool,
+                       notes: list[str]) -> tuple[dict[str, Any], list[str]]:  # fmt: skip
     """The processes of a run without NCCL logs, from its profiler traces (read once into
     ``out/inputs/kernels/``) and Flight Recorder dumps; and the problems of sources not used."""
     from nccltrace.inputs.evidence import source_processes
@@ -347,12 +351,26 @@ def _logless_processes(inputs: RawInputs, out: Path, progress: bool) -> tuple[di
             staged = stage_traces(inputs.traces, out / "inputs" / "kernels", progress=lambda _: bar.update(1))
         problems += [f"profiler trace {t.path.name} not used: {t.problem}" for t in staged if t.problem]
     procs = source_processes(staged, inputs.dumps, problems)
-    if not procs:
-        if inputs.exports:
-            raise ValueError(f"{inputs.raw_dir}: nsys exports without NCCL logs, profiler traces or Flight Recorder "
-                             "dumps are not analysed on their own yet: add the run's NCCL logs (" + _LOG_HINT + ")")
+    if not procs and inputs.exports:  # nsys exports alone: their NCCL API ranges are the calls
+        procs = _export_processes(inputs, notes)
+    elif not procs:
         raise ValueError(f"{inputs.raw_dir}: no usable source of NCCL calls: " + "; ".join(problems))
     return {p.name: p for p in procs}, problems
+
+
+def _export_processes(inputs: RawInputs, notes: list[str]) -> list[Any]:
+    """The processes of a run that left only nsys exports (each named after its recorded host)."""
+    from nccltrace.acquisition.raw import RawImportError, assign_exports
+    from nccltrace.inputs.evidence import export_processes
+
+    try:
+        assigned = assign_exports(list(inputs.exports.values()), set())
+    except RawImportError as e:
+        raise ValueError(str(e)) from None
+    # one export per node, or one per process (the node's are merged by its parse, as with logs)
+    exports = [(h, p) for h, p in assigned.exports.items()]
+    exports += [(h, p) for h, more in assigned.more.items() for p in more]
+    return export_processes(exports, notes)
 
 
 def _place_kernel_traces(run: _Analysis, progress: bool) -> None:
@@ -370,7 +388,11 @@ def _place_kernel_traces(run: _Analysis, progress: bool) -> None:
     n_before = len(run.problems)
     if run.logless:
         run.sources = {p.host: [p.trace.tables] for p in run.logless.values() if p.trace is not None}
-        if inputs.exports:
+        for p in sorted(run.logless.values(), key=lambda p: str(p.export)):
+            if p.export is not None and p.export not in run.sources.setdefault(p.host, []):
+                run.sources[p.host].append(p.export)
+        run.sources = {h: (v[0] if len(v) == 1 and not v[0].is_dir() else v) for h, v in run.sources.items()}
+        if inputs.exports and not any(p.export is not None for p in run.logless.values()):
             run.problems.append(f"{len(inputs.exports)} nsys export(s) not used: without NCCL logs, the processes come "
                                 "from the profiler traces and Flight Recorder dumps, and an export's processes are "
                                 "not yet joined to them")  # fmt: skip
@@ -442,10 +464,13 @@ def _logless_gaps(run: _Analysis, no_size: Mapping[str, tuple[int, int]]) -> lis
     lacking = {p: n for p, (n, _) in no_size.items() if n}
     if lacking:
         total = sum(c for _, c in no_size.values())
-        out.append(f"{sum(lacking.values())} of {total} calls have no size (count, bytes null; on "
-                   f"{len(lacking)} of {len(no_size)} processes): no source present records it. To get it, "
-                   + _SIZE_REMEDY)  # fmt: skip
-    untimed = [p for p, sp in run.logless.items() if sp.trace is None]
+        nsys_only = all(run.logless[p].export is not None for p in lacking)
+        remedy = _SIZE_REMEDY if not nsys_only else (
+            "add the run's profiler traces or Flight Recorder dumps, or log with NCCL_DEBUG=INFO (NCCL's NVTX "
+            "payloads give bytes at most, not element counts)")  # fmt: skip
+        out.append(f"{sum(lacking.values())} of {total} calls have no element count (on {len(lacking)} of "
+                   f"{len(no_size)} processes): no source present records it. To get it, {remedy}")  # fmt: skip
+    untimed = [p for p, sp in run.logless.items() if sp.trace is None and sp.export is None]
     if untimed:
         out.append(f"{len(untimed)} of {len(run.logless)} processes have no kernel trace (Flight Recorder dumps "
                    f"alone): their calls have no kernel times (reason 'no_export'), so no bandwidths or timeline. "
@@ -461,7 +486,7 @@ def _parse_sources(run: _Analysis, proc: Any, kernels: bool) -> Any:
     return run_parse_sources(run.layout, proc.name, proc.host, proc.pid, rank=proc.rank, rank_source=proc.rank_source,
                              trace_tables=trace.tables if trace is not None else None,
                              trace_file=trace.path.name if trace is not None else None, dump=proc.dump,
-                             kernels=kernels)  # fmt: skip
+                             kernels=kernels, nsys=proc.export is not None)  # fmt: skip
 
 
 def _communicators_and_summary(run: _Analysis) -> str:
@@ -474,7 +499,14 @@ def _communicators_and_summary(run: _Analysis) -> str:
 
     comm = run_communicators(run.layout, run.procs, run.settings, run.nodes)
     tables = comm.details["tables"]
-    if len(tables.communicators) == 0:
+    if len(tables.communicators) == 0 and not run.inputs.logs:
+        run.problems.append(("no communicator: the sources present record no process group or communicator id "
+                             "(nsys exports without payloads), so calls have no communicator, ranks or labels. To "
+                             "get them, add the run's profiler traces or Flight Recorder dumps, keep the exports' NCCL "
+                             "payloads (NCCL >= 2.26 names the communicator there; see the export's note), or log "
+                             "with NCCL_DEBUG=INFO") if run.procs else
+                            "no NCCL call or kernel in any source's window: the tables are empty")  # fmt: skip
+    elif len(tables.communicators) == 0:
         raise ValueError(f"no communicator init or call lines in the NCCL logs of {run.inputs.raw_dir}: the "
                          f"analysis needs them to relate processes; {_LOG_HINT}")
     # (its notes list every incomplete communicator: the problems say it in one line each)
@@ -540,6 +572,29 @@ def _ops_to(run: _Analysis, run_id: str, until: str, trace_options: Mapping[str,
                 _say(res, run.problems, run.notes)
             bar.update(1)
     return ops.details["run_ops"], ops.outputs, stage_outputs
+
+
+def _empty_run(run: _Analysis, mode: str) -> dict[str, Any]:
+    """A run whose sources hold no NCCL call or kernel: an empty ops table (its documented
+    columns) and the manifest, saying why; not an error."""
+    from nccltrace.core.provenance import write_manifest
+    from nccltrace.core.tables import write_table_atomic
+    from nccltrace.ops.build import OPS_SCHEMA
+
+    layout = run.layout
+    layout.ops.parent.mkdir(parents=True, exist_ok=True)
+    write_table_atomic(OPS_SCHEMA.empty_table(), layout.ops)
+    why = "no NCCL call or kernel in any source's window (no NCCL API range, kernel, call record or dump entry): " \
+          "the tables are empty"
+    run.notes.append(why)
+    inputs = run.inputs
+    raw_files = [*inputs.exports.values(), *inputs.traces, *inputs.dumps]
+    write_manifest(layout.root / "manifest.json", stage="analyze", inputs=raw_files, outputs=[layout.ops],
+                   partial=False, reasons=[], extra={"summary": {"processes": 0, "calls": 0, "notes": run.notes}})
+    return {"raw_dir": str(inputs.raw_dir), "out_dir": str(layout.root), "mode": mode, "processes": 0, "hosts": [],
+            "exports": {}, "hosts_without_export": [], "ignored_logs": [], "calls": 0, "matched": 0,
+            "unmatched_by_reason": {}, "partial": False, "problems": run.problems, "notes": run.notes,
+            "settings": None, "label_source": [], "outputs": {"ops": str(layout.ops)}}  # fmt: skip
 
 
 def _finish(run: _Analysis, mode: str, result: Any, ops_outputs: list[Path],

@@ -27,12 +27,15 @@ _KERNEL_COLS = {"kernel_global_pid": "global_pid", "kernel_correlation_id": "cor
 
 
 def record_alignment(calls: pd.DataFrame, links: pd.Series, kernels: pd.DataFrame | None, method: pd.Series,
-                     host: str, pid: int, kernel_pids: set[int] | None = None) -> pd.DataFrame:  # fmt: skip
+                     host: str, pid: int, kernel_pids: set[int] | None = None,
+                     lost: pd.Series | None = None) -> pd.DataFrame:  # fmt: skip
     """Alignment rows of one process: one per call of ``calls`` (the process's calls table) and
     one per kernel of ``kernels`` (its kernel source's kernel table, None: no kernel source) that
     no call claims. ``links``: per call, the kernel's correlation id its record names (null:
     none); ``method``: per call, how the record names it ('kernel-record', 'cpu-record',
-    'nvtx-launch'). ``kernel_pids``: the OS pids of the process in the kernel table (None: all)."""
+    'nvtx-launch'). ``kernel_pids``: the OS pids of the process in the kernel table (None: all).
+    ``lost``: per call, whether its source saw the launch but the kernel record is not in the
+    table (reason ``kernel_record_missing`` rather than ``no_kernel``)."""
     mine = _own_kernels(kernels, kernel_pids)
     link = links.astype("Int64").reset_index(drop=True)
     rows = pd.DataFrame({"row_kind": "call", "file": calls["file"].to_numpy(), "line": calls["line"].to_numpy(),
@@ -54,7 +57,9 @@ def record_alignment(calls: pd.DataFrame, links: pd.Series, kernels: pd.DataFram
     key = np.where(found, link.fillna(0).astype("int64"), -1 - np.arange(len(rows)))
     rows["unit"] = pd.factorize(key)[0]
     rows["status"] = np.where(found, "matched", "unmatched")
-    rows["reason"] = np.where(found, None, NO_EXPORT_REASON if mine is None else "no_kernel")
+    missing = np.where(lost.fillna(False).to_numpy(bool), "kernel_record_missing", "no_kernel") \
+        if lost is not None else "no_kernel"
+    rows["reason"] = np.where(found, None, NO_EXPORT_REASON if mine is None else missing)
     rows["confidence"] = np.where(found, 1.0, np.nan)
     rows["method"] = method.reset_index(drop=True).where(found, None)
     extra = _unclaimed(mine, set(link[found].astype("int64")), host, pid) if mine is not None else None

@@ -17,7 +17,7 @@ from pathlib import Path
 from nccltrace.core.layout import process_name
 from nccltrace.inputs.kernel_sources import StagedTrace
 
-__all__ = ["SourceProcess", "source_processes"]
+__all__ = ["SourceProcess", "export_processes", "source_processes"]
 
 
 @dataclass(frozen=True)
@@ -32,11 +32,13 @@ class SourceProcess:
     rank_source: str | None
     trace: StagedTrace | None = None
     dump: Path | None = None
+    export: Path | None = None  # the nsys export whose NCCL API ranges describe the process
 
     @property
     def sources(self) -> list[str]:
         """The sources of the process, in words."""
-        return [s for s, v in (("profiler trace", self.trace), ("Flight Recorder dump", self.dump)) if v is not None]
+        return [s for s, v in (("profiler trace", self.trace), ("Flight Recorder dump", self.dump),
+                               ("nsys export", self.export)) if v is not None]  # fmt: skip
 
 
 def source_processes(traces: Sequence[StagedTrace], dumps: Sequence[Path],
@@ -91,3 +93,23 @@ def _claim(by_rank: dict[int, dict[str, object]], rank: int, kind: str, value: o
                         "twice; not used. Analyse one job's files at a time")  # fmt: skip
         return
     have[kind] = value
+
+
+def export_processes(exports: Sequence[tuple[str, Path]], notes: list[str]) -> list[SourceProcess]:
+    """The processes of nsys exports (``exports``: (host, export), the host as named from what
+    each records) that made NCCL calls or ran NCCL kernels: (host, pid) as recorded, rank unknown
+    (nsys records none). ``notes`` gets what an export without any says (a negative control:
+    no NCCL range or kernel in its window)."""
+    from nccltrace.nsys.api_calls import export_call_records
+    from nccltrace.nsys.reader import NsysExport
+
+    out = []
+    for host, path in exports:
+        with NsysExport.open(path) as export:
+            got = export_call_records(export)
+        pids = sorted({int(p) for p in got.records["pid"].dropna()} |
+                      {int(p) for p in got.unclaimed_kernels["pid"].dropna()})  # fmt: skip
+        if not pids:
+            notes += got.messages
+        out += [SourceProcess(process_name(host, pid), host, pid, None, None, export=path) for pid in pids]
+    return out

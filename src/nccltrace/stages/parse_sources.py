@@ -48,6 +48,17 @@ def _trace_records(trace_tables: Path, trace_file: str) -> tuple[pd.DataFrame, l
     return frame.assign(source="profiler"), list(messages)
 
 
+def _nsys_records(parsed_nsys: Path, pid: int) -> tuple[pd.DataFrame, list[str]]:
+    """The NCCL API calls of process ``pid`` in its node's parsed export (``nsys.api_calls``)."""
+    from nccltrace.nsys.api_calls import staged_call_records
+
+    got = staged_call_records(parsed_nsys)
+    rows = got.records[got.records["pid"].astype("Int64") == int(pid)].reset_index(drop=True)
+    # (the export's parse already said what its payloads lack and how to re-export: said once)
+    messages = [m for m in got.messages if "--include-blobs" not in m]
+    return rows.assign(source="nsys-nvtx"), messages
+
+
 def _records(trace_tables: Path | None, trace_file: str | None,
              dump: Path | None) -> tuple[pd.DataFrame, list[str], dict]:  # fmt: skip
     """The process's call records from its sources: the trace's (linked to the dump's entries
@@ -97,13 +108,17 @@ def _process_groups(calls: pd.DataFrame, sources: pd.DataFrame) -> list[dict]:
 
 def run_parse_sources(layout: RunLayout, proc: str, host: str, pid: int, *, rank: int | None,
                       rank_source: str | None, trace_tables: Path | None = None, trace_file: str | None = None,
-                      dump: Path | None = None, kernels: bool = False) -> StageResult:  # fmt: skip
+                      dump: Path | None = None, kernels: bool = False, nsys: bool = False) -> StageResult:  # fmt: skip
     """Parse process ``proc`` (``host``, ``pid``, global ``rank`` recorded by ``rank_source``)
     from its staged profiler trace (``trace_tables``, read from ``trace_file``) and/or Flight
     Recorder ``dump``; ``kernels``: the node's parsed kernel source exists (the trace's), so its
-    calls are linked to kernels there."""
+    calls are linked to kernels there. ``nsys``: the calls are the process's NCCL API ranges in
+    that parsed export (linked to the process's own kernels: correlation ids are per process)."""
     out, aligned = layout.parsed_nccl(proc), layout.aligned(proc)
-    records, messages, stats = _records(trace_tables, trace_file, dump)
+    if nsys:
+        (records, messages), stats = _nsys_records(layout.parsed_nsys(host), pid), {}
+    else:
+        records, messages, stats = _records(trace_tables, trace_file, dump)
     calls, comms, sources = records_tables(records, host, pid, rank, rank_source, _groups(trace_tables, dump))
     written = write_record_tables(out, calls, comms, sources)
     write_json_atomic(out / SOURCE_RANK_FILE, {"rank": rank, "rank_source": rank_source})
@@ -120,7 +135,9 @@ def run_parse_sources(layout: RunLayout, proc: str, host: str, pid: int, *, rank
                    partial=False, reasons=[], extra={"summary": summary})  # fmt: skip
     kernel_table = read_table(layout.parsed_nsys_table(host, "kernels")) if kernels else None
     method = records["op_source"].map(_METHOD)
-    table = record_alignment(calls, records["kernel_correlation_id"], kernel_table, method, host, pid)
+    table = record_alignment(calls, records["kernel_correlation_id"], kernel_table, method, host, pid,
+                             kernel_pids={int(pid)} if nsys else None,
+                             lost=records["status"].eq("kernel_missing") if nsys else None)  # fmt: skip
     aligned.mkdir(parents=True, exist_ok=True)
     from nccltrace.align.schema import ALIGNMENT_SCHEMA
     from nccltrace.core.tables import coerce_to_schema, frame_to_table
