@@ -51,6 +51,7 @@ def runs(tmp_path_factory) -> dict[str, tuple[dict, pd.DataFrame]]:
         "traces_fr": _analysed(tmp_path_factory, "traces_fr", "kineto", "flight_recorder"),
         "fr": _analysed(tmp_path_factory, "fr", "flight_recorder"),
         "stripped": _analysed(tmp_path_factory, "stripped", "kineto", strip_cpu_records=True),
+        "stripped_fr": _analysed(tmp_path_factory, "stripped_fr", "kineto", "flight_recorder", strip_cpu_records=True),
     }
 
 
@@ -113,7 +114,7 @@ def test_log_less_rows_equal_the_log_run_on_every_window_call(runs):
 
 
 def test_traces_and_dumps_number_every_call_by_its_group_sequence(runs):
-    summary, ops = runs["traces_fr"]
+    _, ops = runs["traces_fr"]
     calls = ops[ops["row_kind"] == "call"]
     assert calls["pg_seq"].notna().sum() == 708 and set(calls["seq_source"]) == {"flight-recorder"}
     seq = calls.groupby(["global_rank", "pg_desc"])["pg_seq"].agg(["min", "max"])
@@ -136,6 +137,25 @@ def test_stripped_traces_leave_batched_send_recv_sizes_null_and_say_it_once(runs
     assert len(sized) == 612 and set(sized["size_source"]) == {"kernel-record"}
 
 
+def test_dumps_give_batched_send_recv_kernels_without_records_their_calls(runs):
+    """A trace without CPU records says nothing of its batched Send/Recv kernels; the dumps
+    give each its calls (by enqueue time), and every row then equals the log run's."""
+    summary, ops = runs["stripped_fr"]
+    calls = ops[ops["row_kind"] == "call"]
+    filled = calls[calls["size_source"] == "flight-recorder"]
+    print("stripped traces + dumps:", len(filled), "calls from the dumps;", int(calls["pg_seq"].notna().sum()),
+          "numbered")  # fmt: skip
+    assert len(calls) == 708 and len(filled) == 96 and calls["count"].notna().all()
+    assert set(filled["op"]) == {"Send", "Recv"} and set(filled["count"]) == {1048576}
+    assert calls["pg_seq"].notna().all()
+    assert not [p for p in summary["problems"] if "have no element count" in p]
+    logged = runs["logs"][1]
+    j = calls.merge(logged[logged["status"] == "matched"], on=["global_rank", "kernel_correlation_id"],
+                    suffixes=("", "_log"))  # fmt: skip
+    for c in ("op", "count", "root", "pg_name", "parallelism", "kernel_start_utc"):
+        assert (j[c].astype(str) == j[c + "_log"].astype(str)).sum() == 708, c
+
+
 def test_dumps_alone_give_every_recorded_call_with_group_ranks_and_label(runs):
     summary, ops = runs["fr"]
     right = _against_truth(ops, _members(summary), window=False)
@@ -149,7 +169,7 @@ def test_dumps_alone_give_every_recorded_call_with_group_ranks_and_label(runs):
 
 def test_every_source_names_the_communicators_from_the_jobs_own_groups(runs):
     for name in ("traces", "traces_fr", "fr"):
-        summary, ops = runs[name]
+        summary, _ = runs[name]
         labels = pd.read_parquet(Path(summary["outputs"]["parallelism"]))
         print(name, "labels:", sorted(labels["parallelism"]), set(labels["label_source"]))
         assert sorted(labels["parallelism"]) == LABELS
@@ -187,3 +207,28 @@ def test_an_nsys_export_without_nccl_gives_empty_tables_and_says_why(tmp_path):
     summary, ops = _nsys_alone(tmp_path, "nsysai_h100_2gpu_1s")
     assert len(ops) == 0 and summary["processes"] == 0 and not summary["partial"]
     assert any("no NCCL call or kernel in the export's window" in n for n in summary["notes"])
+
+
+def test_the_profilers_own_records_measure_the_log_alignment_and_name_disagreements(runs):
+    """With the logs, each matched call is checked against the trace's own record of its
+    kernel's call: 708 of 708 agree on the real capture; a wrong count is named, with both."""
+    from nccltrace.align.profiler_check import profiler_records_check
+    from nccltrace.core.layout import RunLayout
+
+    summary, _ = runs["logs"]
+    quality = pd.read_parquet(Path(summary["outputs"]["alignment_quality"]))
+    rec = quality[quality["check"] == "profiler_records"]
+    print("profiler records vs log alignment:", rec[["process", "confirmed", "contradicted", "not_checkable"]]
+          .to_dict("records"))  # fmt: skip
+    assert int(rec["confirmed"].sum()) == 708 and int(rec["contradicted"].sum()) == 0 and len(rec) == 4
+    layout = RunLayout(Path(summary["out_dir"]))
+    proc = min(rec["process"])
+    host, pid = layout.host_of(proc), int(proc.rsplit("_", 1)[1])
+    alignment = pd.read_parquet(layout.alignment(proc))
+    calls = pd.read_parquet(layout.parsed_nccl(proc) / "calls.parquet")
+    line = int(alignment[alignment["status"] == "matched"]["line"].iloc[0])
+    calls.loc[calls["line"] == line, "count"] = 7
+    nsys = layout.parsed_nsys(host)
+    check = profiler_records_check(alignment, calls, pd.read_parquet(nsys / "kernels.parquet"),
+                                   pd.read_parquet(nsys / "comm_records.parquet"), pid)  # fmt: skip
+    assert check["contradicted"] == 1 and f"line {line}: log" in check["message"] and "count 7" in check["message"]

@@ -453,6 +453,9 @@ def _parse(run: _Analysis, progress: bool) -> None:
 _SIZE_REMEDY = ("keep CPU activity in torch.profiler (activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]: its "
                 "record_param_comms ops hold every call's size, batched Send/Recv too), or keep Flight Recorder dumps "
                 "(TORCH_FR_BUFFER_SIZE=<entries>, dumped at the end), or log with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL")
+_SIZE_REMEDY_WITH_DUMPS = ("keep CPU activity in torch.profiler (its record_param_comms ops hold every call's size and "
+                           "split sizes), or log with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL (Flight Recorder keeps "
+                           "tensor shapes only: an all-to-all with uneven splits has no per-peer count there)")
 _TIME_REMEDY = ("profile the ranks with torch.profiler (activities CPU and CUDA) or nsys, or set "
                 "TORCH_NCCL_ENABLE_TIMING=1 so that Flight Recorder times each call")
 
@@ -465,7 +468,8 @@ def _logless_gaps(run: _Analysis, no_size: Mapping[str, tuple[int, int]]) -> lis
     if lacking:
         total = sum(c for _, c in no_size.values())
         nsys_only = all(run.logless[p].export is not None for p in lacking)
-        remedy = _SIZE_REMEDY if not nsys_only else (
+        dumps = any(run.logless[p].dump is not None for p in lacking)
+        remedy = (_SIZE_REMEDY if not dumps else _SIZE_REMEDY_WITH_DUMPS) if not nsys_only else (
             "add the run's profiler traces or Flight Recorder dumps, or log with NCCL_DEBUG=INFO (NCCL's NVTX "
             "payloads give bytes at most, not element counts)")  # fmt: skip
         out.append(f"{sum(lacking.values())} of {total} calls have no element count (on {len(lacking)} of "

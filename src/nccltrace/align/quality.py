@@ -63,6 +63,10 @@ CHECKS: dict[str, tuple[str, str]] = {
     "cross_rank": ("the kernels of one collective instance on all its ranks overlap in synchronised time",
                    ("check the rank's log and export for lost records around the demoted calls; with NCCL >= 2.26 "
                    "log timestamps locate every call")),
+    "profiler_records": (("the profiler trace's own record of each matched kernel's call (kernel arguments, or the "
+                          "record_param_comms op of a batched Send/Recv) names the logged call's op and element "
+                          "count; contradicted matches are named, not demoted"),
+                         "check that the trace and the log come from the same process and run"),
     # where a process has no log, the sources that describe its calls are checked against each other
     "sources_agree": (("the sources that describe one call (profiler kernel and CPU records, Flight Recorder "
                        "entries) name the same op, element count and process group"),
@@ -74,7 +78,7 @@ QUALITY_SCHEMA = pa.schema(
         _f("process", pa.string(), "", "process (log stem nccl_<host>_<pid>, or host:pid)"),
         _f("host", pa.string(), "", "host of the process"),
         _f("pid", pa.int64(), "", "process id"),
-        _f("check", pa.string(), "", "'capture_window', 'log_time', 'stream', 'nvtx_range', 'cuda_graph', 'log_gaps', 'one_process_per_log', 'kernel_args', 'p2p_pairing', 'cross_rank', 'sources_agree' (log-less processes: the sources of one call agree), 'tuning' (a call's own TUNING line as evidence), 'cross_rank_stood_down', 'p2p_pairing_stood_down' or 'log_time_stood_down'; the messages of 'tuning' and the '*_stood_down' records are findings (a check that stood down where the run contradicts its assumption), not gaps: see docs/correlation.md"),
+        _f("check", pa.string(), "", "'capture_window', 'log_time', 'stream', 'nvtx_range', 'cuda_graph', 'log_gaps', 'one_process_per_log', 'kernel_args', 'p2p_pairing', 'cross_rank', 'profiler_records' (logged processes with a profiler trace: its own record of each matched call agrees; contradictions named, not demoted), 'sources_agree' (log-less processes: the sources of one call agree), 'tuning' (a call's own TUNING line as evidence), 'cross_rank_stood_down', 'p2p_pairing_stood_down' or 'log_time_stood_down'; the messages of 'tuning' and the '*_stood_down' records are findings (a check that stood down where the run contradicts its assumption), not gaps: see docs/correlation.md"),
         _f("applicable", pa.bool_(), "", "whether the evidence the check needs exists for this process"),
         _f("confirmed", pa.int64(), "", "matches the check confirmed (capture_window: matches inside the located window)"),
         _f("contradicted", pa.int64(), "", "matches the check contradicted; they were demoted to unmatched"),

@@ -50,6 +50,8 @@ KERNELS_FILE = "kernels.parquet"
 """A parsed export's NCCL kernels (nsys.reader, kineto.reader)."""
 SESSION_FILE = "session.json"
 """A parsed export's session record: host, time base, availability (nsys.reader, parse_nsys)."""
+COMM_RECORDS_FILE = "comm_records.parquet"
+"""A parsed kernel source's call records (a profiler trace's record_param_comms ops)."""
 NVTX_FILE = "nvtx.parquet"
 """A parsed export's NVTX ranges (NCCL payloads for the exact alignment)."""
 LAUNCHES_FILE = "launches_without_kernel.parquet"
@@ -231,6 +233,21 @@ class RunLayout:
     def staged_flight_recorder(self) -> Path:
         """Flight Recorder dumps ``nccltrace analyze`` found by content in its input directory."""
         return self._p("inputs", "flight_recorder")
+
+    @property
+    def staged_kernels(self) -> Path:
+        """Profiler traces read once into their tables (``inputs/kernels/<trace>/``), for every stage."""
+        return self._p("inputs", "kernels")
+
+    @property
+    def source_processes(self) -> Path:
+        """The processes of a run without NCCL logs and their sources (``stages.sources``)."""
+        return self._p("inputs", "processes.json")
+
+    def record_alignment(self, proc: str) -> Path:
+        """A log-less process's alignment as its records gave it, kept in its parse output until
+        the workflow's align_node job installs it in :meth:`aligned` (``stages.sources``)."""
+        return self.parsed_nccl(proc) / "record_alignment"
 
     @property
     def flight_recorder(self) -> Path:

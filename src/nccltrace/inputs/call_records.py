@@ -98,13 +98,14 @@ def _group_key(row: pd.Series) -> tuple[str, tuple[int, ...]] | None:
 
 
 def records_tables(records: pd.DataFrame, host: str, pid: int, rank: int | None, rank_source: str | None,
-                   groups: Sequence[tuple[str, Sequence[int]]] = ()
+                   groups: Sequence[tuple[str, str | None, Sequence[int]]] = ()
                    ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:  # fmt: skip
     """The ``calls``, ``comms`` and call-sources frames of one process's records (rows of
     RECORD_COLUMNS in call order). ``rank``: the process's global rank (None: unknown; its
-    groups then have no rank in them). ``groups``: (name, global ranks in group order) of
-    every group the sources say the process belongs to, calls or not (a profiler's
-    ``pg_config``, a dump's). ``comm`` of a call is its group's id in this process."""
+    groups then have no rank in them). ``groups``: (name, description, global ranks in group
+    order) of every group the sources say the process belongs to, calls or not (a profiler's
+    ``pg_config``, a dump's). ``comm`` of a call is its group's id in this process; the comms
+    frame also carries each group's ``pg_name``/``pg_desc`` (not written: not log columns)."""
     rec = records.reset_index(drop=True)
     keys = [_group_key(r) for _, r in rec.iterrows()]
     comm = pd.array([_comm_of(host, pid, k) if k else pd.NA for k in keys], dtype="UInt64")
@@ -145,12 +146,13 @@ def _comm_of(host: str, pid: int, key: tuple[str, tuple[int, ...]]) -> int:
 
 
 def _group_inits(rec: pd.DataFrame, keys: list, host: str, pid: int, rank: int | None,
-                 groups: Sequence[tuple[str, Sequence[int]]]) -> pd.DataFrame:  # fmt: skip
+                 groups: Sequence[tuple[str, str | None, Sequence[int]]]) -> pd.DataFrame:  # fmt: skip
     """One ``init`` row per process group the records or ``groups`` name (records first, in
     order of appearance): the group's rank of this process (its position in the group's global
     ranks), its size and the run-wide id of the group (name and member set)."""
+    descs = {str(n): d for n, d, _ in groups}
     named = [(i, k) for i, k in enumerate(keys) if k is not None]
-    named += [(None, (str(n), tuple(int(r) for r in ranks))) for n, ranks in groups]
+    named += [(None, (str(n), tuple(int(r) for r in ranks))) for n, _, ranks in groups]
     rows, seen = [], set()
     for i, key in named:
         ident = (key[0], tuple(sorted(key[1])))
@@ -159,13 +161,15 @@ def _group_inits(rec: pd.DataFrame, keys: list, host: str, pid: int, rank: int |
         seen.add(ident)
         ranks = key[1]
         in_group = ranks.index(rank) if rank is not None and rank in ranks else None
+        desc = rec.at[i, "pg_desc"] if i is not None and not pd.isna(rec.at[i, "pg_desc"]) else descs.get(key[0])
         # a group without calls is dated before the process's first record (line 0 of its source)
         rows.append({"file": str(rec.at[i if i is not None else 0, "file"]) if len(rec) else "",
                      "line": int(rec.at[i, "record"]) + 1 if i is not None else 0, "host": host, "pid": int(pid),
                      "event": "init", "phase": "COMPLETE", "api": None, "comm": _comm_of(host, pid, key),
-                     "rank": in_group, "nranks": len(ranks), "comm_id": _stable_id("process-group", *ident)})  # fmt: skip
+                     "rank": in_group, "nranks": len(ranks), "comm_id": _stable_id("process-group", *ident),
+                     "pg_name": key[0], "pg_desc": desc})  # fmt: skip
     return pd.DataFrame(rows, columns=["file", "line", "host", "pid", "event", "phase", "api", "comm", "rank",
-                                       "nranks", "comm_id"])  # fmt: skip
+                                       "nranks", "comm_id", "pg_name", "pg_desc"])  # fmt: skip
 
 
 def write_record_tables(out_dir: Path, calls: pd.DataFrame, comms: pd.DataFrame,

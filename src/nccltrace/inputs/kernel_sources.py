@@ -17,6 +17,8 @@ from typing import Any
 
 import pandas as pd
 
+from nccltrace.core.layout import COMM_RECORDS_FILE
+
 __all__ = [
     "StagedTrace",
     "merge_sources",
@@ -75,7 +77,7 @@ def stage_traces(paths: Sequence[Path], staging: Path, progress=None) -> list[St
         stamp = {"size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns, "path": str(p.resolve())}
         session = dest / "session.json"
         # tables staged by a version without comm_records are staged again
-        if session.is_file() and (dest / "staged.json").is_file() and (dest / "comm_records.parquet").is_file() \
+        if session.is_file() and (dest / "staged.json").is_file() and (dest / COMM_RECORDS_FILE).is_file() \
                 and json.loads((dest / "staged.json").read_text()) == stamp:
             s = json.loads(session.read_text())
         else:

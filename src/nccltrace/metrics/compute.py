@@ -526,6 +526,13 @@ def _intra_host_limit(t: _HostTopology, gpus: list[int]) -> tuple[float, str, st
     return worst
 
 
+def _only_missing_topology(source: str) -> bool:
+    """Whether a limit's reason is only missing topology dumps (or ranks without a process)."""
+    reasons = source.removeprefix("unavailable: ").split("; ")
+    return source.startswith("unavailable: ") and all(
+        r.startswith("no topology dump for ") or r.endswith("has no process in the logs") for r in reasons)
+
+
 def _locate_limit(located: list[tuple[str, int | None]], missing: list[str], topologies: _Topologies,
                   lid: int | None) -> _Limit:  # fmt: skip
     """Limit of the member GPUs ``(host, bus id)`` of communicator ``lid``; ``missing`` lists
@@ -743,6 +750,7 @@ class _RunContext:
         comm_lid = {(str(h), int(p), int(c)): int(k) for h, p, c, k in facts.comm_lid[["host", "pid", "comm",
                     "logical_id"]].itertuples(index=False)}  # fmt: skip
         self.topologies = _Topologies(links, systems, comms, comm_lid)
+        self.any_topology = bool(len(links))
         # where each global rank runs, and on which GPU (bus id of its init lines)
         proc = facts.proc
         self.proc = pd.DataFrame({"host": proc["host"].to_numpy(), "pid": proc["pid"].to_numpy()},
@@ -809,6 +817,14 @@ class _RunContext:
         for r in rows:
             if r["nranks"] > 1 and not r["limit_source"].startswith("topology"):
                 by_source.setdefault(r["limit_source"], []).append(r["logical_id"])
+        # where no host left a topology dump at all, one line says so (not one per communicator)
+        untopo = {src: lids for src, lids in by_source.items() if _only_missing_topology(src)}
+        if untopo and not self.any_topology:
+            n = sum(len(v) for v in untopo.values())
+            problems.append(f"limit of {n} communicator(s) unavailable: no host left an NCCL topology dump (NCCL "
+                            "prints it at init with NCCL_DEBUG=INFO and NCCL_DEBUG_SUBSYS including GRAPH), so no "
+                            "bandwidth limit to compare with")  # fmt: skip
+            by_source = {k: v for k, v in by_source.items() if k not in untopo}
         for src, lids in by_source.items():
             head = ", ".join(str(x) for x in lids[:8]) + (" ..." if len(lids) > 8 else "")
             problems.append(f"limit of communicator(s) {head}: {src}")

@@ -25,6 +25,7 @@ from nccltrace.align.schema import NO_EXPORT_REASON
 from nccltrace.align.tuning_carry import read_donor_facts, tuning_donors
 from nccltrace.core.layout import (
     CALLS_FILE,
+    COMM_RECORDS_FILE,
     KERNELS_FILE,
     LAUNCHES_FILE,
     NVTX_FILE,
@@ -113,6 +114,7 @@ def align_process_files(files: AlignFiles, proc: str, host: str, *, mode: str = 
         problems.append(f"{proc}: {summary['unmatched_by_reason'].get(NO_EXPORT_REASON, 0)} calls have no kernel "
                         f"(reason '{NO_EXPORT_REASON}': no usable nsys export of node {host})")
     record = read_quality(files.quality)
+    record = _with_profiler_check(record, files, table, host, proc) if available else record
     problems += quality_problems(proc, record)
     if available and needing and not summary["matched"] and not problems:
         problems.append(f"{proc}: none of its {needing} calls matched a kernel of node {host}'s export "
@@ -126,6 +128,28 @@ def align_process_files(files: AlignFiles, proc: str, host: str, *, mode: str = 
                    config=config if config is not None else {"mode": mode}, partial=bool(problems),
                    reasons=problems, extra={"summary": summary})  # fmt: skip
     return StageResult("align", outputs, bool(problems), problems, str(summary), notes, details={"summary": summary})
+
+
+def _with_profiler_check(record: dict[str, Any], files: AlignFiles, table: pd.DataFrame, host: str,
+                         proc: str) -> dict[str, Any]:  # fmt: skip
+    """The quality record with the profiler trace's own records of the matched calls checked
+    (:mod:`~nccltrace.align.profiler_check`), rewritten when the node's kernel source has any."""
+    from nccltrace.align.profiler_check import profiler_records_check
+    from nccltrace.align.quality import write_quality
+
+    comm_path = files.kernels.parent / COMM_RECORDS_FILE
+    try:
+        pid = process_key(proc)[1]
+    except ValueError:
+        return record
+    kernels = read_table(files.kernels)
+    comm = read_table(comm_path) if comm_path.exists() else None
+    check = profiler_records_check(table, read_table(files.calls, columns=["file", "line", "count"]), kernels, comm, pid)
+    if check is None:
+        return record
+    record = {**record, "checks": [*record.get("checks", []), check]}
+    write_quality(files.quality, record.get("process", proc), {k: v for k, v in record.items() if k != "process"})
+    return record
 
 
 def _rank0_tuning(layout: RunLayout, proc: str) -> dict[int, pd.DataFrame] | None:

@@ -17,6 +17,7 @@ import pandas as pd
 from nccltrace.align.quality import quality_problems, write_quality
 from nccltrace.align.records import record_alignment
 from nccltrace.core.layout import (
+    COMM_RECORDS_FILE,
     KERNELS_FILE,
     MANIFEST_FILE,
     PARSE_REPORT_FILE,
@@ -41,7 +42,7 @@ def _trace_records(trace_tables: Path, trace_file: str) -> tuple[pd.DataFrame, l
 
     session = json.loads((trace_tables / SESSION_FILE).read_text())
     kernels = read_table(trace_tables / KERNELS_FILE)
-    records_path = trace_tables / "comm_records.parquet"
+    records_path = trace_tables / COMM_RECORDS_FILE
     comm = read_table(records_path) if records_path.exists() else None
     got = profiler_call_records(kernels, comm, session, trace_file)
     frame, messages = (got.records, got.messages) if hasattr(got, "records") else got
@@ -73,36 +74,85 @@ def _records(trace_tables: Path | None, trace_file: str | None,
     rows, messages = _trace_records(trace_tables, trace_file or trace_tables.name)
     if fr is None:
         return rows, messages, {}
-    linked, link_messages, stats = link_profiler_records(rows, fr)
+    timed = _launch_times(rows, trace_tables)
+    linked, link_messages, stats = link_profiler_records(timed, fr)
+    linked["record_utc"] = rows["record_utc"].to_numpy()  # (the stand-in times were for the link only)
+    blind = int((linked["op"].isna() & linked["kernel_correlation_id"].notna()).sum())
+    linked, filled = _batched_p2p(linked, fr, trace_tables)
+    stats["batched_p2p_kernels_filled"] = filled
+    if filled:  # the rows the link could not key (no op, no group) were then given their calls
+        link_messages = [m for m in link_messages if "name no process group" not in m
+                         and "linked to no Flight Recorder entry" not in m]  # fmt: skip
+        link_messages.append(f"{filled} of {blind} batched Send/Recv kernels without a record of their calls given "
+                             "them from the dump (the point-to-point entries enqueued after the thread's previous "
+                             "NCCL launch and before the kernel's)")  # fmt: skip
     return linked.assign(source="profiler"), messages + list(link_messages), dict(stats)
 
 
-def _groups(trace_tables: Path | None, dump: Path | None) -> list[tuple[str, list[int]]]:
-    """(name, global ranks in group order) of every group the process's sources list: the
-    profiler's ``distributedInfo.pg_config`` (in PyTorch's order), else the dump's."""
-    out: list[tuple[str, list[int]]] = []
-    if trace_tables is not None:
-        cfg = json.loads((trace_tables / SESSION_FILE).read_text()).get("pg_config") or []
-        out += [(str(g.get("name", g.get("pg_name"))), list(g["ranks"])) for g in cfg
-                if isinstance(g, dict) and isinstance(g.get("ranks"), list)]  # fmt: skip
-    if dump is not None:
-        from nccltrace.pytorch.flight_recorder import read_dump
+_ENQUEUE_LEAD_NS = 1_000_000  # a call is enqueued at most this long before its kernel's launch (measured: 47-153 us)
 
-        out += [(name, list(ranks)) for name, (ranks, _) in read_dump(dump).groups.items()]
+
+def _launch_times(rows: pd.DataFrame, trace_tables: Path) -> pd.DataFrame:
+    """``rows`` where a call has no CPU record (a trace without CPU activity) but a kernel: its
+    ``record_utc`` stands in as the launch minus the longest enqueue-to-launch lead, so that
+    the dump's entry enqueued just before the launch is the first after it (the link's rule).
+    Disagreeing links are still named by the link; the stand-in is not written."""
+    missing = rows["record_utc"].isna() & rows["kernel_correlation_id"].notna()
+    if not missing.any():
+        return rows
+    session = json.loads((trace_tables / SESSION_FILE).read_text())
+    if session.get("utc_offset_ns") is None:
+        return rows
+    k = read_table(trace_tables / KERNELS_FILE, columns=["correlation_id", "launch_start"]).dropna()
+    launch = dict(zip(k["correlation_id"].astype("int64"), k["launch_start"].astype("int64")))
+    utc = [launch.get(int(c)) for c in rows.loc[missing, "kernel_correlation_id"]]
+    out = rows.copy()
+    out.loc[missing, "record_utc"] = pd.array([None if t is None else t + int(session["utc_offset_ns"]) -
+                                               _ENQUEUE_LEAD_NS for t in utc], dtype="Int64")  # fmt: skip
     return out
 
 
-def _process_groups(calls: pd.DataFrame, sources: pd.DataFrame) -> list[dict]:
+def _batched_p2p(rows: pd.DataFrame, fr: pd.DataFrame, trace_tables: Path) -> tuple[pd.DataFrame, int]:
+    """Record-less batched Send/Recv kernels of the trace given their calls from the dump."""
+    from nccltrace.inputs.batched_p2p import claim_batched_p2p
+
+    session = json.loads((trace_tables / SESSION_FILE).read_text())
+    kernels = read_table(trace_tables / KERNELS_FILE, columns=["correlation_id", "launch_start", "launch_tid",
+                                                               "short_name"])  # fmt: skip
+    return claim_batched_p2p(rows, fr, kernels, session.get("utc_offset_ns"))
+
+
+def _groups(trace_tables: Path | None, dump: Path | None) -> list[tuple[str, str | None, list[int]]]:
+    """(name, description, global ranks in group order) of every group the process's sources
+    list: the profiler's ``distributedInfo.pg_config`` (in PyTorch's order), then the dump's."""
+    out: list[tuple[str, str | None, list[int]]] = []
+    if trace_tables is not None:
+        cfg = json.loads((trace_tables / SESSION_FILE).read_text()).get("pg_config") or []
+        out += [(str(g.get("name", g.get("pg_name"))), g.get("desc", g.get("pg_desc")), list(g["ranks"]))
+                for g in cfg if isinstance(g, dict) and isinstance(g.get("ranks"), list)]  # fmt: skip
+    if dump is not None:
+        from nccltrace.pytorch.flight_recorder import read_dump
+
+        out += [(name, desc, list(ranks)) for name, (ranks, desc) in read_dump(dump).groups.items()]
+    return out
+
+
+def _process_groups(calls: pd.DataFrame, sources: pd.DataFrame, comms: pd.DataFrame, source: str) -> list[dict]:
     """Per communicator of the process, the process group its records name (as the alignment
-    records the groups a profiler's kernels name), so the run names its communicators."""
-    t = pd.DataFrame({"comm": calls["comm"], "pg_name": sources["pg_name"], "pg_desc": sources["pg_desc"],
-                      "source": sources["source"]}).dropna(subset=["comm", "pg_name"])  # fmt: skip
+    records the groups a profiler's kernels name), so the run names its communicators; a group
+    the sources list without calls is named by its own entry (0 calls)."""
+    t = pd.DataFrame({"comm": calls["comm"], "pg_name": sources["pg_name"], "pg_desc": sources["pg_desc"]})
+    t = t.dropna(subset=["comm", "pg_name"])
+    listed = comms[~comms["comm"].isin(set(t["comm"]))].dropna(subset=["pg_name"])
     out = []
     for comm, g in t.groupby("comm", sort=True):
         counts = g.groupby(["pg_name", "pg_desc"], dropna=False).size()
-        out.append({"comm": f"0x{int(comm):x}", "name_source": f"{g['source'].iloc[0]}-records", "groups": [
+        out.append({"comm": f"0x{int(comm):x}", "name_source": f"{source}-records", "groups": [
             {"pg_name": str(n), "pg_desc": None if pd.isna(d) else str(d), "calls": int(c)}
             for (n, d), c in counts.items()]})  # fmt: skip
+    out += [{"comm": f"0x{int(c):x}", "name_source": f"{source}-records",
+             "groups": [{"pg_name": str(n), "pg_desc": None if pd.isna(d) else str(d), "calls": 0}]}
+            for c, n, d in zip(listed["comm"], listed["pg_name"], listed["pg_desc"])]  # fmt: skip
     return out
 
 
@@ -120,6 +170,7 @@ def run_parse_sources(layout: RunLayout, proc: str, host: str, pid: int, *, rank
     else:
         records, messages, stats = _records(trace_tables, trace_file, dump)
     calls, comms, sources = records_tables(records, host, pid, rank, rank_source, _groups(trace_tables, dump))
+    source = "nsys-nvtx" if nsys else "profiler" if trace_tables is not None else "flight-recorder"
     written = write_record_tables(out, calls, comms, sources)
     write_json_atomic(out / SOURCE_RANK_FILE, {"rank": rank, "rank_source": rank_source})
     files = sorted(set(calls["file"]))
@@ -148,7 +199,7 @@ def run_parse_sources(layout: RunLayout, proc: str, host: str, pid: int, *, rank
              contradicted, "contradicted": contradicted, "not_checkable": int(stats.get("unlinked", 0) or 0),
              "message": "; ".join(messages[:5]) if contradicted else None}  # fmt: skip
     write_quality(layout.alignment_quality(proc), proc, {"host": host, "pid": int(pid), "checks": [check] if stats else [],
-                                                         "process_groups": _process_groups(calls, sources)})
+                                                         "process_groups": _process_groups(calls, sources, comms, source)})
     problems = quality_problems(proc, {"checks": [check]})
     matched = int((table["status"] == "matched").sum())
     write_manifest(layout.manifest(aligned), stage="align", inputs=[out / "calls.parquet"],
