@@ -39,6 +39,7 @@ from nccltrace.core.tables import (
     write_table_atomic,
 )
 from nccltrace.core.tables import documented_field as _f
+from nccltrace.inputs.call_records import CALL_SOURCE_SCHEMA, PROVENANCE_COLUMNS
 from nccltrace.nccl.enums import P2P_OPS
 
 OPS_SCHEMA = pa.schema(
@@ -67,21 +68,8 @@ OPS_SCHEMA = pa.schema(
         _f("instance", pa.string(), "", "cross-rank key of one collective instance: '<logical_id>:<opCount>' where "
            "opCount is informative, else '<logical_id>#<k-th call on the communicator>'; null for P2P, duplicate "
            "lines and single-rank communicators"),
-        _f("source", pa.string(), "", "what the row was made from: 'nccl-log' (a call line; kernel rows: the kernel "
-           "source), 'profiler', 'flight-recorder' (processes without a log: their call records)"),
-        _f("op_source", pa.string(), "", "which record named op: 'nccl-log', 'kernel-record', 'cpu-record', "
-           "'flight-recorder', 'nvtx-range'; null: none did (see call_sources in docs/evidence-sources.md)"),
-        _f("size_source", pa.string(), "", "which record gave count/datatype (as op_source); null: no present source "
-           "records the size (the run's problems name what to capture)"),
-        _f("comm_source", pa.string(), "", "what the communicator is known from: 'nccl-init', 'process-group'; null"),
-        _f("rank_source", pa.string(), "", "what names global_rank: 'communicators' (logged processes: the "
-           "communicators stage, from the world communicator or the run's other rank records), "
-           "'profiler-distributed-info', 'flight-recorder'; null: unknown"),
-        _f("time_source", pa.string(), "", "what gives the kernel times: 'kernel' (a kernel record); null: none"),
-        _f("seq_source", pa.string(), "", "what gives pg_seq: 'flight-recorder'; null: no sequence number"),
-        _f("torch_op", pa.string(), "", "PyTorch's collective as its record names it (processes without a log)"),
-        _f("enqueue_utc", pa.int64(), "ns", "Flight Recorder's enqueue time of the call (UTC, CPU clock; not a kernel "
-           "time)"),
+        # where each fact came from: one home, the call sources' columns
+        *(CALL_SOURCE_SCHEMA.field(name) for name in (*PROVENANCE_COLUMNS, "torch_op", "enqueue_utc")),
         _f("kernel_start_utc", pa.int64(), "ns", "kernel start read on the node's clock as UTC (nsys + session start)"),
         _f("kernel_end_utc", pa.int64(), "ns", "kernel end on the node's clock as UTC"),
         _f("kernel_start_sync", pa.int64(), "ns", "kernel start on the reference node's clock (clock sync); null "
@@ -216,8 +204,7 @@ def _process_ops(aligned_path: Path | str, calls_dir: Path | str, members: pd.Da
     return ops
 
 
-_SOURCE_COLUMNS = ["source", "op_source", "size_source", "comm_source", "rank_source", "time_source", "seq_source",
-                   "torch_op", "enqueue_utc"]  # fmt: skip
+_SOURCE_COLUMNS = [*PROVENANCE_COLUMNS, "torch_op", "enqueue_utc"]
 
 
 def _provenance(ops: pd.DataFrame, call_sources: Path) -> pd.DataFrame:
