@@ -232,3 +232,21 @@ def test_the_profilers_own_records_measure_the_log_alignment_and_name_disagreeme
     check = profiler_records_check(alignment, calls, pd.read_parquet(nsys / "kernels.parquet"),
                                    pd.read_parquet(nsys / "comm_records.parquet"), pid)  # fmt: skip
     assert check["contradicted"] == 1 and f"line {line}: log" in check["message"] and "count 7" in check["message"]
+
+
+@pytest.mark.parametrize(("scenario", "rows", "sizes"), [
+    ("gpu_error_1st", 289, "tp=2, pp=4, cp=1, ep=4"), ("gpu_error_2nd", 278, "tp=4, pp=2, cp=1, ep=8"),
+    ("lock_gil_1st", 142, "tp=4, pp=2, cp=1, ep=8"), ("lock_gil_2nd", 216, "tp=2, pp=4, cp=1, ep=4")])  # fmt: skip
+def test_sixteen_rank_dumps_alone_name_every_group_and_the_layout(tmp_path, scenario, rows, sizes):
+    """The 16-rank Megatron jobs' dumps (another PyTorch, other layouts, only each group's tail):
+    every call a row, every communicator labelled from its group's own name, the layout from
+    the names."""
+    from data_paths import FR_MEGATRON16
+
+    summary = analyze_run(FR_MEGATRON16 / scenario, tmp_path / "out", progress=False)
+    ops = pd.read_parquet(tmp_path / "out" / "ops" / "ops.parquet")
+    labels = pd.read_parquet(Path(summary["outputs"]["parallelism"]))
+    print(scenario, len(ops), "rows;", len(labels), "communicators;", set(labels["label_source"]))
+    assert len(ops) == rows and summary["processes"] == 16 and ops["global_rank"].notna().all()
+    assert set(labels["label_source"]) == {"pg-names"} and ops["pg_desc"].notna().all()
+    assert any(f"from the PyTorch process groups' names: {sizes}" in n for n in summary["notes"])
