@@ -10,6 +10,7 @@ from nccltrace.campaign.job_resources import mem_mb, parquet_rows
 from nccltrace.metrics.compute import part_calls
 from nccltrace.campaign.code_stamps import code_stamp_is_current, code_stamp_path, stage_code_hash
 from nccltrace.core.layout import METRIC_TABLES, RunLayout
+from nccltrace.stages.sources import has_logs, kernel_sources_of, raw_sources, read_source_processes
 
 RUNS = {run.run_id: run for run in expand_campaign(config)}
 # Every run is checked before anything is queued (divisibility, experts, VPP, batch sizes, ...).
@@ -212,9 +213,49 @@ def raw_dir(wildcards):
 
 
 def processes_of(run):
-    """Per-process NCCL logs of a run; known once acquisition has finished (checkpoint)."""
+    """The processes of a run: one per NCCL log, known once acquisition has finished (checkpoint);
+    in a run without logs, those its profiler traces and Flight Recorder dumps (else its nsys
+    exports) name, known once checkpoint sources has read them (recorded_processes)."""
     raw = Path(checkpoints.acquire.get(run=run).output.raw)
-    return sorted(p.stem for p in (raw / "nccl").glob("nccl_*.log"))
+    logs = sorted(p.stem for p in (raw / "nccl").glob("nccl_*.log"))
+    return logs or sorted(recorded_processes(run))
+
+
+def logless(run):
+    """Whether the acquired run left no NCCL log (its processes come from its other sources)."""
+    return not has_logs(checkpoints.acquire.get(run=run).output.raw)
+
+
+_LISTINGS = {}  # listing path -> (its mtime, the processes it lists): read once per version
+
+
+def recorded_processes(run):
+    """Process name -> SourceProcess (nccltrace.inputs.evidence) of a run without NCCL logs, as
+    checkpoint sources listed them; {} for a run with logs."""
+    if not logless(run):
+        return {}
+    listing = Path(checkpoints.sources.get(run=run).output.processes)
+    mtime = listing.stat().st_mtime_ns
+    if _LISTINGS.get(listing, (None,))[0] != mtime:
+        _LISTINGS[listing] = (mtime, read_source_processes(RunLayout(f"{RESULTS}/{run}"))[0])
+    return _LISTINGS[listing][1]
+
+
+def source_inputs(wildcards):
+    """The listing and staged traces of checkpoint sources for a run without NCCL logs (a job's
+    checkpoint-dependent params resolve remotely from declared inputs only); nothing for a run
+    with logs."""
+    if not logless(wildcards.run):
+        return {}
+    out = checkpoints.sources.get(run=wildcards.run).output
+    return {"sources": out.processes, "staged": out.kernels}
+
+
+def largest_source_bytes(wc, input):
+    """Size of the largest profiler trace or nsys export of a run without NCCL logs (checkpoint
+    sources reads one at a time)."""
+    traces, _, exports = raw_sources(input.raw)
+    return max((p.stat().st_size for p in (*traces, *exports)), default=0)
 
 
 def nccl_processes(wildcards):
@@ -260,8 +301,16 @@ def per_node(path_of):
 
 
 def node_processes(wildcards):
-    """The processes of the job's node (its NCCL logs), sorted."""
+    """The processes of the job's node with an NCCL log, sorted (those its jobs parse and align)."""
+    if logless(wildcards.run):
+        return []
     return [proc for proc in processes_of(wildcards.run) if RunLayout.host_of(proc) == wildcards.host]
+
+
+def node_recorded(wildcards):
+    """The processes of the job's node without an NCCL log (parsed from their records, not
+    aligned), sorted; none in a run with logs."""
+    return [name for name, p in recorded_processes(wildcards.run).items() if p.host == wildcards.host]
 
 
 def analysis_targets(wildcards):
@@ -270,7 +319,12 @@ def analysis_targets(wildcards):
     done, out = acquisition_state()
     for run in done:
         layout = RunLayout(f"{RESULTS}/{run}")
-        out += [layout.aligned_node(host) for host in log_hosts(run)]
+        try:
+            hosts = log_hosts(run)
+        except IncompleteCheckpointException as pending_run:  # the run's sources, not read yet: all at once
+            out.append(pending_run.targetfile)
+            continue
+        out += [layout.aligned_node(host) for host in hosts]
         out += [layout.parse_summary, layout.communicators, layout.ops, layout.metric("op_metrics"),
                 layout.volume, layout.trace, layout.report_html]  # fmt: skip
     return out
@@ -296,8 +350,11 @@ def failed_runs(wildcards):
 
 
 def export_hosts(run):
-    """Nodes with an nsys export."""
+    """Nodes with a kernel source: an nsys export; in a run without NCCL logs, the nodes whose
+    processes left a profiler trace or, in a run of exports alone, an export (kernel_sources_of)."""
     raw = Path(checkpoints.acquire.get(run=run).output.raw)
+    if not has_logs(raw):
+        return sorted(kernel_sources_of(list(recorded_processes(run).values())))
     return RunLayout.of_raw(raw).raw_export_hosts()
 
 
@@ -310,7 +367,12 @@ def job_mem(stage, rows=None):
     drive its peak, ``rows(wildcards, input)``: a count, or (rows, run rows)."""
 
     def mem(wc, input):
-        n = rows(wc, input) if rows else 0
+        try:
+            n = rows(wc, input) if rows else 0
+        except IncompleteCheckpointException:
+            # rows known after a checkpoint that is to run again (a run's sources): Snakemake would
+            # take the exception's 0 for the resource itself; the job is sized once it has run
+            n = 0
         return mem_mb(stage, *n) if isinstance(n, tuple) else mem_mb(stage, n)
 
     return mem
@@ -325,7 +387,8 @@ def node_job_mem(*stages):
 def node_calls(wc, input):
     """Calls of the node's largest process (its parsed calls table; none yet in a dry run)."""
     layout = run_layout(wc)
-    return max((parquet_rows(layout.parsed_nccl_table(proc, "calls")) for proc in node_processes(wc)), default=0)
+    procs = node_processes(wc) + node_recorded(wc)
+    return max((parquet_rows(layout.parsed_nccl_table(proc, "calls")) for proc in procs), default=0)
 
 
 def alignment_rows(wc, input):

@@ -3,6 +3,8 @@
 
 rule align_node:
     input:
+        # a run without logs: the listing that names the node's processes (params)
+        unpack(source_inputs),
         code=code_stamp("align_node"),
         # each process's calls, init lines (their logged commIds name communicators in NCCL's
         # NVTX payloads) and versions
@@ -22,6 +24,8 @@ rule align_node:
     params:
         code=stage_code_hash("align_node"),
         processes=node_processes,
+        # processes without an NCCL log: their alignment, from their records at parse, installed
+        recorded=node_recorded,
         mode=config.get("analysis", {}).get("alignment", "default"),
         nccl_version=lambda wc: RUNS[wc.run].settings.get("nccl_version"),
         settings=run_settings,

@@ -1,8 +1,38 @@
 # Parsing: one job per node (every NCCL log of its processes and its nsys export), then summarised.
+# A run without NCCL logs first has its profiler traces read and its processes listed (checkpoint
+# sources); each node's job then parses its kernel source and its processes' records
+# (nccltrace.stages.sources).
+
+
+checkpoint sources:
+    input:
+        code=code_stamp("sources"),
+        raw=raw_dir,
+    output:
+        # each profiler trace's tables, read once (inputs/kernels/<trace>/)
+        kernels=directory(RUN.staged_kernels),
+        # the processes (one per rank; of nsys exports alone: per recorded host and pid), their sources
+        processes=RUN.source_processes,
+        manifest=RUN.manifest(RUN.source_processes.parent),
+    params:
+        code=stage_code_hash("sources"),
+    # one trace (or export) at a time; the export parse's cost per byte stands in (not measured here)
+    resources:
+        mem_mb=job_mem("parse_nsys", largest_source_bytes),
+    log:
+        RUN.log("sources"),
+    benchmark:
+        RUN.benchmark("sources")
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/sources.py"
 
 
 rule parse_node:
     input:
+        # a run without logs: its processes' listing and staged traces
+        unpack(source_inputs),
         code=code_stamp("parse_node"),
         raw=raw_dir,
     output:
@@ -13,6 +43,7 @@ rule parse_node:
     params:
         code=stage_code_hash("parse_node"),
         processes=node_processes,
+        recorded=node_recorded,
         settings=run_settings,
     # one process, then the export, at a time: the larger of the two peaks
     resources:
@@ -29,6 +60,8 @@ rule parse_node:
 
 rule parse_summary:
     input:
+        # a run without logs: the sources its listing did not use
+        unpack(source_inputs),
         code=code_stamp("parse_summary"),
         # each process's parse report and manifest (which says what the parser does not judge,
         # a log cut mid-line)

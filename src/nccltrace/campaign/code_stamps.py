@@ -21,16 +21,18 @@ PACKAGE = Path(__file__).resolve().parent.parent
 # covered without editing this table. (``core/provenance.py`` is left out: it only writes manifests.)
 # The rule scripts' own imports beside their stage (workflow/scripts/_bootstrap.py: errors, for
 # every rule; align_node.py and parse_summary.py: the run settings, which their stages take only
-# as annotations) count too; tests/test_code_stamps.py checks that every package module a rule
+# as annotations; parse_node.py, align_node.py and parse_summary.py: stages/sources.py, what they
+# run for a run without NCCL logs) count too; tests/test_code_stamps.py checks that every package module a rule
 # script imports is in its stage's closure.
-_RULE_SCRIPT_IMPORTS: dict[str, tuple[str, ...]] = {"align_node": ("core/settings.py",),
-                                                    "parse_summary": ("core/settings.py",)}
+_RULE_SCRIPT_IMPORTS: dict[str, tuple[str, ...]] = {"align_node": ("core/settings.py", "stages/sources.py"),
+                                                    "parse_node": ("stages/sources.py",),
+                                                    "parse_summary": ("core/settings.py", "stages/sources.py")}
 STAGE_ENTRIES: dict[str, tuple[str, ...]] = {
     "emulate": ("emulator/run.py",),
     # the workflow's rules (parse_node and align_node import the per-process stages they run)
     **{stage: (f"stages/{stage}.py", "core/errors.py", *_RULE_SCRIPT_IMPORTS.get(stage, ())) for stage in (
-        "parse_node", "parse_summary", "communicators", "align_node", "ops", "metrics", "volume", "trace", "report",
-        "campaign_report")},
+        "sources", "parse_node", "parse_summary", "communicators", "align_node", "ops", "metrics", "volume", "trace",
+        "report", "campaign_report")},
 }
 STAGE_DATA: dict[str, tuple[str, ...]] = {"emulate": ("nsys/ddl",), "report": ("outputs/templates",),
                                           "campaign_report": ("outputs/templates",)}
