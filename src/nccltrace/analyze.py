@@ -339,38 +339,16 @@ def _start(raw_dir: Path | str, out_dir: Path | str, settings: RunSettings | Map
 
 def _logless_processes(inputs: RawInputs, out: Path, progress: bool,
                        notes: list[str]) -> tuple[dict[str, Any], list[str]]:  # fmt: skip
-    """The processes of a run without NCCL logs, from its profiler traces (read once into
-    ``out/inputs/kernels/``) and Flight Recorder dumps; and the problems of sources not used."""
-    from nccltrace.inputs.evidence import source_processes
-    from nccltrace.inputs.kernel_sources import stage_traces
+    """The processes of a run without NCCL logs (``stages.sources.logless_processes``: from its
+    profiler traces, read once into ``out/inputs/kernels/``, and Flight Recorder dumps, else its
+    nsys exports); and the problems of sources not used."""
+    from nccltrace.stages.sources import logless_processes
 
-    problems: list[str] = []
-    staged = []
-    if inputs.traces:
-        with _bar(len(inputs.traces), "read profiler traces", "file", progress) as bar:
-            staged = stage_traces(inputs.traces, out / "inputs" / "kernels", progress=lambda _: bar.update(1))
-        problems += [f"profiler trace {t.path.name} not used: {t.problem}" for t in staged if t.problem]
-    procs = source_processes(staged, inputs.dumps, problems)
-    if not procs and inputs.exports:  # nsys exports alone: their NCCL API ranges are the calls
-        procs = _export_processes(inputs, notes)
-    elif not procs:
-        raise ValueError(f"{inputs.raw_dir}: no usable source of NCCL calls: " + "; ".join(problems))
+    with _bar(len(inputs.traces), "read profiler traces", "file", progress and bool(inputs.traces)) as bar:
+        procs, problems = logless_processes(inputs.traces, inputs.dumps, out / "inputs" / "kernels",
+                                            exports=list(inputs.exports.values()), notes=notes,
+                                            where=inputs.raw_dir, progress=lambda _: bar.update(1))  # fmt: skip
     return {p.name: p for p in procs}, problems
-
-
-def _export_processes(inputs: RawInputs, notes: list[str]) -> list[Any]:
-    """The processes of a run that left only nsys exports (each named after its recorded host)."""
-    from nccltrace.acquisition.raw import RawImportError, assign_exports
-    from nccltrace.inputs.evidence import export_processes
-
-    try:
-        assigned = assign_exports(list(inputs.exports.values()), set())
-    except RawImportError as e:
-        raise ValueError(str(e)) from None
-    # one export per node, or one per process (the node's are merged by its parse, as with logs)
-    exports = [(h, p) for h, p in assigned.exports.items()]
-    exports += [(h, p) for h, more in assigned.more.items() for p in more]
-    return export_processes(exports, notes)
 
 
 def _place_kernel_traces(run: _Analysis, progress: bool) -> None:
@@ -387,18 +365,14 @@ def _place_kernel_traces(run: _Analysis, progress: bool) -> None:
         raise ValueError(str(e)) from None
     n_before = len(run.problems)
     if run.logless:
-        run.sources = {p.host: [p.trace.tables] for p in run.logless.values() if p.trace is not None}
-        for p in sorted(run.logless.values(), key=lambda p: str(p.export)):
-            if p.export is not None and p.export not in run.sources.setdefault(p.host, []):
-                run.sources[p.host].append(p.export)
-        run.sources = {h: (v[0] if len(v) == 1 and not v[0].is_dir() else v) for h, v in run.sources.items()}
-        if inputs.exports and not any(p.export is not None for p in run.logless.values()):
-            run.problems.append(f"{len(inputs.exports)} nsys export(s) not used: without NCCL logs, the processes come "
-                                "from the profiler traces and Flight Recorder dumps, and an export's processes are "
-                                "not yet joined to them")  # fmt: skip
+        from nccltrace.stages.sources import kernel_sources_of
+
+        run.sources = kernel_sources_of(list(run.logless.values()))
     else:
         run.sources = _kernel_sources(inputs, assigned, run.procs, out, progress, run.problems, run.notes)
     run.source_problems = run.problems[n_before:]  # traces not used, no kernel trace: the report names them too
+    if run.logless:  # (sources not used when finding a log-less run's processes: as the workflow's summary)
+        run.source_problems[:0] = run.problems[:n_before]
     run.hosts = sorted(run.sources)
     if (inputs.exports or inputs.traces) and not run.logless and not set(run.hosts) & set(run.log_hosts):
         # kernel traces of other hosts or jobs: named, and the logs alone are analysed
@@ -424,73 +398,29 @@ def _parse(run: _Analysis, progress: bool) -> None:
     the logs are staged for the ops stage (which names process groups from them)."""
     from nccltrace.acquisition.status import ANALYZE_REMEDY
     from nccltrace.stages.parse_node import run_parse_node
+    from nccltrace.stages.sources import logless_gaps, run_parse_sources_node
 
     layout, inputs = run.layout, run.inputs
     with _bar(len(run.procs) + len(run.nodes), "parse NCCL logs and nsys exports", "file", progress) as bar:
-        no_size = {}
         for host in run.nodes:
-            logs = {p: inputs.logs[p] for p in run.procs_of[host] if p in inputs.logs}
-            if logs or host in run.sources:  # (a log-less process without a kernel source: said once, below)
-                res = run_parse_node(layout, host, logs, run.sources.get(host), run.settings,
-                                     unusable=run.assigned.unusable.get(host), remedy=ANALYZE_REMEDY,
-                                     done=lambda _: bar.update(1))  # fmt: skip
-                _say(res, run.problems, run.notes)
-            for proc in run.procs_of[host]:
-                if proc in run.logless:
-                    res = _parse_sources(run, run.logless[proc], host in run.sources)
-                    _say(res, run.problems, run.notes)
-                    no_size[proc] = (res.details["no_size"], res.details["summary"]["calls"])
-                    bar.update(1)
-    if run.logless:
-        run.problems += _logless_gaps(run, no_size)
+            logless = [run.logless[p] for p in run.procs_of[host] if p in run.logless]
+            if logless:  # the workflow's parse_node of a node without logs (stages.sources)
+                res = run_parse_sources_node(layout, host, logless, run.settings, remedy=ANALYZE_REMEDY,
+                                             done=lambda _: bar.update(1))  # fmt: skip
+            else:
+                res = run_parse_node(layout, host, {p: inputs.logs[p] for p in run.procs_of[host]},
+                                     run.sources.get(host), run.settings, unusable=run.assigned.unusable.get(host),
+                                     remedy=ANALYZE_REMEDY, done=lambda _: bar.update(1))  # fmt: skip
+            _say(res, run.problems, run.notes)
+    if run.logless:  # what the sources do not record, once for the run
+        gaps = logless_gaps(layout, run.logless)
+        run.problems += [g for g in gaps if g not in run.problems]
+        run.source_problems += gaps
     shutil.rmtree(layout.staged_flight_recorder, ignore_errors=True)
     if inputs.dumps and not run.logless:  # (a log-less run's dumps are its processes' call records)
         layout.staged_flight_recorder.mkdir(parents=True)
         for i, dump in enumerate(inputs.dumps):
             shutil.copyfile(dump, layout.staged_flight_recorder / f"{i:05d}_{dump.name}")
-
-
-_SIZE_REMEDY = ("keep CPU activity in torch.profiler (activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]: its "
-                "record_param_comms ops hold every call's size, batched Send/Recv too), or keep Flight Recorder dumps "
-                "(TORCH_FR_BUFFER_SIZE=<entries>, dumped at the end), or log with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL")
-_SIZE_REMEDY_WITH_DUMPS = ("keep CPU activity in torch.profiler (its record_param_comms ops hold every call's size and "
-                           "split sizes), or log with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL (Flight Recorder keeps "
-                           "tensor shapes only: an all-to-all with uneven splits has no per-peer count there)")
-_TIME_REMEDY = ("profile the ranks with torch.profiler (activities CPU and CUDA) or nsys, or set "
-                "TORCH_NCCL_ENABLE_TIMING=1 so that Flight Recorder times each call")
-
-
-def _logless_gaps(run: _Analysis, no_size: Mapping[str, tuple[int, int]]) -> list[str]:
-    """What the sources of a log-less run do not record, said once for the run with the remedy:
-    call sizes (e.g. batched Send/Recv in a trace without CPU records), kernel times (dumps alone)."""
-    out = []
-    lacking = {p: n for p, (n, _) in no_size.items() if n}
-    if lacking:
-        total = sum(c for _, c in no_size.values())
-        nsys_only = all(run.logless[p].export is not None for p in lacking)
-        dumps = any(run.logless[p].dump is not None for p in lacking)
-        remedy = (_SIZE_REMEDY if not dumps else _SIZE_REMEDY_WITH_DUMPS) if not nsys_only else (
-            "add the run's profiler traces or Flight Recorder dumps, or log with NCCL_DEBUG=INFO (NCCL's NVTX "
-            "payloads give bytes at most, not element counts)")  # fmt: skip
-        out.append(f"{sum(lacking.values())} of {total} calls have no element count (on {len(lacking)} of "
-                   f"{len(no_size)} processes): no source present records it. To get it, {remedy}")  # fmt: skip
-    untimed = [p for p, sp in run.logless.items() if sp.trace is None and sp.export is None]
-    if untimed:
-        out.append(f"{len(untimed)} of {len(run.logless)} processes have no kernel trace (Flight Recorder dumps "
-                   f"alone): their calls have no kernel times (reason 'no_export'), so no bandwidths or timeline. "
-                   f"To get them, {_TIME_REMEDY}")  # fmt: skip
-    return out
-
-
-def _parse_sources(run: _Analysis, proc: Any, kernels: bool) -> Any:
-    """Stage parse_sources of one log-less process (its calls, communicators and alignment)."""
-    from nccltrace.stages.parse_sources import run_parse_sources
-
-    trace = proc.trace
-    return run_parse_sources(run.layout, proc.name, proc.host, proc.pid, rank=proc.rank, rank_source=proc.rank_source,
-                             trace_tables=trace.tables if trace is not None else None,
-                             trace_file=trace.path.name if trace is not None else None, dump=proc.dump,
-                             kernels=kernels, nsys=proc.export is not None)  # fmt: skip
 
 
 def _communicators_and_summary(run: _Analysis) -> str:
