@@ -243,6 +243,7 @@ def finished_example(tmp_path_factory) -> FinishedExample:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("test_workflow.finished_example")  # the two tests of the finished campaign, apart
 def test_a_code_change_schedules_exactly_its_stages_and_their_dependents_with_or_without_snakemakes_records(
         finished_example):
     """The example campaign, done. Then, from that state each time, with Snakemake's records of
@@ -282,6 +283,7 @@ def _changed(before: dict, after: dict) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("test_workflow.finished_example")
 def test_a_dry_run_changes_nothing_and_a_reverted_change_re_runs_nothing(finished_example):
     """As a user would, on the finished example campaign, nothing restored between the steps:
     nccl/versions.py changed, --summary, --list-changes code/input/params, --lint and --dag
