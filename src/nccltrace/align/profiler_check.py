@@ -27,9 +27,8 @@ def _records(kernels: pd.DataFrame, comm_records: pd.DataFrame | None, pid: int)
 
     k = kernels[kernels["pid"].astype("Int64") == int(pid)] if "pid" in kernels else kernels
     c = comm_records[comm_records["pid"].astype("Int64") == int(pid)] if comm_records is not None else None
-    got = profiler_call_records(k.reset_index(drop=True), None if c is None else c.reset_index(drop=True),
-                                {"rank": None}, "trace")  # fmt: skip
-    rec = got.records if hasattr(got, "records") else got[0]
+    rec = profiler_call_records(k.reset_index(drop=True), None if c is None else c.reset_index(drop=True),
+                                {"rank": None}, "trace").records  # fmt: skip
     return rec.dropna(subset=["kernel_correlation_id", "op", "count"])
 
 

@@ -10,7 +10,9 @@ counts the calls without a size; the run says it once, with the remedy)."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -30,23 +32,30 @@ from nccltrace.core.tables import read_table, write_json_atomic, write_table_ato
 from nccltrace.inputs.call_records import records_tables, write_record_tables
 from nccltrace.stages import StageResult
 
+if TYPE_CHECKING:  # annotations only
+    from nccltrace.pytorch.flight_recorder import FlightRecorderDump
+
 __all__ = ["run_parse_sources"]
 
 _METHOD = {"kernel-record": "kernel-record", "cpu-record": "cpu-record", "nvtx-range": "nvtx-launch",
-           "flight-recorder": "kernel-record"}  # fmt: skip
+           "flight-recorder": "fr-batch"}  # fmt: skip
+# how a call's record names its kernel, by the source of its op (a dump's entry names a kernel
+# only where a record-less batched Send/Recv kernel claimed it: inputs.batched_p2p)
 
 
-def _trace_records(trace_tables: Path, trace_file: str) -> tuple[pd.DataFrame, list[str]]:
-    """The calls a staged profiler trace records (``kineto.comm_calls``)."""
-    from nccltrace.kineto.comm_calls import profiler_call_records
+@dataclass(frozen=True)
+class _Trace:
+    """A staged profiler trace, read once: its session record, kernels and call records."""
 
-    session = json.loads((trace_tables / SESSION_FILE).read_text())
-    kernels = read_table(trace_tables / KERNELS_FILE)
-    records_path = trace_tables / COMM_RECORDS_FILE
-    comm = read_table(records_path) if records_path.exists() else None
-    got = profiler_call_records(kernels, comm, session, trace_file)
-    frame, messages = (got.records, got.messages) if hasattr(got, "records") else got
-    return frame.assign(source="profiler"), list(messages)
+    session: dict
+    kernels: pd.DataFrame
+    comm_records: pd.DataFrame | None
+
+    @classmethod
+    def read(cls, tables: Path) -> _Trace:
+        records = tables / COMM_RECORDS_FILE
+        return cls(json.loads((tables / SESSION_FILE).read_text()), read_table(tables / KERNELS_FILE),
+                   read_table(records) if records.exists() else None)  # fmt: skip
 
 
 def _nsys_records(parsed_nsys: Path, pid: int) -> tuple[pd.DataFrame, list[str]]:
@@ -60,25 +69,24 @@ def _nsys_records(parsed_nsys: Path, pid: int) -> tuple[pd.DataFrame, list[str]]
     return rows.assign(source="nsys-nvtx"), messages
 
 
-def _records(trace_tables: Path | None, trace_file: str | None,
-             dump: Path | None) -> tuple[pd.DataFrame, list[str], dict]:  # fmt: skip
+def _records(trace: _Trace | None, trace_file: str, dump: FlightRecorderDump | None
+             ) -> tuple[pd.DataFrame, list[str], dict]:  # fmt: skip
     """The process's call records from its sources: the trace's (linked to the dump's entries
     when both exist), else the dump's; messages; link statistics."""
-    from nccltrace.pytorch.flight_recorder import read_dump
+    from nccltrace.kineto.comm_calls import profiler_call_records
     from nccltrace.pytorch.fr_calls import dump_call_records, link_profiler_records
 
-    messages: list[str] = []
-    fr = dump_call_records(read_dump(dump), dump.name) if dump is not None else None
-    if trace_tables is None:
-        return fr.assign(source="flight-recorder"), messages, {}
-    rows, messages = _trace_records(trace_tables, trace_file or trace_tables.name)
+    fr = dump_call_records(dump, dump.path.name) if dump is not None else None
+    if trace is None:
+        return fr.assign(source="flight-recorder"), [], {}
+    got = profiler_call_records(trace.kernels, trace.comm_records, trace.session, trace_file)
+    rows, messages = got.records.assign(source="profiler"), list(got.messages)
     if fr is None:
         return rows, messages, {}
-    timed = _launch_times(rows, trace_tables)
-    linked, link_messages, stats = link_profiler_records(timed, fr)
+    linked, link_messages, stats = link_profiler_records(_launch_times(rows, trace), fr)
     linked["record_utc"] = rows["record_utc"].to_numpy()  # (the stand-in times were for the link only)
     blind = int((linked["op"].isna() & linked["kernel_correlation_id"].notna()).sum())
-    linked, filled = _batched_p2p(linked, fr, trace_tables)
+    linked, filled = _batched_p2p(linked, fr, trace)
     stats["batched_p2p_kernels_filled"] = filled
     if filled:  # the rows the link could not key (no op, no group) were then given their calls
         link_messages = [m for m in link_messages if "name no process group" not in m
@@ -92,48 +100,42 @@ def _records(trace_tables: Path | None, trace_file: str | None,
 _ENQUEUE_LEAD_NS = 1_000_000  # a call is enqueued at most this long before its kernel's launch (measured: 47-153 us)
 
 
-def _launch_times(rows: pd.DataFrame, trace_tables: Path) -> pd.DataFrame:
+def _launch_times(rows: pd.DataFrame, trace: _Trace) -> pd.DataFrame:
     """``rows`` where a call has no CPU record (a trace without CPU activity) but a kernel: its
     ``record_utc`` stands in as the launch minus the longest enqueue-to-launch lead, so that
     the dump's entry enqueued just before the launch is the first after it (the link's rule).
     Disagreeing links are still named by the link; the stand-in is not written."""
     missing = rows["record_utc"].isna() & rows["kernel_correlation_id"].notna()
-    if not missing.any():
+    offset = trace.session.get("utc_offset_ns")
+    if not missing.any() or offset is None:
         return rows
-    session = json.loads((trace_tables / SESSION_FILE).read_text())
-    if session.get("utc_offset_ns") is None:
-        return rows
-    k = read_table(trace_tables / KERNELS_FILE, columns=["correlation_id", "launch_start"]).dropna()
+    k = trace.kernels[["correlation_id", "launch_start"]].dropna()
     launch = dict(zip(k["correlation_id"].astype("int64"), k["launch_start"].astype("int64")))
     utc = [launch.get(int(c)) for c in rows.loc[missing, "kernel_correlation_id"]]
     out = rows.copy()
-    out.loc[missing, "record_utc"] = pd.array([None if t is None else t + int(session["utc_offset_ns"]) -
-                                               _ENQUEUE_LEAD_NS for t in utc], dtype="Int64")  # fmt: skip
+    out.loc[missing, "record_utc"] = pd.array([None if t is None else t + int(offset) - _ENQUEUE_LEAD_NS
+                                               for t in utc], dtype="Int64")  # fmt: skip
     return out
 
 
-def _batched_p2p(rows: pd.DataFrame, fr: pd.DataFrame, trace_tables: Path) -> tuple[pd.DataFrame, int]:
+def _batched_p2p(rows: pd.DataFrame, fr: pd.DataFrame, trace: _Trace) -> tuple[pd.DataFrame, int]:
     """Record-less batched Send/Recv kernels of the trace given their calls from the dump."""
     from nccltrace.inputs.batched_p2p import claim_batched_p2p
 
-    session = json.loads((trace_tables / SESSION_FILE).read_text())
-    kernels = read_table(trace_tables / KERNELS_FILE, columns=["correlation_id", "launch_start", "launch_tid",
-                                                               "short_name"])  # fmt: skip
-    return claim_batched_p2p(rows, fr, kernels, session.get("utc_offset_ns"))
+    kernels = trace.kernels[["correlation_id", "launch_start", "launch_tid", "short_name"]]
+    return claim_batched_p2p(rows, fr, kernels, trace.session.get("utc_offset_ns"))
 
 
-def _groups(trace_tables: Path | None, dump: Path | None) -> list[tuple[str, str | None, list[int]]]:
+def _groups(trace: _Trace | None, dump: FlightRecorderDump | None) -> list[tuple[str, str | None, list[int]]]:
     """(name, description, global ranks in group order) of every group the process's sources
     list: the profiler's ``distributedInfo.pg_config`` (in PyTorch's order), then the dump's."""
     out: list[tuple[str, str | None, list[int]]] = []
-    if trace_tables is not None:
-        cfg = json.loads((trace_tables / SESSION_FILE).read_text()).get("pg_config") or []
+    if trace is not None:
+        cfg = trace.session.get("pg_config") or []
         out += [(str(g.get("name", g.get("pg_name"))), g.get("desc", g.get("pg_desc")), list(g["ranks"]))
                 for g in cfg if isinstance(g, dict) and isinstance(g.get("ranks"), list)]  # fmt: skip
     if dump is not None:
-        from nccltrace.pytorch.flight_recorder import read_dump
-
-        out += [(name, desc, list(ranks)) for name, (ranks, desc) in read_dump(dump).groups.items()]
+        out += [(name, desc, list(ranks)) for name, (ranks, desc) in dump.groups.items()]
     return out
 
 
@@ -164,12 +166,16 @@ def run_parse_sources(layout: RunLayout, proc: str, host: str, pid: int, *, rank
     Recorder ``dump``; ``kernels``: the node's parsed kernel source exists (the trace's), so its
     calls are linked to kernels there. ``nsys``: the calls are the process's NCCL API ranges in
     that parsed export (linked to the process's own kernels: correlation ids are per process)."""
+    from nccltrace.pytorch.flight_recorder import read_dump
+
     out, aligned = layout.parsed_nccl(proc), layout.aligned(proc)
+    trace = _Trace.read(trace_tables) if trace_tables is not None else None
+    fr_dump = read_dump(dump) if dump is not None else None
     if nsys:
         (records, messages), stats = _nsys_records(layout.parsed_nsys(host), pid), {}
     else:
-        records, messages, stats = _records(trace_tables, trace_file, dump)
-    calls, comms, sources = records_tables(records, host, pid, rank, rank_source, _groups(trace_tables, dump))
+        records, messages, stats = _records(trace, trace_file or (trace_tables.name if trace_tables else ""), fr_dump)
+    calls, comms, sources = records_tables(records, host, pid, rank, rank_source, _groups(trace, fr_dump))
     source = "nsys-nvtx" if nsys else "profiler" if trace_tables is not None else "flight-recorder"
     written = write_record_tables(out, calls, comms, sources)
     write_json_atomic(out / SOURCE_RANK_FILE, {"rank": rank, "rank_source": rank_source})
