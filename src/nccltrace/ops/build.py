@@ -39,7 +39,7 @@ from nccltrace.core.tables import (
     write_table_atomic,
 )
 from nccltrace.core.tables import documented_field as _f
-from nccltrace.inputs.call_records import CALL_SOURCE_SCHEMA, PROVENANCE_COLUMNS
+from nccltrace.inputs.call_sources import CALL_SOURCE_SCHEMA, PROVENANCE_COLUMNS
 from nccltrace.nccl.enums import P2P_OPS
 
 OPS_SCHEMA = pa.schema(

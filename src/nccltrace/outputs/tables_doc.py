@@ -66,7 +66,7 @@ def documented_schemas() -> dict[str, pa.Schema]:
     out["alignment"] = ALIGNMENT_SCHEMA.with_metadata({"doc": "Per process (aligned/<host>/<proc>/): every call "
                                                               "line with its kernel or why none, and every kernel no "
                                                               "call was matched to (nccltrace.align)."})
-    from nccltrace.inputs.call_records import CALL_SOURCE_SCHEMA
+    from nccltrace.inputs.call_sources import CALL_SOURCE_SCHEMA
 
     out["call_sources"] = CALL_SOURCE_SCHEMA.with_metadata({"doc": "Per process without an NCCL log "
                                                                    "(parsed/nccl/<host>/<proc>/): per call, the source "
