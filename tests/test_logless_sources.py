@@ -250,3 +250,24 @@ def test_sixteen_rank_dumps_alone_name_every_group_and_the_layout(tmp_path, scen
     assert len(ops) == rows and summary["processes"] == 16 and ops["global_rank"].notna().all()
     assert set(labels["label_source"]) == {"pg-names"} and ops["pg_desc"].notna().all()
     assert any(f"from the PyTorch process groups' names: {sizes}" in n for n in summary["notes"])
+
+
+def test_a_dump_whose_groups_do_not_name_its_rank_says_the_rank_rests_on_its_file_name(tmp_path):
+    """A rank is the one member every group of the dump shares; where the groups share several
+    (only a world-sized group kept), the file name is all that names it: used, and said so."""
+    import pickle
+
+    from nccltrace.inputs.evidence import source_processes
+    from nccltrace.pytorch.flight_recorder import load_dump
+
+    dump = load_dump(CAPTURE / "flight_recorder" / "fr_rank2.pkl")
+    dump["pg_config"] = {k: v for k, v in dump["pg_config"].items() if v.get("desc") == "MODEL_PARALLEL_GROUP"}
+    (tmp_path / "_dump_2").write_bytes(pickle.dumps(dump))  # (named as nvidia-resiliency-ext names them)
+    (tmp_path / "whole").mkdir()
+    shutil.copy(CAPTURE / "flight_recorder" / "fr_rank2.pkl", tmp_path / "whole")
+    problems: list[str] = []
+    [named] = source_processes([], [tmp_path / "_dump_2"], problems)
+    assert (named.rank, named.rank_source) == (2, "file-name")
+    assert len(problems) == 1 and "read from the file name only" in problems[0]
+    [whole] = source_processes([], [tmp_path / "whole" / "fr_rank2.pkl"], problems)
+    assert (whole.rank, whole.rank_source) == (2, "flight-recorder") and len(problems) == 1

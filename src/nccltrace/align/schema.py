@@ -79,7 +79,8 @@ ALIGNMENT_SCHEMA = pa.schema(
         _f("method", pa.string(), "", "'alignment', 'opcount' (fixed by opCount arithmetic), 'thesis-nw', "
            "'nvtx' (exact); without a log, the link the call's own record makes: 'kernel-record' (the profiler's "
            "kernel carries the call's id), 'cpu-record' (a batched P2P kernel, without a record of its own, launched after its send/recv records on their thread), "
-           "'nvtx-launch' (nsys: the launch inside the API call's range)"),
+           "'nvtx-launch' (nsys: the launch inside the API call's range), 'fr-batch' (a batched Send/Recv kernel without "
+           "a record of its calls, given them from the Flight Recorder entries enqueued just before its launch)"),
         _f("duplicate_of", pa.int64(), "", "for duplicate lines: the line they repeat"),
         _f("steps_verified", pa.bool_(), "", "calls of a partial capture located in the log: true when the evidence "
            "that located it also fixes which training iterations were captured (log timestamps, the profiler's step "

@@ -57,12 +57,20 @@ def source_processes(traces: Sequence[StagedTrace], dumps: Sequence[Path],
             rankless.append(t)
             continue
         _claim(by_rank, t.rank, "trace", t, t.path.name, problems)
+    by_name: set[int] = set()  # ranks only a dump's file name gives (its groups share no single member)
     for f in dumps:
         try:
-            rank = read_dump(f).rank
+            dump = read_dump(f)
         except FlightRecorderError as e:
             problems.append(f"Flight Recorder dump not used: {e}")
             continue
+        rank = dump.rank
+        common = set.intersection(*(set(r) for r, _ in dump.groups.values())) if dump.groups else set()
+        if rank is not None and common != {rank}:
+            by_name.add(rank)
+            problems.append(f"{f.name}: Flight Recorder dump whose groups share no single rank: its rank {rank} is "
+                            "read from the file name only (rank_source 'file-name'); name each dump after its rank, "
+                            "or keep its default group in the dump")  # fmt: skip
         if rank is None:
             problems.append(f"{f.name}: Flight Recorder dump whose groups share no single rank: its rank is unknown; "
                             "not used")  # fmt: skip
@@ -77,7 +85,8 @@ def source_processes(traces: Sequence[StagedTrace], dumps: Sequence[Path],
         trace, dump = got.get("trace"), got.get("dump")
         pid = trace.pids[0] if isinstance(trace, StagedTrace) else rank
         host = f"rank{rank}"
-        source = "profiler-distributed-info" if trace is not None else "flight-recorder"
+        source = ("profiler-distributed-info" if trace is not None else
+                  "file-name" if rank in by_name else "flight-recorder")  # fmt: skip
         out.append(SourceProcess(process_name(host, pid), host, pid, rank, source, trace, dump))  # type: ignore[arg-type]
     return out
 
